@@ -1,0 +1,5 @@
+"""Allow `python -m reconciler`."""
+
+from reconciler.cli import main
+
+raise SystemExit(main())

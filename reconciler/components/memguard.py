@@ -1,0 +1,100 @@
+"""The memory guard on every node.
+
+A Spark shares one memory pool between CPU and GPU and wedges instead of OOM-killing when it
+runs dry, so a small guard stops our ranks first. A trip holds the rank group (see ranks.py)
+instead of letting a restart loop hit the same wall again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from reconciler.actions import Action, InSync, Outcome, Verb, action_id
+from reconciler.facts.memory import GuardTrip
+from reconciler.facts.node import Facts
+from reconciler.spec import Deployment
+
+COMPONENT = "memguard"
+# Part of the guard's config hash: a new guard program replaces the running one.
+GUARD_VERSION = 1
+
+
+def guard_config_hash(deployment: Deployment) -> str:
+    guard = deployment.memguard
+    canonical = {
+        "version": GUARD_VERSION,
+        "floor_gib": guard.floor_gib,
+        "interval_s": guard.interval_s,
+        "deployment": deployment.name,
+    }
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def plan_memguard(deployment: Deployment, facts: Facts) -> Outcome:
+    outcome = Outcome()
+    guard = deployment.memguard
+    wanted = guard_config_hash(deployment)
+    # Reference order: the worker's guard first, then the head's.
+    for _, node in [*deployment.ranked_nodes[1:], deployment.ranked_nodes[0]]:
+        observed = facts.nodes[node.name]
+        if not observed.reachable:
+            continue
+        running = observed.guard.running
+        if not guard.enabled:
+            if running:
+                outcome.actions.append(
+                    _action(
+                        node.name,
+                        "stop",
+                        "remove",
+                        "stop the memory guard",
+                        "memguard.enabled is false",
+                    )
+                )
+            continue
+        floor = f"floor {guard.floor_gib:g} GiB, every {guard.interval_s:g} s"
+        if not running:
+            outcome.actions.append(
+                _action(
+                    node.name,
+                    "start",
+                    "create",
+                    f"start the memory guard ({floor})",
+                    "guard not running",
+                )
+            )
+        elif observed.guard.config_hash != wanted:
+            outcome.actions.append(
+                _action(
+                    node.name,
+                    "restart",
+                    "update",
+                    f"restart the memory guard ({floor})",
+                    "guard settings or program changed",
+                )
+            )
+        else:
+            outcome.in_sync.append(InSync(node.name, COMPONENT, f"running ({floor})"))
+    return outcome
+
+
+def _action(node: str, step: str, verb: Verb, summary: str, cause: str) -> Action:
+    return Action(action_id(COMPONENT, step, node), COMPONENT, verb, node, summary, cause)
+
+
+def trips(deployment: Deployment, facts: Facts) -> list[tuple[str, GuardTrip]]:
+    """Recorded guard trips, by node, in rank order."""
+    return [
+        (node.name, trip)
+        for _, node in deployment.ranked_nodes
+        if (trip := facts.nodes[node.name].guard.trip) is not None
+    ]
+
+
+def trip_advice(node: str, trip: GuardTrip) -> str:
+    return (
+        f"memory guard tripped on {node} at {trip.at} (MemAvailable {trip.mem_available_gib:.2f} GiB < "
+        f"floor {trip.floor_gib:g} GiB); ranks are held. Lower serving.kv_bytes or serving.gpu_util before "
+        "raising memguard.floor_gib, then change the spec or run `reconciler start`"
+    )

@@ -1,0 +1,333 @@
+"""The rank containers, managed as one group.
+
+Tensor-parallel ranks cannot be restarted one at a time: a new rank 0 cannot rejoin a
+surviving headless rank, and rank 0 exits with code 0 when a peer dies (REFERENCE §5). So any
+rank that is missing, exited or stale restarts the whole group, in order: stop rank 0 first,
+then the other ranks; start the highest rank first and rank 0 last; then wait for readiness.
+A hold (`reconciler stop`) or a memory-guard trip keeps the group down.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from reconciler.actions import Action, Blocker, InSync, Outcome, Verb, action_id, shorten
+from reconciler.components.memguard import trip_advice, trips
+from reconciler.facts.containers import ContainerFacts
+from reconciler.facts.node import Facts
+from reconciler.serving import (
+    LABEL_CONFIG_HASH,
+    LABEL_DEPLOYMENT,
+    LABEL_OWNER,
+    LABEL_RANK,
+    OWNER,
+    NodeContext,
+    RankContainer,
+    ResolvedFabric,
+    render_group,
+)
+from reconciler.spec import Deployment, Node
+
+COMPONENT = "ranks"
+_SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+
+def resolve_fabric(node: Node, facts: Facts) -> ResolvedFabric | Blocker:
+    """Spec overrides win field by field; what is still unknown blocks the group."""
+    detected = facts.nodes[node.name].fabric
+    ifname = node.fabric.ifname or detected.ifname
+    ip = node.fabric.ip or detected.ip
+    hcas = node.fabric.hcas if node.fabric.hcas is not None else detected.hcas
+    if ifname is None or ip is None:
+        unknown = " and ".join(name for name, value in (("interface", ifname), ("IPv4", ip)) if value is None)
+        return Blocker(
+            node.name,
+            COMPONENT,
+            f"fabric {unknown} not detected (no ACTIVE RoCE port with an IPv4 address?)",
+            f"check `rdma link` and `ip -br addr` on {node.name}, or set nodes[{node.name}].fabric.ifname and .ip",
+        )
+    return ResolvedFabric(ifname=ifname, ip=ip, hcas=tuple(hcas), gid_index=node.fabric.gid_index)
+
+
+def node_contexts(deployment: Deployment, facts: Facts) -> tuple[dict[str, NodeContext], list[Blocker]]:
+    contexts: dict[str, NodeContext] = {}
+    blockers: list[Blocker] = []
+    for _, node in deployment.ranked_nodes:
+        observed = facts.nodes[node.name]
+        if not observed.reachable:
+            blockers.append(
+                Blocker(
+                    node.name,
+                    COMPONENT,
+                    f"node unreachable: {observed.error or 'no answer'}",
+                    "the rank group is left as it is until every node answers",
+                )
+            )
+            continue
+        fabric = resolve_fabric(node, facts)
+        if isinstance(fabric, Blocker):
+            blockers.append(fabric)
+        elif observed.home is None:
+            blockers.append(
+                Blocker(
+                    node.name,
+                    COMPONENT,
+                    "home directory unknown",
+                    "facts must include the node's home",
+                )
+            )
+        else:
+            contexts[node.name] = NodeContext(home=observed.home, fabric=fabric)
+    return contexts, blockers
+
+
+def owned_containers(deployment: Deployment, facts: Facts, node: str) -> list[ContainerFacts]:
+    """Containers labelled as ours and of this deployment; anything else is never touched."""
+    return [
+        container
+        for container in facts.nodes[node].containers
+        if container.labels.get(LABEL_OWNER) == OWNER and container.labels.get(LABEL_DEPLOYMENT) == deployment.name
+    ]
+
+
+@dataclass(frozen=True)
+class RankState:
+    desired: RankContainer
+    observed: ContainerFacts | None
+    problem: str
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problem
+
+
+def assess_rank(desired: RankContainer, observed: ContainerFacts | None) -> RankState:
+    if observed is None:
+        return RankState(desired, None, "container missing")
+    if observed.status != "running":
+        return RankState(desired, observed, _exit_description(observed))
+    if observed.labels.get(LABEL_CONFIG_HASH) != desired.labels[LABEL_CONFIG_HASH]:
+        return RankState(desired, observed, "config changed: " + describe_drift(desired, observed))
+    return RankState(desired, observed, "")
+
+
+def _exit_description(observed: ContainerFacts) -> str:
+    if observed.oom_killed:
+        return "killed by the kernel OOM killer"
+    if observed.status in {"exited", "dead"}:
+        when = f" at {observed.finished_at}" if observed.finished_at else ""
+        return f"exited with code {observed.exit_code}{when} (any exit fails the group, code 0 included)"
+    return f"container is {observed.status}, not running"
+
+
+def describe_drift(desired: RankContainer, observed: ContainerFacts) -> str:
+    """What differs between the running container and the rendered one, secrets redacted."""
+    changes: list[str] = []
+    if observed.image != desired.image:
+        changes.append(f"image {observed.image} -> {desired.image}")
+    changes += _flag_changes(_flags(observed.command), _flags([*desired.entrypoint, *desired.command]))
+    changes += _env_changes(observed.env, desired.env_dict)
+    return shorten(changes, limit=4) if changes else "mounts or runtime options"
+
+
+def _flags(argv: list[str]) -> dict[str, str]:
+    flags: dict[str, str] = {}
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        has_value = index + 1 < len(argv) and not argv[index + 1].startswith("--")
+        if token.startswith("--"):
+            flags[token] = argv[index + 1] if has_value else ""
+            index += 2 if has_value else 1
+        else:
+            index += 1
+    return flags
+
+
+def _flag_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    changes = [
+        f"{flag} {before[flag]} -> {after[flag]}".replace("  ", " ")
+        for flag in after
+        if flag in before and before[flag] != after[flag]
+    ]
+    changes += [f"+{flag} {after[flag]}".rstrip() for flag in after if flag not in before]
+    changes += [f"-{flag}" for flag in before if flag not in after]
+    return changes
+
+
+def _env_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    def shown(name: str, value: str) -> str:
+        return "(redacted)" if _SECRET_NAME_RE.search(name) else value
+
+    changes = [
+        f"{name} {shown(name, before[name])} -> {shown(name, after[name])}"
+        for name in after
+        if name in before and before[name] != after[name]
+    ]
+    changes += [f"+{name}" for name in after if name not in before]
+    changes += [f"-{name}" for name in before if name not in after]
+    return changes
+
+
+def plan_ranks(deployment: Deployment, facts: Facts, prerequisites: dict[str, list[str]]) -> Outcome:
+    """Group actions; `prerequisites` maps a node to the actions its rank must wait for."""
+    outcome = Outcome()
+    held = _hold_reasons(deployment, facts)
+    if held:
+        outcome.notes += held
+        outcome.actions += _stop_running(deployment, facts, "ranks are held: " + held[0].split(";")[0])
+        return outcome
+    contexts, blockers = node_contexts(deployment, facts)
+    if blockers:
+        outcome.blockers += blockers
+        return outcome
+    desired = render_group(deployment, contexts)
+    states, strays = _match(deployment, facts, desired)
+    outcome.actions += [_remove_stray(container, node, deployment) for node, container in strays]
+    if all(state.healthy for state in states):
+        outcome.in_sync += [
+            InSync(state.desired.node, COMPONENT, f"{state.desired.name} running, config current") for state in states
+        ]
+        return outcome
+    outcome.actions += group_restart(deployment, states, prerequisites, [a.id for a in outcome.actions])
+    return outcome
+
+
+def _hold_reasons(deployment: Deployment, facts: Facts) -> list[str]:
+    reasons = [trip_advice(node, trip) for node, trip in trips(deployment, facts)]
+    hold = facts.nodes[deployment.head.name].hold
+    if hold is not None:
+        reasons.append(f"{hold.reason} since {hold.since}; ranks stay down until `reconciler start`")
+    return reasons
+
+
+def _stop_running(deployment: Deployment, facts: Facts, cause: str) -> list[Action]:
+    """Stop (not remove) running ranks: a held group keeps its containers for `logs`."""
+    actions: list[Action] = []
+    for _, node in deployment.ranked_nodes:
+        if not facts.nodes[node.name].reachable:
+            continue
+        for container in owned_containers(deployment, facts, node.name):
+            if container.status == "running":
+                summary = f"stop {container.name} (kept for `reconciler logs`)"
+                actions.append(_container_action(node.name, container.name, "stop", summary, cause, _last(actions)))
+    return actions
+
+
+def _match(
+    deployment: Deployment, facts: Facts, desired: list[RankContainer]
+) -> tuple[list[RankState], list[tuple[str, ContainerFacts]]]:
+    """Pair each desired rank with its container; anything else we own is a stray."""
+    states: list[RankState] = []
+    strays: list[tuple[str, ContainerFacts]] = []
+    wanted = {(rank.node, str(rank.rank)): rank for rank in desired}
+    found: dict[tuple[str, str], ContainerFacts] = {}
+    for _, node in deployment.ranked_nodes:
+        for container in owned_containers(deployment, facts, node.name):
+            key = (node.name, container.labels.get(LABEL_RANK, ""))
+            if key in wanted and key not in found and container.name == wanted[key].name:
+                found[key] = container
+            else:
+                strays.append((node.name, container))
+    for key, rank in wanted.items():
+        states.append(assess_rank(rank, found.get(key)))
+    return states, strays
+
+
+def _remove_stray(container: ContainerFacts, node: str, deployment: Deployment) -> Action:
+    cause = f"owned by deployment {deployment.name} but not a rank of this spec on {node}"
+    return _container_action(node, container.name, "remove", f"stop and remove {container.name}", cause, ())
+
+
+def group_restart(
+    deployment: Deployment,
+    states: list[RankState],
+    prerequisites: dict[str, list[str]],
+    earlier: list[str],
+) -> list[Action]:
+    """Stop rank 0 first, then the rest; start the highest rank first, rank 0 last; wait."""
+    ordered = sorted(states, key=lambda state: state.desired.rank)
+    trigger = next(state for state in reversed(ordered) if not state.healthy)
+    group_cause = f"group restart: {trigger.desired.name} on {trigger.desired.node}: {trigger.problem}"
+    actions: list[Action] = []
+    for state in ordered:
+        if state.observed is not None and state.observed.status in _STOPPABLE:
+            summary = f"stop {state.desired.name} (grace {deployment.serving.stop_timeout_s} s)"
+            depends = _last(actions) or tuple(earlier[-1:])
+            actions.append(
+                _container_action(
+                    state.desired.node,
+                    state.desired.name,
+                    "stop",
+                    summary,
+                    state.problem or group_cause,
+                    depends,
+                )
+            )
+    stops = [action.id for action in actions]
+    previous_start: list[str] = []
+    for state in reversed(ordered):
+        actions.append(
+            _start_action(
+                deployment,
+                state,
+                group_cause,
+                [*stops, *prerequisites.get(state.desired.node, []), *previous_start],
+            )
+        )
+        previous_start = [actions[-1].id]
+    actions.append(_wait_ready(deployment, actions[-1].id))
+    return actions
+
+
+_STOPPABLE = {"running", "restarting", "paused", "created"}
+
+
+def _start_action(deployment: Deployment, state: RankState, group_cause: str, depends: list[str]) -> Action:
+    rank = state.desired.rank
+    role = f"API on :{deployment.serving.port}" if rank == 0 else "headless"
+    verb: Verb = "create" if state.observed is None else "replace"
+    summary = f"start {state.desired.name} (rank {rank}, {role})"
+    return _container_action(
+        state.desired.node,
+        state.desired.name,
+        verb,
+        summary,
+        state.problem or group_cause,
+        tuple(dict.fromkeys(depends)),
+    )
+
+
+def _wait_ready(deployment: Deployment, after: str) -> Action:
+    head = deployment.head.name
+    minutes = deployment.startup.timeout_s // 60
+    return Action(
+        action_id(COMPONENT, "wait-ready", head),
+        COMPONENT,
+        "run",
+        head,
+        f"wait until GET /v1/models answers 200 with the key (up to {minutes} min); any rank exit fails the group",
+        "the group was (re)started",
+        (after,),
+    )
+
+
+def _last(actions: list[Action]) -> tuple[str, ...]:
+    return tuple(action.id for action in actions[-1:])
+
+
+def _container_action(
+    node: str, container: str, verb: Verb, summary: str, cause: str, depends: tuple[str, ...]
+) -> Action:
+    step = {"stop": "stop", "remove": "remove"}.get(verb, "start")
+    return Action(
+        action_id(COMPONENT, f"{step}-{container}", node),
+        COMPONENT,
+        verb,
+        node,
+        summary,
+        cause,
+        depends,
+        container,
+    )

@@ -1,0 +1,154 @@
+"""`plan(spec, facts) -> Plan`: the pure diff between desired and observed state.
+
+Components each conclude on their own; this module composes them in the reference start
+order (checkpoint, image, key, memory guard, then the rank group), wires the rank group's
+prerequisites, and renders the result Terraform-style or as JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reconciler.actions import Action, Blocker, InSync, Outcome
+from reconciler.components.apikey import plan_apikey
+from reconciler.components.checkpoint import plan_checkpoint
+from reconciler.components.image import plan_image
+from reconciler.components.memguard import plan_memguard
+from reconciler.components.ranks import plan_ranks
+from reconciler.errors import FactsError
+from reconciler.facts.node import Facts
+from reconciler.spec import Deployment
+
+_SUMMARY_KINDS = {
+    "create": "add",
+    "update": "change",
+    "replace": "replace",
+    "remove": "destroy",
+    "run": "run",
+}
+
+
+@dataclass
+class Plan:
+    """Ordered actions (each after its dependencies), plus what blocks and what is in sync."""
+
+    deployment: str
+    nodes: list[tuple[int, str, str]]
+    actions: list[Action] = field(default_factory=list)
+    blockers: list[Blocker] = field(default_factory=list)
+    in_sync: list[InSync] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self.actions)
+
+    def summary(self) -> dict[str, int]:
+        """Terraform-style counts; a stop that precedes a replacement is part of that replace."""
+        counts = dict.fromkeys([*_SUMMARY_KINDS.values(), "stop"], 0)
+        replaced = {(a.node, a.target) for a in self.actions if a.verb in {"replace", "create"}}
+        for action in self.actions:
+            if action.verb == "stop":
+                counts["stop"] += (action.node, action.target) not in replaced
+            else:
+                counts[_SUMMARY_KINDS[action.verb]] += 1
+        return counts
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "deployment": self.deployment,
+            "nodes": [{"rank": rank, "name": name, "role": role} for rank, name, role in self.nodes],
+            "changes": self.has_changes,
+            "summary": self.summary(),
+            "actions": [action.to_dict() for action in self.actions],
+            "blockers": [blocker.to_dict() for blocker in self.blockers],
+            "notes": self.notes,
+            "in_sync": [item.to_dict() for item in self.in_sync],
+        }
+
+
+def plan(deployment: Deployment, facts: Facts) -> Plan:
+    """Compose every component's conclusion into one ordered plan."""
+    _check_facts_cover_spec(deployment, facts)
+    outcome = Outcome()
+    for component in (plan_checkpoint, plan_image, plan_apikey, plan_memguard):
+        outcome.extend(component(deployment, facts))
+    outcome.extend(plan_ranks(deployment, facts, _rank_prerequisites(deployment, outcome.actions)))
+    return Plan(
+        deployment=deployment.name,
+        nodes=[(rank, node.name, node.role) for rank, node in deployment.ranked_nodes],
+        actions=outcome.actions,
+        blockers=outcome.blockers,
+        in_sync=outcome.in_sync,
+        notes=outcome.notes,
+    )
+
+
+def _check_facts_cover_spec(deployment: Deployment, facts: Facts) -> None:
+    missing = [node.name for node in deployment.nodes if node.name not in facts.nodes]
+    if missing:
+        raise FactsError(
+            f"facts have no entry for node(s) {', '.join(missing)}",
+            f"facts hold {', '.join(facts.nodes) or 'no nodes'}; gather them again for this spec",
+        )
+
+
+def _rank_prerequisites(deployment: Deployment, actions: list[Action]) -> dict[str, list[str]]:
+    """A rank starts only after its node's checkpoint, image and guard (and rank 0 after the key)."""
+    head = deployment.head.name
+    prerequisites: dict[str, list[str]] = {}
+    for node in deployment.nodes:
+        own = [action for action in actions if action.node == node.name]
+        last_by_component: dict[str, str] = {}
+        for action in own:
+            if action.component != "apikey" or node.name == head:
+                last_by_component[action.component] = action.id
+        prerequisites[node.name] = list(last_by_component.values())
+    return prerequisites
+
+
+def render_text(result: Plan, verbose: bool = False) -> str:
+    """Terraform-style: one block per action with its cause, then a summary line."""
+    lines = [_header(result), ""]
+    lines += [f"  ! {b.node}: {b.message}\n      hint: {b.hint}" for b in result.blockers]
+    lines += [f"  * {note}" for note in result.notes]
+    if result.blockers or result.notes:
+        lines.append("")
+    numbers = {action.id: index for index, action in enumerate(result.actions, start=1)}
+    for action in result.actions:
+        lines += _render_action(action, numbers)
+    if verbose and result.in_sync:
+        lines.append("  In sync:")
+        lines += [f"    = {item.component} on {item.node}: {item.reason}" for item in result.in_sync]
+        lines.append("")
+    lines.append(summary_line(result))
+    return "\n".join(lines) + "\n"
+
+
+def _header(result: Plan) -> str:
+    nodes = ", ".join(f"r{rank} {name} ({role})" for rank, name, role in result.nodes)
+    return f'Deployment "{result.deployment}": {nodes}'
+
+
+def _render_action(action: Action, numbers: dict[str, int]) -> list[str]:
+    number = numbers[action.id]
+    lines = [f"{action.symbol:>3} [{number}] {action.component} on {action.node}: {action.summary}"]
+    lines.append(f"        because {action.cause}")
+    if action.depends_on:
+        after = ", ".join(str(numbers[dep]) for dep in action.depends_on if dep in numbers)
+        if after:
+            lines.append(f"        after {after}")
+    lines.append("")
+    return lines
+
+
+def summary_line(result: Plan) -> str:
+    if not result.has_changes:
+        suffix = " (blocked parts were not planned)" if result.blockers else ""
+        return f"No changes. The deployment matches the spec.{suffix}"
+    counts = result.summary()
+    stops = f", {counts['stop']} to stop" if counts["stop"] else ""
+    return (
+        f"Plan: {counts['add']} to add, {counts['change']} to change, {counts['replace']} to replace, "
+        f"{counts['destroy']} to destroy{stops}, {counts['run']} to run."
+    )

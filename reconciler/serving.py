@@ -1,0 +1,286 @@
+"""From spec and per-node facts to each rank's exact container: argv, environment, mounts.
+
+Pure: no I/O. The default spec renders the reference launcher's `vllm serve` arguments and
+environment flag for flag (a golden test holds it to that), except where README's
+"Deliberate differences" says otherwise — chiefly the API key, which reaches the engine
+from a read-only mounted file and never appears in argv or the container's environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from reconciler.spec import Deployment, Node, Serving, expand_home
+
+OWNER = "spark-reconciler"
+LABEL_OWNER = "io.spark-reconciler.owner"
+LABEL_DEPLOYMENT = "io.spark-reconciler.deployment"
+LABEL_RANK = "io.spark-reconciler.rank"
+LABEL_NODE = "io.spark-reconciler.node"
+LABEL_CONFIG_HASH = "io.spark-reconciler.config-hash"
+# Bumped only when the hashed fields change meaning, so that upgrading the reconciler
+# does not recreate every container (docker/compose#9897, #11335).
+HASH_SCHEME = "v1"
+
+KEY_MOUNT = "/run/secrets/dsv41-api-key"
+# vLLM reads VLLM_API_KEY; set it in the process only, at exec time, from the mounted file.
+# `$0` names the wrapper in `ps`; the argv after it is the real vllm command.
+KEY_WRAPPER = (
+    'VLLM_API_KEY="$(cat ' + KEY_MOUNT + ')" || exit 78; '
+    '[ -n "$VLLM_API_KEY" ] || { echo "api key file is empty" >&2; exit 78; }; '
+    'export VLLM_API_KEY; exec "$@"'
+)
+PLAIN_WRAPPER = 'exec "$@"'
+
+
+@dataclass(frozen=True)
+class ResolvedFabric:
+    """The fabric a rank binds to: spec overrides win over detection."""
+
+    ifname: str
+    ip: str
+    hcas: tuple[str, ...]
+    gid_index: int
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What rendering needs to know about a node beyond the spec."""
+
+    home: str
+    fabric: ResolvedFabric
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class RankContainer:
+    """Everything `docker run` needs for one rank; hashable into a config label."""
+
+    name: str
+    node: str
+    rank: int
+    image: str
+    entrypoint: tuple[str, ...]
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    mounts: tuple[Mount, ...]
+    shm_size: str
+    stop_timeout_s: int
+    network_mode: str = "host"
+    ipc_mode: str = "host"
+    privileged: bool = True
+    gpus: str = "all"
+    ulimits: tuple[tuple[str, int, int], ...] = (("memlock", -1, -1),)
+    # Docker restarting one rank alone can never rejoin the group (REFERENCE §5);
+    # the reconciler restarts the whole group in order instead.
+    restart_policy: str = "no"
+    labels: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def config_hash(self) -> str:
+        """Versioned sha256 over the fields that require a new container when they change."""
+        canonical = {
+            "image": self.image,
+            "entrypoint": list(self.entrypoint),
+            "command": list(self.command),
+            "env": sorted(self.env),
+            "mounts": sorted((m.source, m.target, m.read_only) for m in self.mounts),
+            "shm_size": self.shm_size,
+            "stop_timeout_s": self.stop_timeout_s,
+            "host": [
+                self.network_mode,
+                self.ipc_mode,
+                self.privileged,
+                self.gpus,
+                self.restart_policy,
+            ],
+            "ulimits": sorted(self.ulimits),
+        }
+        digest = hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode())
+        return f"{HASH_SCHEME}:{digest.hexdigest()}"
+
+
+def container_name(deployment: Deployment, rank: int) -> str:
+    """Reference names: dsv41-r0 on the head, dsv41-r1 on the worker."""
+    return f"{deployment.name}-r{rank}"
+
+
+def capture_sizes(serving: Serving) -> list[int]:
+    """The reference rule: 1..d, every 4th from d up to max_num_seqs*d, and that maximum."""
+    if serving.cudagraph.capture_sizes is not None:
+        return sorted(set(serving.cudagraph.capture_sizes))
+    step = serving.speculative.num_speculative_tokens + 1
+    cap = max_capture_size(serving)
+    sizes = set(range(1, min(step, cap) + 1)) | set(range(step, cap + 1, 4)) | {cap}
+    return sorted(sizes)
+
+
+def max_capture_size(serving: Serving) -> int:
+    return serving.max_num_seqs * (serving.speculative.num_speculative_tokens + 1)
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _compilation_config(serving: Serving) -> str:
+    return _compact(
+        {
+            "cudagraph_mode": serving.cudagraph.mode,
+            "custom_ops": serving.cudagraph.custom_ops,
+            "cudagraph_capture_sizes": capture_sizes(serving),
+        }
+    )
+
+
+def _speculative_config(deployment: Deployment) -> str:
+    spec = deployment.serving.speculative
+    return _compact(
+        {
+            "method": spec.method,
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "draft_tensor_parallel_size": spec.draft_tensor_parallel_size or len(deployment.nodes),
+            "attention_backend": spec.attention_backend,
+            "draft_sample_method": spec.draft_sample_method,
+            "rejection_sample_method": spec.rejection_sample_method,
+            "enable_adaptive_verification": spec.enable_adaptive_verification,
+        }
+    )
+
+
+def _engram_config(serving: Serving) -> str:
+    return _compact(serving.engram.model_dump())
+
+
+def group_args(deployment: Deployment, master_addr: str) -> list[str]:
+    """Arguments every rank gets, in the reference launcher's order."""
+    s = deployment.serving
+    size = str(len(deployment.nodes))
+    return [
+        "/model",
+        *("--served-model-name", s.served_model_name, "--dtype", s.dtype),
+        *("--tensor-parallel-size", size, "--nnodes", size),
+        *("--master-addr", master_addr, "--master-port", str(s.master_port)),
+        *("--kv-cache-dtype", s.kv_cache_dtype, "--block-size", str(s.block_size)),
+        *("--swa-block-size", str(s.swa_block_size), "--kv-cache-memory-bytes", str(s.kv_bytes)),
+        *("--gpu-memory-utilization", str(s.gpu_util), "--max-model-len", str(s.max_model_len)),
+        *(
+            "--max-num-seqs",
+            str(s.max_num_seqs),
+            "--max-num-batched-tokens",
+            str(s.max_num_batched_tokens),
+        ),
+        *("--max-cudagraph-capture-size", str(max_capture_size(s))),
+        *("--compilation-config", _compilation_config(s)),
+        "--enable-chunked-prefill",
+        "--async-scheduling",
+        "--enable-prefix-caching",
+        *("--safetensors-load-strategy", s.safetensors_load_strategy),
+        *("--engram-config", _engram_config(s)),
+        *("--attention-backend", s.backends.attention),
+        *("--linear-backend", s.backends.linear, "--moe-backend", s.backends.moe),
+        *("--speculative-config", _speculative_config(deployment)),
+        *("--generation-config", s.generation_config, "--tokenizer-mode", s.tokenizer_mode),
+        *("--limit-mm-per-prompt", _compact({"image": s.images_per_prompt})),
+    ]
+
+
+def rank_args(deployment: Deployment, rank: int) -> list[str]:
+    """Rank 0 serves the API; every other rank runs headless."""
+    if rank != 0:
+        return ["--node-rank", str(rank), "--headless"]
+    s = deployment.serving
+    return [
+        *("--node-rank", "0", "--host", deployment.api.bind, "--port", str(s.port)),
+        *("--reasoning-parser", s.reasoning_parser, "--tool-call-parser", s.tool_call_parser),
+        "--enable-auto-tool-choice",
+        "--enable-prompt-tokens-details",
+        "--enable-force-include-usage",
+        *s.extra_args,
+    ]
+
+
+def vllm_argv(deployment: Deployment, rank: int, master_addr: str) -> list[str]:
+    return ["vllm", "serve", *group_args(deployment, master_addr), *rank_args(deployment, rank)]
+
+
+def rank_env(deployment: Deployment, fabric: ResolvedFabric) -> dict[str, str]:
+    """The reference environment with this node's fabric pinned, then the user's extras."""
+    env = dict(deployment.serving.env)
+    env.update(
+        {
+            "NCCL_IB_GID_INDEX": str(fabric.gid_index),
+            "NCCL_IB_HCA": ",".join(fabric.hcas),
+            "NCCL_SOCKET_IFNAME": fabric.ifname,
+            "GLOO_SOCKET_IFNAME": fabric.ifname,
+            "ST_EXL3_PLAN": f"/plans/{deployment.model.exl3_plan}",
+            "VLLM_HOST_IP": fabric.ip,
+        }
+    )
+    if not fabric.hcas:
+        # No RoCE device proven to carry the fabric address: let NCCL choose rather than
+        # pin a wrong HCA list, which ends in QP timeouts (REFERENCE §3).
+        del env["NCCL_IB_HCA"]
+    env.update(deployment.serving.extra_env)
+    return env
+
+
+def rank_mounts(deployment: Deployment, rank: int, home: str, head_home: str) -> tuple[Mount, ...]:
+    node = _node_of_rank(deployment, rank)
+    state_dir = expand_home(deployment.state_dir, home).rstrip("/")
+    mounts = [
+        Mount(expand_home(node.model_dir, home), "/model", read_only=True),
+        Mount(f"{state_dir}/plans", "/plans", read_only=True),
+        Mount(f"{state_dir}/cache", "/cache", read_only=False),
+    ]
+    if rank == 0:
+        mounts.append(Mount(expand_home(deployment.key_file(), head_home), KEY_MOUNT, read_only=True))
+    return tuple(mounts)
+
+
+def _node_of_rank(deployment: Deployment, rank: int) -> Node:
+    return dict(deployment.ranked_nodes)[rank]
+
+
+def render_rank(deployment: Deployment, rank: int, contexts: dict[str, NodeContext]) -> RankContainer:
+    """The complete container of one rank; `contexts` holds every node's home and fabric."""
+    node = _node_of_rank(deployment, rank)
+    head = deployment.head
+    context = contexts[node.name]
+    wrapper = KEY_WRAPPER if rank == 0 else PLAIN_WRAPPER
+    container = RankContainer(
+        name=container_name(deployment, rank),
+        node=node.name,
+        rank=rank,
+        image=deployment.image.ref,
+        entrypoint=("/bin/sh", "-c", wrapper, f"{deployment.name}-r{rank}"),
+        command=tuple(vllm_argv(deployment, rank, contexts[head.name].fabric.ip)),
+        env=tuple(rank_env(deployment, context.fabric).items()),
+        mounts=rank_mounts(deployment, rank, context.home, contexts[head.name].home),
+        shm_size=deployment.serving.shm_size,
+        stop_timeout_s=deployment.serving.stop_timeout_s,
+    )
+    labels = {
+        LABEL_OWNER: OWNER,
+        LABEL_DEPLOYMENT: deployment.name,
+        LABEL_RANK: str(rank),
+        LABEL_NODE: node.name,
+        LABEL_CONFIG_HASH: container.config_hash(),
+    }
+    return dataclasses.replace(container, labels=labels)
+
+
+def render_group(deployment: Deployment, contexts: dict[str, NodeContext]) -> list[RankContainer]:
+    return [render_rank(deployment, rank, contexts) for rank, _ in deployment.ranked_nodes]

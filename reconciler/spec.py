@@ -1,0 +1,774 @@
+"""The desired state of a deployment, and how it is read from YAML.
+
+Every default here reproduces the reference deployment (0xSero/DeepSeek-V4.1-Flash-Two-Sparks,
+`scripts/launch.sh`), so an almost empty spec behaves like the reference scripts. The model is
+strict: an unknown key is an error, not a silently ignored typo, because a typo in a serving
+flag would otherwise cost a 12-minute restart to discover.
+
+Problems are reported with file:line:column, the field path and a hint, never a traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from reconciler.errors import SpecError, SpecProblem
+from reconciler.yamlpos import LocatedDocument, YamlSyntaxError, load_located
+
+REFERENCE_IMAGE = (
+    "ghcr.io/0xsero/deepseek-v4.1-flash-spark@sha256:5668e35e5ee021da4b9ce88a1964caf0e082e8ca01d81d1d64b6213a55c6add5"
+)
+DEFAULT_SPEC_PATH = "specs/deployment.yaml"
+SPEC_PATH_ENV = "RECONCILER_SPEC"
+
+# The container environment both ranks get in the reference launcher, minus the values that
+# are derived per node (fabric, GID index, EXL3 plan path): those are computed, never typed.
+REFERENCE_ENV: dict[str, str] = {
+    "CUDA_VISIBLE_DEVICES": "0",
+    "CUTE_DSL_ARCH": "sm_121a",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+    "VLLM_USE_V2_MODEL_RUNNER": "1",
+    "VLLM_USE_BREAKABLE_CUDAGRAPH": "0",
+    "VLLM_USE_FLASHINFER_SAMPLER": "1",
+    "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "1",
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+    "OMP_NUM_THREADS": "16",
+    "MALLOC_ARENA_MAX": "2",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "SAFETENSORS_FAST_GPU": "1",
+    "VLLM_ENABLE_PCIE_ALLREDUCE": "0",
+    "NCCL_IB_DISABLE": "0",
+    "NCCL_NET_PLUGIN": "none",
+    "NCCL_IB_MERGE_NICS": "1",
+    "NCCL_DEBUG": "WARN",
+    "VLLM_ENABLE_ROCE_ALLREDUCE": "1",
+    "VLLM_ROCE_ALLREDUCE_MAX_SIZE": "2MB",
+    "VLLM_ROCE_ALLGATHER_MAX_SIZE": "16MB",
+    "B12X_ROCE_CACHE_DIR": "/cache/b12x-roce",
+    "B12X_ROCE_TRAFFIC_CLASS": "106",
+    "NCCL_IB_TC": "106",
+    "B12X_COMPILE_CACHE_DIR": "/cache/b12x",
+    "XDG_CACHE_HOME": "/cache",
+    "ST_EXL3_PREFILL": "st",
+    "ST_EXL3_PREFILL_MIN_ROWS": "1",
+}
+
+# Set by the reconciler from fabric facts and the spec; typing them by hand is how
+# two-Spark setups end up binding NCCL to Wi-Fi, so the spec refuses them.
+DERIVED_ENV = {
+    "VLLM_HOST_IP": "nodes[].fabric.ip",
+    "NCCL_SOCKET_IFNAME": "nodes[].fabric.ifname",
+    "GLOO_SOCKET_IFNAME": "nodes[].fabric.ifname",
+    "NCCL_IB_HCA": "nodes[].fabric.hcas",
+    "NCCL_IB_GID_INDEX": "nodes[].fabric.gid_index",
+    "ST_EXL3_PLAN": "model.exl3_plan",
+    "VLLM_API_KEY": "api.key_file",
+}
+
+_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+_HCA_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$")
+_DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+_SIZE_RE = re.compile(r"^[1-9][0-9]*[bkmg]?$")
+
+
+def _problem(kind: str, message: str, hint: str, **context: object) -> PydanticCustomError:
+    return PydanticCustomError(kind, message, {"hint": hint.format(**context), **context})
+
+
+def _check_name(value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise _problem(
+            "name",
+            "'{value}' is not a valid name",
+            "use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit",
+            value=value,
+        )
+    return value
+
+
+def _check_host_path(value: str) -> str:
+    if not (value.startswith("/") or value == "~" or value.startswith("~/")):
+        raise _problem(
+            "path",
+            "'{value}' is not an absolute path",
+            "write an absolute path (/data/models/...) or one under the node's home (~/...)",
+            value=value,
+        )
+    if "\x00" in value or "\n" in value:
+        raise _problem("path", "path contains a control character", "remove it", value=value)
+    return value
+
+
+def _check_fabric_ip(value: str) -> str:
+    try:
+        address = ipaddress.IPv4Address(value)
+    except ValueError:
+        raise _problem(
+            "ipv4",
+            "'{value}' is not an IPv4 address",
+            "write the fabric address as four numbers, e.g. 10.10.10.11 (see `ip -br addr`)",
+            value=value,
+        ) from None
+    reasons = {
+        "loopback": address.is_loopback,
+        "link-local (169.254.0.0/16, an unconfigured port)": address.is_link_local,
+        "unspecified": address.is_unspecified,
+        "multicast": address.is_multicast,
+        "broadcast": address == ipaddress.IPv4Address("255.255.255.255"),
+    }
+    for reason, applies in reasons.items():
+        if applies:
+            raise _problem(
+                "fabric_ip",
+                "'{value}' is " + reason + " and cannot carry tensor-parallel traffic",
+                "give the QSFP port a static address (netplan) and use that; `ip -br addr` shows it",
+                value=value,
+            )
+    return value
+
+
+def _check_bind_ip(value: str) -> str:
+    try:
+        ipaddress.IPv4Address(value)
+    except ValueError:
+        raise _problem(
+            "ipv4",
+            "'{value}' is not an IPv4 address",
+            "use 0.0.0.0 for every interface, or one address of the head",
+            value=value,
+        ) from None
+    return value
+
+
+def _check_ifname(value: str) -> str:
+    if not _IFNAME_RE.match(value):
+        raise _problem(
+            "ifname",
+            "'{value}' is not a network interface name",
+            "use the name `ip -br link` prints, e.g. enp1s0f1np1 (at most 15 characters)",
+            value=value,
+        )
+    return value
+
+
+def _check_hca(value: str) -> str:
+    if not _HCA_RE.match(value):
+        raise _problem(
+            "hca",
+            "'{value}' is not an RDMA device name",
+            "use the names `rdma link` prints before '/', e.g. rocep1s0f1",
+            value=value,
+        )
+    return value
+
+
+def _check_env_name(value: str) -> str:
+    if not _ENV_RE.match(value):
+        raise _problem(
+            "env_name",
+            "'{value}' is not an environment variable name",
+            "use letters, digits and '_', not starting with a digit",
+            value=value,
+        )
+    return value
+
+
+def _check_host(value: str) -> str:
+    if not _HOST_RE.match(value) or ".." in value:
+        raise _problem(
+            "host",
+            "'{value}' is not a host name or IPv4 address",
+            "write the worker's fabric address (e.g. 10.10.10.11) or a resolvable name; "
+            "put the user in `user:`, not in `host:`",
+            value=value,
+        )
+    return value
+
+
+Name = Annotated[str, AfterValidator(_check_name)]
+HostPath = Annotated[str, AfterValidator(_check_host_path)]
+FabricIPv4 = Annotated[str, AfterValidator(_check_fabric_ip)]
+BindIPv4 = Annotated[str, AfterValidator(_check_bind_ip)]
+IfName = Annotated[str, AfterValidator(_check_ifname)]
+HcaName = Annotated[str, AfterValidator(_check_hca)]
+EnvName = Annotated[str, AfterValidator(_check_env_name)]
+HostName = Annotated[str, AfterValidator(_check_host)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class StrictModel(BaseModel):
+    """Unknown keys are errors; values are immutable once loaded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SshTarget(StrictModel):
+    """How the head reaches a node over SSH (host keys are always checked)."""
+
+    host: HostName = Field(description="Address or name; use the node's fabric address.")
+    port: Port = 22
+    user: str | None = Field(default=None, description="Login user; default: the current one.")
+    identity_file: HostPath | None = Field(default=None, description="Private key on the head.")
+    known_hosts: HostPath = Field(
+        default="~/.ssh/known_hosts", description="Host keys checked on connect; never auto-added."
+    )
+    connect_timeout_s: float = Field(default=10.0, gt=0, description="Reference: ConnectTimeout=10.")
+
+
+class Fabric(StrictModel):
+    """Overrides for the RoCE fabric; empty fields are detected on the node."""
+
+    ip: FabricIPv4 | None = Field(default=None, description="Reference HEAD_IP / WORKER_IP.")
+    ifname: IfName | None = Field(default=None, description="Reference HEAD_IFNAME / WORKER_IFNAME.")
+    hcas: list[HcaName] | None = Field(default=None, min_length=1, description="Reference HEAD_HCAS / WORKER_HCAS.")
+    gid_index: int = Field(default=3, ge=0, le=255, description="RoCE v2 GID index (NCCL_IB_GID_INDEX).")
+
+
+class Node(StrictModel):
+    """One Spark. Rank 0 is the head; workers take ranks 1.. in list order."""
+
+    name: Name
+    role: Literal["head", "worker"] = "worker"
+    ssh: SshTarget | None = Field(
+        default=None,
+        description="How to reach the node; absent means the machine running the reconciler.",
+    )
+    model_dir: HostPath = Field(
+        default="~/models/DeepSeek-V4.1-Flash-Spark",
+        description="Reference MODEL_DIR / WORKER_MODEL_DIR.",
+    )
+    model_source: Literal["peer", "hub"] | None = Field(
+        default=None,
+        description="Workers only: copy from the head (peer) or download (hub); default model.worker_source.",
+    )
+    fabric: Fabric = Fabric()
+
+
+class Model(StrictModel):
+    """The checkpoint and where it comes from."""
+
+    repo: str = Field(default="0xSero/DeepSeek-V4.1-Flash-Spark", pattern=_REPO_RE.pattern)
+    revision: str = Field(default="main", min_length=1, description="Pin a 40-hex commit for reproducible bytes.")
+    endpoint: str | None = Field(
+        default=None,
+        description="Hub endpoint or mirror (HF_ENDPOINT semantics); default: $HF_ENDPOINT or the Hub.",
+    )
+    token_file: HostPath | None = Field(
+        default=None, description="HF token file; default: $HF_TOKEN or the client's token."
+    )
+    manifest: str = Field(default="sha256-manifest.txt", min_length=1)
+    keep_parts: bool = Field(default=False, description="Reference KEEP_PARTS: keep .partNN files after reassembly.")
+    exl3_plan: str = Field(default="J268-ho-v31-K5n.json", min_length=1, description="Reference PLAN_NAME.")
+    worker_source: Literal["peer", "hub"] = Field(default="peer", description="Default for nodes[].model_source.")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_is_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^\s/]+", value):
+            raise _problem(
+                "url",
+                "'{value}' is not an http(s) URL",
+                "write the mirror's base URL, e.g. https://hf-mirror.example.org",
+                value=value,
+            )
+        return value
+
+
+class Image(StrictModel):
+    """The serving image; pinned by digest so both ranks run the same bytes."""
+
+    allow_unpinned: bool = Field(default=False, description="Accept a tag instead of a digest.")
+    ref: str = Field(default=REFERENCE_IMAGE, min_length=1)
+
+    @field_validator("ref")
+    @classmethod
+    def _pinned(cls, value: str, info: ValidationInfo) -> str:
+        if not info.data.get("allow_unpinned", False) and not _DIGEST_RE.search(value):
+            raise _problem(
+                "unpinned_image",
+                "image '{value}' is not pinned by digest",
+                "append @sha256:<digest> (see `docker image inspect --format '{{{{index .RepoDigests 0}}}}'`), "
+                "or set image.allow_unpinned: true to accept a moving tag",
+                value=value,
+            )
+        return value
+
+
+class Speculative(StrictModel):
+    """DSpark speculative decoding (reference: 7 draft tokens, adaptive verification)."""
+
+    method: str = "dspark"
+    num_speculative_tokens: PositiveInt = 7
+    draft_tensor_parallel_size: PositiveInt | None = Field(
+        default=None, description="Default: the number of nodes (the reference's 2)."
+    )
+    attention_backend: str = "B12X"
+    draft_sample_method: str = "greedy"
+    rejection_sample_method: str = "standard"
+    enable_adaptive_verification: bool = True
+
+
+class CudaGraph(StrictModel):
+    """CUDA graph capture; capture sizes default to the reference rule."""
+
+    mode: Literal["FULL_DECODE_ONLY", "FULL", "PIECEWISE", "FULL_AND_PIECEWISE", "NONE"] = "FULL_DECODE_ONLY"
+    custom_ops: list[str] = Field(default_factory=lambda: ["all"])
+    capture_sizes: list[PositiveInt] | None = Field(
+        default=None,
+        description="Reference CAPS. Default: 1..d, then every 4th up to max_num_seqs*d, with d = draft tokens + 1.",
+    )
+
+
+class Engram(StrictModel):
+    """Engram tables (reference: kept on disk)."""
+
+    cpu_offload: bool = False
+    table_memory: str = "disk"
+    disk_resident_scales: bool = False
+    disk_prefetch_max_tokens: int = Field(default=0, ge=0)
+    projection_tp: bool = False
+
+
+class Backends(StrictModel):
+    """B12X Spark kernels."""
+
+    attention: str = "B12X"
+    linear: str = "b12x"
+    moe: str = "b12x"
+
+
+class Serving(StrictModel):
+    """Everything both ranks are started with."""
+
+    served_model_name: str = Field(default="deepseek-v4.1-flash", min_length=1)
+    dtype: str = "bfloat16"
+    kv_cache_dtype: str = "fp8"
+    block_size: PositiveInt = 256
+    swa_block_size: PositiveInt = 128
+    kv_bytes: PositiveInt = Field(default=2_700_000_000, description="Reference KV_BYTES (2,023,717 tokens).")
+    gpu_util: float = Field(default=0.88, gt=0, le=1, description="Reference GPU_UTIL.")
+    max_model_len: PositiveInt = 262_144
+    max_num_seqs: PositiveInt = 2
+    max_num_batched_tokens: PositiveInt = 2048
+    speculative: Speculative = Speculative()
+    cudagraph: CudaGraph = CudaGraph()
+    engram: Engram = Engram()
+    backends: Backends = Backends()
+    safetensors_load_strategy: str = "lazy"
+    generation_config: str = "vllm"
+    tokenizer_mode: str = "deepseek_v41"
+    reasoning_parser: str = "deepseek_v41"
+    tool_call_parser: str = "deepseek_v41"
+    images_per_prompt: int = Field(default=1, ge=0)
+    port: Port = 8000
+    master_port: Port = 29655
+    shm_size: str = Field(default="32g", description="Docker --shm-size.")
+    stop_timeout_s: PositiveInt = Field(
+        default=60, description="Grace before SIGKILL; vLLM needs more than Docker's 10 s."
+    )
+    env: dict[EnvName, str] = Field(default_factory=lambda: dict(REFERENCE_ENV))
+    extra_env: dict[EnvName, str] = Field(default_factory=dict, description="Added over env on both ranks.")
+    extra_args: list[str] = Field(default_factory=list, description="Reference EXTRA: appended to rank 0's args.")
+
+    @field_validator("env", "extra_env")
+    @classmethod
+    def _no_derived_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if name in DERIVED_ENV:
+                raise _problem(
+                    "derived_env",
+                    "{name} is set by the reconciler",
+                    "remove it here and set {source} instead",
+                    name=name,
+                    source=DERIVED_ENV[name],
+                )
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_key_in_args(cls, value: list[str]) -> list[str]:
+        if any(arg == "--api-key" or arg.startswith("--api-key=") for arg in value):
+            raise _problem(
+                "secret_in_argv",
+                "--api-key would put the API key in the process list and `docker inspect`",
+                "remove it; the key is read from api.key_file through a read-only mount",
+            )
+        return value
+
+    @field_validator("shm_size")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        if not _SIZE_RE.match(value.lower()):
+            raise _problem("size", "'{value}' is not a size", "write e.g. 32g, 512m or 1073741824", value=value)
+        return value
+
+
+class MemGuard(StrictModel):
+    """Stops the ranks before the shared CPU/GPU memory pool runs dry and wedges the host."""
+
+    enabled: bool = True
+    floor_gib: float = Field(default=1.0, gt=0, description="Reference MEMGUARD_GIB; fractions allowed.")
+    interval_s: float = Field(default=1.0, gt=0)
+
+
+class Api(StrictModel):
+    """The OpenAI-compatible API on the head."""
+
+    key_file: HostPath | None = Field(default=None, description="Default: <state_dir>/api_key.")
+    bind: BindIPv4 = Field(default="0.0.0.0", description="vLLM --host.")
+
+
+class Startup(StrictModel):
+    """How long a group start may take before it counts as failed."""
+
+    timeout_s: PositiveInt = Field(default=2700, description="Reference: 45 minutes.")
+    poll_s: PositiveInt = Field(default=15, description="Reference: every 15 s.")
+
+
+class Pi(StrictModel):
+    """The Pi coding agent provider on the machine running the reconciler."""
+
+    enabled: bool = True
+    provider: Name = "dsv41-sparks"
+    set_default: bool = Field(default=False, description="Reference SET_DEFAULT=1.")
+
+
+class Deployment(StrictModel):
+    """A DeepSeek-V4.1-Flash deployment over DGX Spark nodes."""
+
+    name: Name = Field(default="dsv41", description="Prefix of container names (<name>-r<rank>).")
+    state_dir: HostPath = Field(default="~/.dsv41-two-sparks", description="Reference STATE_DIR, on every node.")
+    nodes: list[Node] = Field(min_length=2, description="Exactly one head; workers take ranks 1.. in order.")
+    model: Model = Model()
+    image: Image = Image()
+    serving: Serving = Serving()
+    memguard: MemGuard = MemGuard()
+    api: Api = Api()
+    startup: Startup = Startup()
+    pi: Pi = Pi()
+
+    @property
+    def head(self) -> Node:
+        return next(node for node in self.nodes if node.role == "head")
+
+    @property
+    def ranked_nodes(self) -> list[tuple[int, Node]]:
+        """(rank, node): the head is rank 0, workers follow in list order."""
+        workers = [node for node in self.nodes if node.role == "worker"]
+        return [(0, self.head), *((rank, node) for rank, node in enumerate(workers, start=1))]
+
+    def node(self, name: str) -> Node:
+        return next(node for node in self.nodes if node.name == name)
+
+    def key_file(self) -> str:
+        return self.api.key_file or f"{self.state_dir.rstrip('/')}/api_key"
+
+    def source_of(self, node: Node) -> Literal["head", "peer", "hub"]:
+        if node.role == "head":
+            return "head"
+        return node.model_source or self.model.worker_source
+
+
+def expand_home(path: str, home: str) -> str:
+    """Resolve '~' against a node's own home: the worker's home is not the head's."""
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        return f"{home.rstrip('/')}/{path[2:]}"
+    return path
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    """A valid spec, where it came from, and warnings that do not block it."""
+
+    deployment: Deployment
+    path: str
+    warnings: list[SpecProblem]
+
+
+def default_spec_path() -> str:
+    return os.environ.get(SPEC_PATH_ENV) or DEFAULT_SPEC_PATH
+
+
+def load_spec(path: str | os.PathLike[str]) -> LoadedSpec:
+    """Read, parse and validate a spec file; raise SpecError listing every problem."""
+    filename = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        hint = f"pass --spec PATH or set ${SPEC_PATH_ENV}; the default is {DEFAULT_SPEC_PATH}"
+        raise SpecError([SpecProblem(filename, 1, 1, "", f"cannot read the spec: {reason}", hint)]) from None
+    return parse_spec(text, filename)
+
+
+def parse_spec(text: str, filename: str) -> LoadedSpec:
+    try:
+        document = load_located(text)
+    except YamlSyntaxError as exc:
+        hint = "check indentation and quoting near that position"
+        raise SpecError([SpecProblem(filename, exc.mark.line, exc.mark.column, "", exc.message, hint)]) from None
+    problems = _duplicate_problems(document, filename)
+    if not isinstance(document.data, dict):
+        problems.append(
+            SpecProblem(
+                filename,
+                1,
+                1,
+                "",
+                "the spec must be a mapping of keys",
+                "start from specs/deployment.yaml",
+            )
+        )
+        raise SpecError(problems)
+    try:
+        deployment = Deployment.model_validate(document.data)
+    except ValidationError as exc:
+        problems += [_locate(error, document, filename) for error in exc.errors()]
+        raise SpecError(sorted(problems, key=lambda problem: (problem.line, problem.column))) from None
+    problems += [_at(document, filename, loc, message, hint) for loc, message, hint in cross_check(deployment)]
+    if problems:
+        raise SpecError(sorted(problems, key=lambda problem: (problem.line, problem.column)))
+    return LoadedSpec(deployment, filename, _warnings(deployment, document, filename))
+
+
+def _duplicate_problems(document: LocatedDocument, filename: str) -> list[SpecProblem]:
+    return [
+        SpecProblem(
+            filename,
+            mark.line,
+            mark.column,
+            _render_path(path),
+            "duplicate key",
+            "YAML would silently keep only the last one; remove one of them",
+        )
+        for path, mark in document.duplicates
+    ]
+
+
+Located = tuple[tuple[str | int, ...], str, str]
+
+
+def cross_check(deployment: Deployment) -> list[Located]:
+    """Rules that span several fields; each result is (path, message, hint)."""
+    return [*_check_roles(deployment), *_check_unique_nodes(deployment), *_check_ports(deployment)]
+
+
+def _check_roles(deployment: Deployment) -> list[Located]:
+    heads = [index for index, node in enumerate(deployment.nodes) if node.role == "head"]
+    problems: list[Located] = []
+    if len(heads) != 1:
+        where = ("nodes", heads[1], "role") if len(heads) > 1 else ("nodes",)
+        problems.append(
+            (
+                where,
+                f"exactly one node must have role: head, found {len(heads)}",
+                "mark the Spark that serves the API as head",
+            )
+        )
+    for index, node in enumerate(deployment.nodes):
+        if node.role == "head" and node.model_source is not None:
+            problems.append(
+                (
+                    ("nodes", index, "model_source"),
+                    "the head always downloads from the Hub",
+                    "remove model_source from the head",
+                )
+            )
+    return problems
+
+
+def _check_unique_nodes(deployment: Deployment) -> list[Located]:
+    problems: list[Located] = []
+    seen: dict[str, int] = {}
+    fabric_ips: dict[str, int] = {}
+    locals_: list[int] = []
+    for index, node in enumerate(deployment.nodes):
+        if node.name in seen:
+            problems.append(
+                (
+                    ("nodes", index, "name"),
+                    f"node name '{node.name}' is used twice",
+                    f"rename one; nodes[{seen[node.name]}] has it",
+                )
+            )
+        seen.setdefault(node.name, index)
+        ip = node.fabric.ip
+        if ip is not None and ip in fabric_ips:
+            problems.append(
+                (
+                    ("nodes", index, "fabric", "ip"),
+                    f"fabric ip {ip} is also nodes[{fabric_ips[ip]}]'s",
+                    "each Spark needs its own fabric address",
+                )
+            )
+        if ip is not None:
+            fabric_ips.setdefault(ip, index)
+        if node.ssh is None:
+            locals_.append(index)
+    if len(locals_) > 1:
+        problems.append(
+            (
+                ("nodes", locals_[1]),
+                "more than one node has no ssh: (only the machine running the reconciler is local)",
+                "add an ssh: target to every remote node",
+            )
+        )
+    return problems
+
+
+def _check_ports(deployment: Deployment) -> list[Located]:
+    serving = deployment.serving
+    problems: list[Located] = []
+    if serving.port == serving.master_port:
+        problems.append(
+            (
+                ("serving", "master_port"),
+                f"master_port equals the API port {serving.port}",
+                "use two different ports (reference: 8000 and 29655)",
+            )
+        )
+    sizes = serving.cudagraph.capture_sizes
+    limit = serving.max_num_seqs * (serving.speculative.num_speculative_tokens + 1)
+    if sizes is not None and max(sizes, default=0) > limit:
+        problems.append(
+            (
+                ("serving", "cudagraph", "capture_sizes"),
+                f"capture size {max(sizes)} exceeds max_num_seqs*(num_speculative_tokens+1) = {limit}",
+                "drop the larger sizes or raise max_num_seqs",
+            )
+        )
+    return problems
+
+
+def _warnings(deployment: Deployment, document: LocatedDocument, filename: str) -> list[SpecProblem]:
+    warnings: list[SpecProblem] = []
+    if not _COMMIT_RE.match(deployment.model.revision):
+        warnings.append(
+            _at(
+                document,
+                filename,
+                ("model", "revision"),
+                f"model revision '{deployment.model.revision}' is a branch, not a commit",
+                "pin the 40-hex commit so every node and every rerun gets the same bytes",
+            )
+        )
+    return warnings
+
+
+def _at(document: LocatedDocument, filename: str, loc: tuple[str | int, ...], message: str, hint: str) -> SpecProblem:
+    mark = document.mark_for(loc)
+    return SpecProblem(filename, mark.line, mark.column, _render_path(loc), message, hint)
+
+
+def _render_path(loc: tuple[str | int, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _locate(error: Any, document: LocatedDocument, filename: str) -> SpecProblem:
+    loc = tuple(part for part in error["loc"] if not _is_union_tag(part))
+    context = error.get("ctx") or {}
+    message = error["msg"]
+    hint = str(context.get("hint") or _generic_hint(error, loc))
+    if error["type"] in _BOUND_ERRORS:
+        message = f"{error['input']!r} is out of range: {message[0].lower()}{message[1:]}"
+    elif error["type"] == "extra_forbidden":
+        message = f"unknown key '{loc[-1]}'"
+    elif error["type"] == "missing":
+        message = f"required key '{loc[-1]}' is missing"
+    return _at(document, filename, loc, message, hint)
+
+
+_BOUND_ERRORS = {"greater_than_equal", "less_than_equal", "greater_than", "less_than"}
+
+
+def _is_union_tag(part: object) -> bool:
+    # Pydantic inserts the member type ('str', 'function-after[...]') into union locations.
+    return isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool", "list", "dict"})
+
+
+def _generic_hint(error: Any, loc: tuple[str | int, ...]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        suggestion = f"did you mean '{close[0]}'? " if close else ""
+        return f"{suggestion}allowed keys here: {', '.join(allowed)}"
+    if kind == "missing":
+        return "add it; see schemas/deployment.schema.json for its meaning"
+    if kind in _BOUND_ERRORS:
+        return "use a value inside the allowed range"
+    if kind == "literal_error":
+        return "use one of the listed values"
+    if kind.endswith(("_type", "_parsing")):
+        return "check the value's type: quote strings, write numbers without quotes"
+    return "see schemas/deployment.schema.json for what this field accepts"
+
+
+def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
+    model: Any = Deployment
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if _is_model(model) else None
+        if field is None:
+            return []
+        model = _model_inside(field.annotation)
+    return list(model.model_fields) if _is_model(model) else []
+
+
+def _is_model(candidate: Any) -> bool:
+    return isinstance(candidate, type) and issubclass(candidate, BaseModel)
+
+
+def _model_inside(annotation: Any) -> Any:
+    """The model class inside Optional[...] or list[...], if any."""
+    if _is_model(annotation):
+        return annotation
+    if get_origin(annotation) is not None:
+        for argument in get_args(annotation):
+            found = _model_inside(argument)
+            if found is not None:
+                return found
+    return None
+
+
+SCHEMA_PATH = "schemas/deployment.schema.json"
+
+
+def schema_text() -> str:
+    """The JSON Schema editors use to validate specs (yaml-language-server modeline)."""
+    schema = Deployment.model_json_schema()
+    schema = {**schema, "title": "spark-reconciler deployment"}
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+    return json.dumps(schema, indent=2, sort_keys=False) + "\n"

@@ -1,0 +1,137 @@
+"""The command line: exit codes, JSON output, and errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reconciler.cli import main
+from reconciler.spec import schema_text
+from tests.scenarios import CONVERGED_FACTS, EMPTY_FACTS, FIXTURES, ROOT, SPEC_PATH
+
+THREE_ERRORS = str(FIXTURES / "specs/three-errors.yaml")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_validate_accepts_the_shipped_spec(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "validate", "--spec", str(SPEC_PATH))
+    assert code == 0
+    assert "valid (2 nodes" in out
+    assert "warning:" in err
+    assert "model.revision" in err
+
+
+def test_validate_reports_every_located_problem_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "validate", "--spec", THREE_ERRORS)
+    assert code == 1
+    located = [line for line in err.splitlines() if line.startswith(f"error: {THREE_ERRORS}:")]
+    assert [line.split(":")[2] for line in located] == ["9", "11", "13"]
+    assert err.count("hint:") == 4
+
+
+def test_validate_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "validate", "--spec", THREE_ERRORS, "--json")
+    data = json.loads(out)
+    assert code == 1
+    assert data["ok"] is False
+    assert [p["path"] for p in data["problems"]] == ["nodes[1].fabric.ip", "image.ref", "serving.port"]
+    code, out, _ = run(capsys, "validate", "--spec", str(SPEC_PATH), "--json")
+    assert code == 0
+    assert json.loads(out)["ok"] is True
+
+
+def test_default_spec_path_comes_from_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RECONCILER_SPEC", THREE_ERRORS)
+    assert run(capsys, "validate")[0] == 1
+    monkeypatch.delenv("RECONCILER_SPEC")
+    monkeypatch.chdir(ROOT)
+    assert run(capsys, "validate")[0] == 0
+
+
+def test_malformed_yaml_never_prints_a_traceback(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("nodes: [\n  {name: a\n", encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "reconciler", "validate", "--spec", str(broken)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert f"{broken}:3:1: malformed YAML" in result.stderr
+
+
+def test_plan_from_empty_facts_prints_a_bring_up_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "--spec", str(SPEC_PATH), "--facts", str(EMPTY_FACTS), "--detailed-exitcode")
+    assert code == 2
+    assert out.rstrip().endswith("Plan: 12 to add, 0 to change, 0 to replace, 1 to destroy, 3 to run.")
+    assert out.index("start dsv41-r1") < out.index("start dsv41-r0") < out.index("wait until GET /v1/models")
+
+
+def test_plan_from_converged_facts_says_no_changes_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "--spec", str(SPEC_PATH), "--facts", str(CONVERGED_FACTS), "--detailed-exitcode")
+    assert code == 0
+    assert "No changes." in out
+
+
+def test_plan_without_detailed_exitcode_exits_0_on_changes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "plan", "--spec", str(SPEC_PATH), "--facts", str(EMPTY_FACTS))[0] == 0
+
+
+def test_plan_verbose_says_why_parts_are_in_sync(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run(capsys, "plan", "--spec", str(SPEC_PATH), "--facts", str(CONVERGED_FACTS), "--verbose")
+    assert "= ranks on spark-worker: dsv41-r1 running, config current" in out
+
+
+def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "plan", "--spec", str(SPEC_PATH), "--facts", str(EMPTY_FACTS), "--json", "--detailed-exitcode"
+    )
+    data = json.loads(out)
+    assert code == 2
+    assert data["changes"] is True
+    assert data["actions"][-1]["id"] == "ranks.wait-ready@spark-head"
+
+
+def test_plan_with_unreadable_facts_fails_clearly(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "facts.json"
+    bad.write_text('{"version": 1, "nodes": {"spark-head": {"homee": "/x"}}}', encoding="utf-8")
+    code, _, err = run(capsys, "plan", "--spec", str(SPEC_PATH), "--facts", str(bad), "--detailed-exitcode")
+    assert code == 1
+    assert "homee" in err
+    assert "hint:" in err
+
+
+def test_plan_with_facts_for_other_nodes_fails_clearly(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    other = tmp_path / "facts.json"
+    other.write_text('{"version": 1, "nodes": {"spark-head": {}}}', encoding="utf-8")
+    code, _, err = run(capsys, "plan", "--spec", str(SPEC_PATH), "--facts", str(other))
+    assert code == 1
+    assert "spark-worker" in err
+
+
+def test_live_plan_is_not_claimed_yet(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "plan", "--spec", str(SPEC_PATH))
+    assert code == 1
+    assert "--facts" in err
+
+
+def test_schema_check_and_write(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    target = tmp_path / "schema.json"
+    assert run(capsys, "schema", "--out", str(target), "--check")[0] == 1
+    assert run(capsys, "schema", "--out", str(target))[0] == 0
+    assert target.read_text(encoding="utf-8") == schema_text()
+    assert run(capsys, "schema", "--out", str(target), "--check")[0] == 0
