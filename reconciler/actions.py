@@ -39,6 +39,12 @@ class Action:
     def symbol(self) -> str:
         return SYMBOLS[self.verb]
 
+    @property
+    def step(self) -> str:
+        """The component's step, e.g. 'download' or 'start' ('start-dsv41-r1' without its target)."""
+        step = self.id.split("@", 1)[0].split(".", 1)[1]
+        return step.removesuffix(f"-{self.target}") if self.target else step
+
     def to_dict(self) -> dict[str, object]:
         return {
             "id": self.id,

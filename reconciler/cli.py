@@ -7,12 +7,15 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from reconciler import __version__
+from reconciler import __version__, commands
 from reconciler.errors import ReconcilerError, SpecError
+from reconciler.execution import Progress
+from reconciler.facts.gather import gather
 from reconciler.facts.node import load_facts
 from reconciler.plan import plan, render_text
-from reconciler.spec import SCHEMA_PATH, default_spec_path, load_spec, schema_text
+from reconciler.spec import SCHEMA_PATH, LoadedSpec, default_spec_path, load_spec, schema_text
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -60,6 +63,41 @@ def _parser() -> argparse.ArgumentParser:
     plan_cmd.add_argument("-v", "--verbose", action="store_true", help="also say why each in-sync part needs nothing")
     _json_option(plan_cmd)
     plan_cmd.set_defaults(handler=_cmd_plan)
+
+    apply_cmd = commands.add_parser("apply", help="converge: show the plan, execute it with progress, plan again")
+    _spec_option(apply_cmd)
+    apply_cmd.add_argument(
+        "--deep-verify", action="store_true", help="rehash every checkpoint file, ignoring the cache"
+    )
+    _json_option(apply_cmd)
+    apply_cmd.set_defaults(handler=_cmd_apply)
+
+    facts_cmd = commands.add_parser("facts", help="print the observed state of every node (a facts snapshot)")
+    _spec_option(facts_cmd)
+    facts_cmd.set_defaults(handler=_cmd_facts, json=True)
+
+    status_cmd = commands.add_parser("status", help="per node: containers, guard, memory; API health; pending changes")
+    _spec_option(status_cmd)
+    _json_option(status_cmd)
+    status_cmd.set_defaults(handler=_cmd_status)
+
+    logs_cmd = commands.add_parser("logs", help="logs of a rank (r0, r1, ...) or of the memory guard")
+    _spec_option(logs_cmd)
+    logs_cmd.add_argument("which", metavar="r0|r1|...|memguard")
+    logs_cmd.add_argument("--node", help="node of the memory guard log (default: the head)")
+    logs_cmd.add_argument("-f", "--follow", action="store_true")
+    logs_cmd.add_argument("--tail", type=int, default=200)
+    logs_cmd.set_defaults(handler=_cmd_logs)
+
+    stop_cmd = commands.add_parser("stop", help="stop the ranks in order and hold them down until `start`")
+    _spec_option(stop_cmd)
+    _json_option(stop_cmd)
+    stop_cmd.set_defaults(handler=_cmd_stop)
+
+    start_cmd = commands.add_parser("start", help="clear a hold or a memory-guard trip, then converge")
+    _spec_option(start_cmd)
+    _json_option(start_cmd)
+    start_cmd.set_defaults(handler=_cmd_start)
     return parser
 
 
@@ -132,12 +170,11 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec or default_spec_path())
-    if args.facts is None:
-        raise ReconcilerError(
-            "live fact gathering is not available yet",
-            "pass --facts FILE to plan from a snapshot (examples in tests/fixtures/facts/)",
-        )
-    result = plan(loaded.deployment, load_facts(args.facts))
+    if args.facts is not None:
+        result = plan(loaded.deployment, load_facts(args.facts))
+    else:
+        with commands.session(loaded.deployment) as transports:
+            _, result = commands.live_plan(loaded.deployment, transports)
     if args.json:
         _emit_json(result.to_dict())
     else:
@@ -149,3 +186,129 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.detailed_exitcode and result.has_changes:
         return EXIT_CHANGES
     return EXIT_OK
+
+
+def _warn(loaded: LoadedSpec) -> None:
+    for warning in loaded.warnings:
+        sys.stderr.write(f"warning: {warning.render()}\n")
+
+
+def _cmd_apply(args: argparse.Namespace) -> int:
+    loaded = load_spec(args.spec or default_spec_path())
+    _warn(loaded)
+    deployment = loaded.deployment
+    with commands.session(deployment) as transports:
+        outcome = commands.converge(deployment, transports, Progress(), deep_verify=args.deep_verify)
+    if args.json:
+        _emit_json(
+            {
+                "ok": not outcome.after.has_changes,
+                "plan": outcome.before.to_dict(),
+                "applied": outcome.result.to_dict(),
+                "remaining": outcome.after.to_dict(),
+            }
+        )
+    else:
+        sys.stdout.write(render_text(outcome.before))
+        sys.stdout.write(_apply_summary(outcome))
+    return EXIT_OK if not outcome.after.has_changes else EXIT_ERROR
+
+
+def _apply_summary(outcome: commands.ApplyOutcome) -> str:
+    count = len(outcome.result.done)
+    if not outcome.before.has_changes:
+        return ""
+    if not outcome.after.has_changes:
+        return f"Apply complete: {count} actions. The deployment matches the spec.\n"
+    return (
+        f"Apply finished {count} actions, but the deployment still differs:\n"
+        + render_text(outcome.after)
+        + "Run `reconciler apply` again, or `reconciler status` for details.\n"
+    )
+
+
+def _cmd_facts(args: argparse.Namespace) -> int:
+    loaded = load_spec(args.spec or default_spec_path())
+    with commands.session(loaded.deployment) as transports:
+        facts = gather(loaded.deployment, transports)
+    sys.stdout.write(facts.to_json())
+    return EXIT_OK
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    loaded = load_spec(args.spec or default_spec_path())
+    with commands.session(loaded.deployment) as transports:
+        report = commands.status(loaded.deployment, transports)
+    if args.json:
+        _emit_json(report)
+    else:
+        sys.stdout.write(_render_status(report))
+    return EXIT_OK
+
+
+def _render_status(report: dict[str, Any]) -> str:
+    lines = [f"deployment {report['deployment']}: {'converged' if report['converged'] else 'NOT converged'}"]
+    for name, node in report["nodes"].items():
+        memory = f"MemAvailable {node['mem_available_gib']:.1f} GiB" if node["mem_available_gib"] is not None else ""
+        state = "reachable" if node["reachable"] else f"UNREACHABLE ({node['error']})"
+        lines.append(f"  r{node['rank']} {name} ({node['role']}): {state} {memory}".rstrip())
+        lines += [f"     {c['name']} {c['status']}" + _exit(c) for c in node["containers"]]
+        guard = node["guard"]
+        trip = f", tripped at {guard['trip']['at']}" if guard["trip"] else ""
+        lines.append(f"     memguard {'running' if guard['running'] else 'not running'}{trip}")
+        if node["hold"]:
+            lines.append(f"     held since {node['hold']['since']} ({node['hold']['reason']})")
+    lines.append(f"  health: {report['health'] if report['health'] is not None else 'no answer'}")
+    lines += [f"  ! {condition}" for condition in report["conditions"]]
+    lines += [f"  pending: {item['id']}: {item['cause']}" for item in report["pending"]]
+    return "\n".join(lines) + "\n"
+
+
+def _exit(container: dict[str, Any]) -> str:
+    return f" (exit {container['exit_code']})" if container["exit_code"] is not None else ""
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    loaded = load_spec(args.spec or default_spec_path())
+    deployment = loaded.deployment
+    with commands.session(deployment) as transports:
+        if args.which == "memguard":
+            node = args.node or deployment.head.name
+            sys.stdout.write(commands.guard_log(deployment, transports, node, tail=args.tail))
+            return EXIT_OK
+        rank = _rank_of(args.which, len(deployment.nodes))
+        for chunk in commands.container_logs(deployment, transports, rank, tail=args.tail, follow=args.follow):
+            sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+            sys.stdout.flush()
+    return EXIT_OK
+
+
+def _rank_of(which: str, count: int) -> int:
+    if which.startswith("r") and which[1:].isdigit() and int(which[1:]) < count:
+        return int(which[1:])
+    raise ReconcilerError(f"unknown log source '{which}'", f"use r0..r{count - 1} or memguard")
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    loaded = load_spec(args.spec or default_spec_path())
+    with commands.session(loaded.deployment) as transports:
+        commands.hold(loaded.deployment, transports)
+        outcome = commands.converge(loaded.deployment, transports, Progress())
+    if args.json:
+        _emit_json({"ok": True, "held": True, "applied": outcome.result.to_dict()})
+    else:
+        sys.stdout.write("stopped; ranks stay down until `reconciler start`\n")
+    return EXIT_OK
+
+
+def _cmd_start(args: argparse.Namespace) -> int:
+    loaded = load_spec(args.spec or default_spec_path())
+    with commands.session(loaded.deployment) as transports:
+        commands.release(loaded.deployment, transports)
+        outcome = commands.converge(loaded.deployment, transports, Progress())
+    converged = not outcome.after.has_changes
+    if args.json:
+        _emit_json({"ok": converged, "applied": outcome.result.to_dict()})
+    else:
+        sys.stdout.write(_apply_summary(outcome) or "already running\n")
+    return EXIT_OK if converged else EXIT_ERROR

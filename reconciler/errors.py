@@ -63,3 +63,11 @@ class SpecError(ReconcilerError):
 
 class FactsError(ReconcilerError):
     """A facts snapshot cannot be read or does not match the spec."""
+
+
+class NodeUnreachableError(ReconcilerError):
+    """A node did not answer: SSH refused or timed out, host key rejected, Docker down."""
+
+
+class NodeCommandError(ReconcilerError):
+    """A command or program on a node failed."""

@@ -271,6 +271,7 @@ def render_rank(deployment: Deployment, rank: int, contexts: dict[str, NodeConte
         mounts=rank_mounts(deployment, rank, context.home, contexts[head.name].home),
         shm_size=deployment.serving.shm_size,
         stop_timeout_s=deployment.serving.stop_timeout_s,
+        gpus=deployment.serving.gpus,
     )
     labels = {
         LABEL_OWNER: OWNER,
@@ -284,3 +285,15 @@ def render_rank(deployment: Deployment, rank: int, contexts: dict[str, NodeConte
 
 def render_group(deployment: Deployment, contexts: dict[str, NodeContext]) -> list[RankContainer]:
     return [render_rank(deployment, rank, contexts) for rank, _ in deployment.ranked_nodes]
+
+
+def rewrite_exl3_plan(plan_text: str) -> str:
+    """The EXL3 plan as the ranks need it: bank dirs under the read-only /model mount.
+
+    Reference: p["qdir"] = ":".join("/model/exl3/" + d.split("/")[-1] for d in p["qdir"].split(":"));
+    nothing else changes. A trailing '/' is stripped first so ".../qn/" still names qn.
+    """
+    plan = json.loads(plan_text)
+    banks = [directory.rstrip("/").split("/")[-1] for directory in plan["qdir"].split(":")]
+    plan["qdir"] = ":".join(f"/model/exl3/{bank}" for bank in banks)
+    return json.dumps(plan, indent=1) + "\n"

@@ -389,6 +389,9 @@ class Serving(StrictModel):
     port: Port = 8000
     master_port: Port = 29655
     shm_size: str = Field(default="32g", description="Docker --shm-size.")
+    gpus: Literal["all", "none"] = Field(
+        default="all", description="Docker --gpus; 'none' only for test beds without the NVIDIA runtime."
+    )
     stop_timeout_s: PositiveInt = Field(
         default=60, description="Grace before SIGKILL; vLLM needs more than Docker's 10 s."
     )

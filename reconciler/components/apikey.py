@@ -6,7 +6,11 @@ is missing or empty.
 
 from __future__ import annotations
 
+import secrets
+
 from reconciler.actions import Action, InSync, Outcome, Verb, action_id
+from reconciler.errors import ReconcilerError
+from reconciler.execution import ApplyContext, Executor
 from reconciler.facts.node import Facts
 from reconciler.spec import Deployment
 
@@ -45,3 +49,28 @@ def plan_apikey(deployment: Deployment, facts: Facts) -> Outcome:
 def _one(node: str, step: str, verb: Verb, summary: str, cause: str) -> Outcome:
     action = Action(action_id(COMPONENT, step, node), COMPONENT, verb, node, summary, cause)
     return Outcome(actions=[action])
+
+
+def _create(ctx: ApplyContext, action: Action) -> str:
+    path = ctx.path(action.node, ctx.deployment.key_file())
+    # keep_existing: a key that appeared since the facts were gathered is never replaced.
+    key = secrets.token_urlsafe(32) + "\n"
+    result = ctx.ops(action.node, "write_file", {"path": path, "content": key, "mode": KEY_MODE, "keep_existing": True})
+    return "created" if result["written"] else "kept the key that exists now"
+
+
+def _chmod(ctx: ApplyContext, action: Action) -> str:
+    ctx.ops(action.node, "chmod", {"path": ctx.path(action.node, ctx.deployment.key_file()), "mode": KEY_MODE})
+    return "mode 0600"
+
+
+def read_key(ctx: ApplyContext) -> str:
+    """The key, for readiness probes only: never printed, logged or put in an error."""
+    head = ctx.deployment.head.name
+    result = ctx.ops(head, "read_text", {"path": ctx.path(head, ctx.deployment.key_file())})
+    if not result.get("text"):
+        raise ReconcilerError("the API key file is missing or empty", "run `reconciler apply` to create it")
+    return str(result["text"]).strip()
+
+
+EXECUTORS: dict[str, Executor] = {"create": _create, "chmod": _chmod}

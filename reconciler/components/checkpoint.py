@@ -8,15 +8,22 @@ state dir with bank paths rewritten for the /model mount.
 
 from __future__ import annotations
 
-import json
+import os
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from reconciler.actions import Action, InSync, Outcome, Verb, action_id, shorten
-from reconciler.facts.files import CheckpointFacts
+from reconciler.components import hub
+from reconciler.errors import NodeCommandError
+from reconciler.execution import ApplyContext, Executor
+from reconciler.facts.files import CheckpointFacts, parse_manifest
 from reconciler.facts.node import Facts
+from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import Deployment, Node
+from reconciler.transport.base import check
 
 COMPONENT = "checkpoint"
 NATIVE_SHARDS = [f"model-0000{index}-of-00006.safetensors" for index in range(1, 7)]
@@ -253,13 +260,104 @@ def _files_cause(state: CheckpointState, total: int) -> str:
     return "; ".join(parts)
 
 
-def rewrite_exl3_plan(plan_text: str) -> str:
-    """Point the plan's bank dirs at the read-only /model mount; nothing else changes.
+def _download(ctx: ApplyContext, action: Action) -> str:
+    if ctx.node(action.node).ssh is not None:
+        raise NodeCommandError(
+            f"{action.node}: downloading on a remote node is not supported yet",
+            "set model_source: peer for this worker (the head copies the checkpoint over the fabric)",
+        )
+    model = ctx.deployment.model
+    model_dir = ctx.model_dir(action.node)
+    observed = ctx.facts.nodes[action.node].checkpoint
+    state = assess(ctx.deployment, observed, observed.manifest)
+    _forget(model_dir, state.corrupt)
+    # Reference: once the native shards exist, their parts are not fetched again.
+    have_shards = all(name in observed.files for name in PARTED_SHARDS)
+    ctx.progress.line(f"    {action.node}: downloading {model.repo}@{model.revision} into {model_dir}")
+    hub.download_snapshot(model, model_dir, exclude_parts=have_shards)
+    return f"{model.repo}@{model.revision} in {model_dir}"
 
-    Reference: p["qdir"] = ":".join("/model/exl3/" + d.split("/")[-1] for d in p["qdir"].split(":"))
-    """
-    plan = json.loads(plan_text)
-    plan["qdir"] = ":".join(
-        "/model/exl3/" + directory.rstrip("/").split("/")[-1] for directory in plan["qdir"].split(":")
-    )
-    return json.dumps(plan, indent=1) + "\n"
+
+def _forget(model_dir: str, corrupt: list[str]) -> None:
+    """Make the Hub client fetch corrupt files again: its metadata would call them complete."""
+    for name in corrupt:
+        for path in (Path(model_dir) / name, Path(model_dir) / ".cache/huggingface/download" / f"{name}.metadata"):
+            path.unlink(missing_ok=True)
+
+
+def _reassemble(ctx: ApplyContext, action: Action) -> str:
+    files = ctx.facts.nodes[action.node].checkpoint.files
+    shards = [name for name in PARTED_SHARDS if name not in files]
+    built = ctx.ops(action.node, "reassemble", {"model_dir": ctx.model_dir(action.node), "shards": shards})
+    return ", ".join(f"{name} ({size} bytes)" for name, size in built.items())
+
+
+def _verify(ctx: ApplyContext, action: Action) -> str:
+    node = action.node
+    model_dir = ctx.model_dir(node)
+    text = ctx.ops(node, "read_text", {"path": f"{model_dir}/{ctx.deployment.model.manifest}"}).get("text")
+    if not text:
+        raise NodeCommandError(f"{node}: {ctx.deployment.model.manifest} missing in {model_dir}", _INCOMPLETE_HINT)
+    manifest = parse_manifest(text)
+    args = {"model_dir": model_dir, "files": sorted(manifest), "cache": ctx.state_path(node, "hashcache.json")}
+    hashes = ctx.ops(node, "hash_files", {**args, "deep": ctx.deep_verify}, timeout=6 * 3600)
+    missing = sorted(name for name, digest in hashes.items() if digest is None)
+    wrong = sorted(name for name, digest in hashes.items() if digest is not None and digest != manifest[name])
+    if missing or wrong:
+        problems = [f"missing: {shorten(missing)}"] if missing else []
+        problems += [f"sha256 mismatch: {shorten(wrong)}"] if wrong else []
+        raise NodeCommandError(f"{node}: checkpoint verification failed ({'; '.join(problems)})", _INCOMPLETE_HINT)
+    return f"{len(manifest)} files match {ctx.deployment.model.manifest}"
+
+
+_INCOMPLETE_HINT = (
+    "run `reconciler apply` again: the next plan re-fetches exactly the files named (nothing else is deleted)"
+)
+
+
+def _copy(ctx: ApplyContext, action: Action) -> str:
+    head = ctx.deployment.head
+    worker = ctx.node(action.node)
+    if worker.ssh is None:
+        raise NodeCommandError(f"{worker.name}: a peer copy needs an ssh: target", "add nodes[].ssh for this worker")
+    target = worker.ssh
+    destination = ctx.model_dir(worker.name)
+    ctx.ops(worker.name, "mkdirs", {"paths": [destination]})
+    ssh = ["ssh", "-p", str(target.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+    ssh += ["-o", f"UserKnownHostsFile={os.path.expanduser(target.known_hosts)}"]
+    if target.identity_file:
+        ssh += ["-i", os.path.expanduser(target.identity_file), "-o", "IdentitiesOnly=yes"]
+    remote = f"{target.user + '@' if target.user else ''}{target.host}:{destination}/"
+    argv = ["rsync", "-a", "--partial", "--exclude", "*.safetensors.part[0-9][0-9]", "--exclude", ".cache/"]
+    argv += ["-e", shlex.join(ssh), f"{ctx.model_dir(head.name).rstrip('/')}/", remote]
+    ctx.progress.line(f"    {head.name} -> {worker.name}: rsync over {target.host}")
+    check(ctx.transport(head.name).run(argv, timeout=24 * 3600), head.name, "rsync to " + worker.name)
+    return f"copied to {worker.name}:{destination}"
+
+
+def _stage_plan(ctx: ApplyContext, action: Action) -> str:
+    node = action.node
+    plan_name = ctx.deployment.model.exl3_plan
+    source = f"{ctx.model_dir(node)}/exl3/plan/{plan_name}"
+    text = ctx.ops(node, "read_text", {"path": source}).get("text")
+    if text is None:
+        raise NodeCommandError(f"{node}: {source} is missing; the checkpoint is incomplete", _INCOMPLETE_HINT)
+    ctx.ops(node, "mkdirs", {"paths": [ctx.state_path(node, "plans"), ctx.state_path(node, "cache")]})
+    target = ctx.state_path(node, "plans", plan_name)
+    ctx.ops(node, "write_file", {"path": target, "content": rewrite_exl3_plan(text), "mode": 0o644})
+    return f"staged {target}"
+
+
+def _prune(ctx: ApplyContext, action: Action) -> str:
+    removed = ctx.ops(action.node, "prune_parts", {"model_dir": ctx.model_dir(action.node)})["removed"]
+    return f"deleted {len(removed)} part files"
+
+
+EXECUTORS: dict[str, Executor] = {
+    "download": _download,
+    "reassemble": _reassemble,
+    "verify": _verify,
+    "copy": _copy,
+    "stage-plan": _stage_plan,
+    "prune": _prune,
+}

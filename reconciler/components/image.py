@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import docker
+
 from reconciler.actions import Action, InSync, Outcome, action_id
+from reconciler.errors import NodeCommandError
+from reconciler.execution import ApplyContext, Executor
 from reconciler.facts.node import Facts
 from reconciler.spec import Deployment
 
@@ -36,3 +42,40 @@ def short_ref(ref: str) -> str:
     """Registry path plus 12 digest characters: enough to tell images apart in a plan."""
     name, at, digest = ref.partition("@sha256:")
     return f"{name}@sha256:{digest[:12]}" if at else ref
+
+
+def _pull(ctx: ApplyContext, action: Action) -> str:
+    ref = ctx.deployment.image.ref
+    client = ctx.transport(action.node).docker()
+    if _present(client, ref):
+        return "already present"
+    layers: dict[str, str] = {}
+    try:
+        for event in client.api.pull(ref, stream=True, decode=True):
+            if "id" in event and "status" in event:
+                layers[event["id"]] = event["status"]
+                done = sum(1 for status in layers.values() if status in {"Pull complete", "Already exists"})
+                ctx.progress.throttled(f"pull-{action.node}", f"    {action.node}: pulling {done}/{len(layers)} layers")
+            if "error" in event:
+                raise NodeCommandError(f"{action.node}: pull of {short_ref(ref)} failed: {event['error']}", _PULL_HINT)
+    except docker.errors.APIError as exc:
+        raise NodeCommandError(
+            f"{action.node}: pull of {short_ref(ref)} failed: {exc.explanation}", _PULL_HINT
+        ) from None
+    if not _present(client, ref):
+        raise NodeCommandError(f"{action.node}: {short_ref(ref)} still missing after the pull", _PULL_HINT)
+    return f"pulled {short_ref(ref)}"
+
+
+_PULL_HINT = "check the registry is reachable from the node and the digest exists (docker pull by hand to see more)"
+
+
+def _present(client: Any, ref: str) -> bool:
+    try:
+        client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+EXECUTORS: dict[str, Executor] = {"pull": _pull}

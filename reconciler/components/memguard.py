@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
+from reconciler import nodeside
 from reconciler.actions import Action, InSync, Outcome, Verb, action_id
+from reconciler.execution import ApplyContext, Executor
 from reconciler.facts.memory import GuardTrip
 from reconciler.facts.node import Facts
+from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
 from reconciler.spec import Deployment
 
 COMPONENT = "memguard"
@@ -98,3 +102,32 @@ def trip_advice(node: str, trip: GuardTrip) -> str:
         f"floor {trip.floor_gib:g} GiB); ranks are held. Lower serving.kv_bytes or serving.gpu_util before "
         "raising memguard.floor_gib, then change the spec or run `reconciler start`"
     )
+
+
+def guard_config(deployment: Deployment) -> dict[str, object]:
+    guard = deployment.memguard
+    return {
+        "floor_gib": guard.floor_gib,
+        "interval_s": guard.interval_s,
+        "labels": [f"{LABEL_OWNER}={OWNER}", f"{LABEL_DEPLOYMENT}={deployment.name}"],
+        "config_hash": guard_config_hash(deployment),
+    }
+
+
+def _start(ctx: ApplyContext, action: Action) -> str:
+    program = (Path(nodeside.__file__).parent / "memguard.py").read_text(encoding="utf-8")
+    args = {"state_dir": ctx.state_path(action.node), "program": program, "config": guard_config(ctx.deployment)}
+    result = ctx.ops(action.node, "guard_start", args)
+    return f"running as pid {result['pid']}"
+
+
+def _stop(ctx: ApplyContext, action: Action) -> str:
+    result = ctx.ops(action.node, "guard_stop", {"state_dir": ctx.state_path(action.node)})
+    return "stopped" if result["stopped"] else "was not running"
+
+
+def clear_trip(ctx: ApplyContext, node: str) -> None:
+    ctx.ops(node, "remove_file", {"path": ctx.state_path(node, "memguard.trip.json")})
+
+
+EXECUTORS: dict[str, Executor] = {"start": _start, "restart": _start, "stop": _stop}

@@ -10,10 +10,16 @@ A hold (`reconciler stop`) or a memory-guard trip keeps the group down.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
+import docker
+
+from reconciler import health
 from reconciler.actions import Action, Blocker, InSync, Outcome, Verb, action_id, shorten
 from reconciler.components.memguard import trip_advice, trips
+from reconciler.errors import ReconcilerError
+from reconciler.execution import ApplyContext, Executor
 from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.node import Facts
 from reconciler.serving import (
@@ -211,7 +217,8 @@ def _stop_running(deployment: Deployment, facts: Facts, cause: str) -> list[Acti
         for container in owned_containers(deployment, facts, node.name):
             if container.status == "running":
                 summary = f"stop {container.name} (kept for `reconciler logs`)"
-                actions.append(_container_action(node.name, container.name, "stop", summary, cause, _last(actions)))
+                action = _container_action(node.name, container.name, "stop", summary, cause, _last(actions))
+                actions.append(replace(action, id=action_id(COMPONENT, f"halt-{container.name}", node.name)))
     return actions
 
 
@@ -331,3 +338,90 @@ def _container_action(
         depends,
         container,
     )
+
+
+def _desired(ctx: ApplyContext, name: str) -> RankContainer:
+    contexts, blockers = node_contexts(ctx.deployment, ctx.facts)
+    if blockers:
+        raise ReconcilerError(f"{blockers[0].node}: {blockers[0].message}", blockers[0].hint)
+    return next(rank for rank in render_group(ctx.deployment, contexts) if rank.name == name)
+
+
+def _find(client: Any, name: str) -> Any:
+    try:
+        return client.containers.get(name)
+    except docker.errors.NotFound:
+        return None
+
+
+def _stop_and_remove(ctx: ApplyContext, action: Action) -> str:
+    client = ctx.transport(action.node).docker()
+    container = _find(client, action.target)
+    if container is None:
+        return "already gone"
+    if container.labels.get(LABEL_OWNER) != OWNER:
+        raise ReconcilerError(f"{action.node}: {action.target} is not ours; leaving it", "rename or remove it by hand")
+    container.stop(timeout=ctx.deployment.serving.stop_timeout_s)
+    container.remove(force=True)
+    return "stopped and removed"
+
+
+def _halt(ctx: ApplyContext, action: Action) -> str:
+    container = _find(ctx.transport(action.node).docker(), action.target)
+    if container is None:
+        return "already gone"
+    container.stop(timeout=ctx.deployment.serving.stop_timeout_s)
+    return "stopped (kept for logs)"
+
+
+def _start(ctx: ApplyContext, action: Action) -> str:
+    desired = _desired(ctx, action.target)
+    client = ctx.transport(action.node).docker()
+    old = _find(client, desired.name)
+    if old is not None:
+        if old.labels.get(LABEL_OWNER) != OWNER:
+            raise ReconcilerError(
+                f"{action.node}: a container named {desired.name} exists and is not ours",
+                "remove or rename it; the reconciler never touches containers it does not own",
+            )
+        old.remove(force=True)
+    container = client.containers.create(**docker_create_kwargs(desired))
+    container.start()
+    return f"started {desired.name} ({container.short_id})"
+
+
+def docker_create_kwargs(desired: RankContainer) -> dict[str, Any]:
+    """The docker SDK arguments of a rendered rank (the equivalent of the reference `docker run`)."""
+    kwargs: dict[str, Any] = {
+        "image": desired.image,
+        "name": desired.name,
+        "entrypoint": list(desired.entrypoint),
+        "command": list(desired.command),
+        "environment": dict(desired.env),
+        "labels": desired.labels,
+        "network_mode": desired.network_mode,
+        "ipc_mode": desired.ipc_mode,
+        "privileged": desired.privileged,
+        "shm_size": desired.shm_size,
+        "stop_timeout": desired.stop_timeout_s,
+        "ulimits": [docker.types.Ulimit(name=name, soft=soft, hard=hard) for name, soft, hard in desired.ulimits],
+        "volumes": {m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in desired.mounts},
+        "restart_policy": {"Name": desired.restart_policy},
+        "detach": True,
+    }
+    if desired.gpus == "all":
+        kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    return kwargs
+
+
+def _await_ready(ctx: ApplyContext, _action: Action) -> str:
+    return health.wait_ready(ctx)
+
+
+EXECUTORS: dict[str, Executor] = {
+    "stop": _stop_and_remove,
+    "remove": _stop_and_remove,
+    "halt": _halt,
+    "start": _start,
+    "wait-ready": _await_ready,
+}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -123,10 +124,26 @@ def test_plan_with_facts_for_other_nodes_fails_clearly(capsys: pytest.CaptureFix
     assert "spark-worker" in err
 
 
-def test_live_plan_is_not_claimed_yet(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "plan", "--spec", str(SPEC_PATH))
+def test_live_plan_reports_an_unreachable_worker_as_a_blocker(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Loopback only: a closed local port refuses at once; no other address is ever contacted.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("", encoding="utf-8")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "nodes:\n"
+        f"  - {{name: h, role: head, model_dir: {tmp_path}/m}}\n"
+        f"  - {{name: w, ssh: {{host: 127.0.0.1, port: {closed_port}, known_hosts: {known_hosts}}}}}\n"
+        f"state_dir: {tmp_path}/state\n",
+        encoding="utf-8",
+    )
+    code, out, _ = run(capsys, "plan", "--spec", str(spec), "--detailed-exitcode")
     assert code == 1
-    assert "--facts" in err
+    assert "! w: node unreachable: w: cannot connect to 127.0.0.1" in out
 
 
 def test_schema_check_and_write(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

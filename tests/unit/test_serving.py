@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from reconciler.components.checkpoint import rewrite_exl3_plan
 from reconciler.serving import (
     KEY_MOUNT,
     LABEL_CONFIG_HASH,
@@ -21,6 +20,7 @@ from reconciler.serving import (
     capture_sizes,
     max_capture_size,
     render_group,
+    rewrite_exl3_plan,
 )
 from reconciler.spec import Deployment, Node
 from tests.scenarios import FIXTURES, reference_deployment, with_serving

@@ -1,0 +1,75 @@
+"""What executors share while `apply` runs: the spec, the facts, the transports, progress.
+
+Executors live beside the planning code of their component (as pyinfra pairs facts and
+operations); this module is the seam between them and `apply`, which only dispatches.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from reconciler.actions import Action
+from reconciler.errors import FactsError
+from reconciler.facts.node import Facts
+from reconciler.spec import Deployment, Node, expand_home
+from reconciler.transport.base import Transport, run_program
+
+
+class Progress:
+    """Plain progress lines on stderr (a terminal or the journal alike), rate-limited."""
+
+    def __init__(self, stream: TextIO | None = None, min_interval_s: float = 2.0) -> None:
+        self.stream = stream or sys.stderr
+        self.min_interval_s = min_interval_s
+        self._last: dict[str, float] = {}
+
+    def line(self, message: str) -> None:
+        self.stream.write(message + "\n")
+        self.stream.flush()
+
+    def throttled(self, key: str, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last.get(key, 0.0) >= self.min_interval_s:
+            self._last[key] = now
+            self.line(message)
+
+
+@dataclass
+class ApplyContext:
+    deployment: Deployment
+    facts: Facts
+    transports: dict[str, Transport]
+    progress: Progress = field(default_factory=Progress)
+    deep_verify: bool = False
+
+    def node(self, name: str) -> Node:
+        return self.deployment.node(name)
+
+    def transport(self, name: str) -> Transport:
+        return self.transports[name]
+
+    def home(self, name: str) -> str:
+        home = self.facts.nodes[name].home
+        if home is None:
+            raise FactsError(f"{name}: home directory unknown", "gather facts again; the node may be unreachable")
+        return home
+
+    def path(self, name: str, path: str) -> str:
+        """A spec path as it is on that node."""
+        return expand_home(path, self.home(name))
+
+    def state_path(self, name: str, *parts: str) -> str:
+        return "/".join([self.path(name, self.deployment.state_dir).rstrip("/"), *parts])
+
+    def model_dir(self, name: str) -> str:
+        return self.path(name, self.node(name).model_dir)
+
+    def ops(self, name: str, call: str, args: dict[str, Any], timeout: float = 3600.0) -> Any:
+        return run_program(self.transport(name), "ops", call, args, timeout=timeout)
+
+
+Executor = Callable[[ApplyContext, Action], str]

@@ -1,0 +1,109 @@
+"""Readiness and liveness of the serving group.
+
+`/health` answers 200 while the engine is dead (REFERENCE §5), so readiness is a keyed
+`GET /v1/models`, and while waiting every rank's container is watched: any exit — code 0
+included — fails the whole group at once, with the last log lines of every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import docker
+import httpx
+
+from reconciler.components.apikey import read_key
+from reconciler.errors import ReconcilerError
+from reconciler.execution import ApplyContext
+from reconciler.serving import container_name
+from reconciler.spec import Deployment
+
+LOG_TAIL = 40
+
+
+class GroupFailedError(ReconcilerError):
+    """A rank exited or the group did not become ready in time."""
+
+
+def api_base(deployment: Deployment) -> str:
+    """Where the reconciler reaches the API: locally on the head, else the head's address."""
+    head = deployment.head
+    port = deployment.serving.port
+    if head.ssh is not None:
+        return f"http://{head.ssh.host}:{port}"
+    bind = deployment.api.bind
+    return f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{port}"
+
+
+def health_code(deployment: Deployment, timeout: float = 5.0) -> int | None:
+    """Keyless GET /health, like the reference `status`; None when nothing answers."""
+    try:
+        return httpx.get(f"{api_base(deployment)}/health", timeout=timeout).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def models_code(deployment: Deployment, key: str, timeout: float = 5.0) -> int | None:
+    try:
+        headers = {"Authorization": f"Bearer {key}"}
+        return httpx.get(f"{api_base(deployment)}/v1/models", headers=headers, timeout=timeout).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def rank_states(ctx: ApplyContext) -> dict[str, Any]:
+    """Each rank container's Docker object (None when missing)."""
+    states: dict[str, Any] = {}
+    for rank, node in ctx.deployment.ranked_nodes:
+        name = container_name(ctx.deployment, rank)
+        try:
+            states[name] = ctx.transport(node.name).docker().containers.get(name)
+        except docker.errors.NotFound:
+            states[name] = None
+    return states
+
+
+def _exited(states: dict[str, Any]) -> list[str]:
+    return [name for name, container in states.items() if container is None or container.status != "running"]
+
+
+def _log_tails(states: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for name, container in states.items():
+        prefix = name.rsplit("-", 1)[-1]
+        if container is None:
+            lines.append(f"{prefix}| (no container)")
+            continue
+        text = container.logs(tail=LOG_TAIL).decode("utf-8", errors="replace")
+        lines += [f"{prefix}| {line}" for line in text.splitlines()]
+    return "\n".join(lines)
+
+
+def wait_ready(ctx: ApplyContext) -> str:
+    deployment = ctx.deployment
+    key = read_key(ctx)
+    started = time.monotonic()
+    deadline = started + deployment.startup.timeout_s
+    while True:
+        states = rank_states(ctx)
+        for container in states.values():
+            if container is not None:
+                container.reload()
+        exited = _exited(states)
+        if exited:
+            summary = ", ".join(f"{name} running={name not in exited}".lower() for name in states)
+            raise GroupFailedError(
+                f"a rank exited ({summary})\n{_log_tails(states)}",
+                "read the rank logs above; the group is restarted as a whole on the next apply",
+            )
+        if models_code(deployment, key) == 200:
+            return f"ready after {time.monotonic() - started:.0f} s: {api_base(deployment)}/v1"
+        if time.monotonic() >= deadline:
+            raise GroupFailedError(
+                f"not ready after {deployment.startup.timeout_s // 60} min", "check `reconciler logs r0` and `logs r1`"
+            )
+        ctx.progress.throttled(
+            "ready", f"    waiting for {api_base(deployment)}/v1/models ({time.monotonic() - started:.0f} s)"
+        )
+        time.sleep(deployment.startup.poll_s)

@@ -1,0 +1,130 @@
+"""Runs ON every node (stdlib only): the memory guard.
+
+A DGX Spark shares one memory pool between CPU and GPU; when MemAvailable reaches zero the
+host wedges until the hardware watchdog reboots it, instead of OOM-killing cleanly. This
+guard polls /proc/meminfo and, below the floor, kills this deployment's rank containers
+(found by label through the Docker API, not by a name substring), logs why with the top
+memory users, and records the trip so the reconciler holds the group instead of restarting
+it into the same wall.
+
+Usage: python3 memguard.py STATE_DIR   (config in STATE_DIR/memguard.json, written by apply)
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import sys
+import time
+import urllib.parse
+from typing import Any
+
+KIB_PER_GIB = 1024 * 1024
+LOW_WATER_GIB = 10.0
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("localhost", timeout=10)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+def _docker(method: str, path: str) -> Any:
+    host = os.environ.get("DOCKER_HOST", "")
+    connection = _UnixHTTPConnection(host[7:] if host.startswith("unix://") else "/var/run/docker.sock")
+    try:
+        connection.request(method, path)
+        body = connection.getresponse().read()
+        return json.loads(body) if body.strip() else None
+    finally:
+        connection.close()
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def mem_available_gib(meminfo_path: str) -> float:
+    with open(meminfo_path, encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / KIB_PER_GIB
+    raise RuntimeError("no MemAvailable in " + meminfo_path)
+
+
+def top_rss(count: int = 3) -> list[str]:
+    """The largest resident processes, like `ps -eo rss,comm --sort=-rss` in the reference."""
+    found: list[tuple[int, str]] = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as handle:
+                fields = dict(line.split(":", 1) for line in handle if ":" in line)
+        except OSError:
+            continue
+        rss = fields.get("VmRSS", "0 kB").split()[0]
+        found.append((int(rss) if rss.isdigit() else 0, f"{fields.get('Name', '?').strip()}[{pid}]"))
+    return [f"{name} {rss / KIB_PER_GIB:.1f}G" for rss, name in sorted(found, reverse=True)[:count]]
+
+
+def kill_ranks(labels: list[str]) -> list[str]:
+    filters = urllib.parse.quote(json.dumps({"label": labels, "status": ["running"]}))
+    containers = _docker("GET", f"/containers/json?filters={filters}") or []
+    names = []
+    for container in containers:
+        _docker("POST", f"/containers/{container['Id']}/kill?signal=SIGKILL")
+        names.append(container["Names"][0].lstrip("/"))
+    return names
+
+
+class Guard:
+    def __init__(self, state_dir: str) -> None:
+        self.state_dir = state_dir
+        with open(os.path.join(state_dir, "memguard.json"), encoding="utf-8") as handle:
+            self.config: dict[str, Any] = json.load(handle)
+        self.log_path = os.path.join(state_dir, "memguard.log")
+
+    def log(self, message: str) -> None:
+        with open(self.log_path, "a", encoding="utf-8") as handle:
+            handle.write(f"{now()} {message}\n")
+
+    def record_trip(self, available: float, floor: float, killed: list[str]) -> None:
+        trip = {"at": now(), "mem_available_gib": round(available, 3), "floor_gib": floor, "killed": killed}
+        temporary = os.path.join(self.state_dir, "memguard.trip.json.tmp")
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump(trip, handle)
+        os.replace(temporary, os.path.join(self.state_dir, "memguard.trip.json"))
+
+    def tick(self, count: int) -> None:
+        floor = float(self.config["floor_gib"])
+        available = mem_available_gib(self.config.get("meminfo", "/proc/meminfo"))
+        if available < LOW_WATER_GIB and count % 10 == 0:
+            self.log(f"MemAvailable {available:.2f}G; top: {', '.join(top_rss())}")
+        if available < floor:
+            killed = kill_ranks(self.config["labels"])
+            if killed:
+                top = ", ".join(top_rss())
+                self.log(f"MemAvailable {available:.2f}G < {floor:g}G: killing {' '.join(killed)}; top: {top}")
+                self.record_trip(available, floor, killed)
+
+    def run(self) -> None:
+        self.log(f"memguard start floor {self.config['floor_gib']}G pid {os.getpid()}")
+        count = 0
+        while True:
+            try:
+                self.tick(count)
+            except (OSError, RuntimeError, ValueError) as exc:
+                self.log(f"error: {exc}")
+            count += 1
+            time.sleep(float(self.config.get("interval_s", 1.0)))
+
+
+if __name__ == "__main__":
+    Guard(sys.argv[1]).run()

@@ -1,0 +1,226 @@
+"""Runs ON a node (stdlib only): the small file operations `apply` needs there.
+
+Each public function takes one dict of arguments and prints one JSON result. Every write is
+atomic (temporary file in the same directory, fsync, rename) so an interrupted apply never
+leaves a half-written key, plan or shard behind. Progress goes to stderr as plain lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+CHUNK = 8 * 1024 * 1024
+PART_RE = re.compile(r"^(?P<shard>.+\.safetensors)\.part(?P<index>[0-9]{2})$")
+
+
+def _reply(value: Any) -> None:
+    json.dump(value, sys.stdout)
+    sys.stdout.write("\n")
+
+
+def _progress(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def atomic_write(path: str, data: bytes, mode: int) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    temporary = f"{path}.tmp-{os.getpid()}"
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def write_file(args: dict[str, Any]) -> None:
+    """Write a file atomically; with `keep_existing`, a non-empty file is never replaced."""
+    path = os.path.expanduser(args["path"])
+    if args.get("keep_existing") and os.path.exists(path) and os.path.getsize(path) > 0:
+        _reply({"written": False, "reason": "exists"})
+        return
+    atomic_write(path, args["content"].encode(), int(args.get("mode", 0o644)))
+    _reply({"written": True})
+
+
+def chmod(args: dict[str, Any]) -> None:
+    os.chmod(os.path.expanduser(args["path"]), int(args["mode"]))
+    _reply({"ok": True})
+
+
+def read_text(args: dict[str, Any]) -> None:
+    try:
+        with open(os.path.expanduser(args["path"]), encoding="utf-8") as handle:
+            _reply({"text": handle.read()})
+    except OSError as exc:
+        _reply({"text": None, "error": exc.strerror})
+
+
+def mkdirs(args: dict[str, Any]) -> None:
+    for path in args["paths"]:
+        os.makedirs(os.path.expanduser(path), exist_ok=True)
+    _reply({"ok": True})
+
+
+def _load_cache(path: str) -> dict[str, list[Any]]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            loaded = json.load(handle)
+        return loaded if isinstance(loaded, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _sha256(path: str, label: str) -> str:
+    digest = hashlib.sha256()
+    size = os.path.getsize(path)
+    done = 0
+    last = time.monotonic()
+    with open(path, "rb") as handle:
+        while block := handle.read(CHUNK):
+            digest.update(block)
+            done += len(block)
+            if time.monotonic() - last > 2:
+                _progress(f"hashing {label}: {done * 100 // max(size, 1)}% of {size} bytes")
+                last = time.monotonic()
+    return digest.hexdigest()
+
+
+def hash_files(args: dict[str, Any]) -> None:
+    """sha256 of each file, from the cache when (size, mtime_ns, inode) still match."""
+    root = os.path.expanduser(args["model_dir"]).rstrip("/")
+    cache_path = os.path.expanduser(args["cache"])
+    cache = _load_cache(cache_path)
+    deep = bool(args.get("deep"))
+    result: dict[str, str | None] = {}
+    for relative in args["files"]:
+        full = f"{root}/{relative}"
+        try:
+            info = os.stat(full)
+        except OSError:
+            result[relative] = None
+            continue
+        key = [info.st_size, info.st_mtime_ns, info.st_ino]
+        cached = cache.get(full)
+        if deep or cached is None or cached[:3] != key:
+            cache[full] = [*key, _sha256(full, relative)]
+        result[relative] = cache[full][3]
+    atomic_write(cache_path, json.dumps(cache, sort_keys=True).encode(), 0o644)
+    _reply(result)
+
+
+def reassemble(args: dict[str, Any]) -> None:
+    """Concatenate each shard's .partNN files into the shard, streaming; parts are kept."""
+    root = os.path.expanduser(args["model_dir"])
+    names = sorted(os.listdir(root))
+    built = {}
+    for shard in args["shards"]:
+        parts = [name for name in names if (match := PART_RE.match(name)) and match.group("shard") == shard]
+        if not parts:
+            raise SystemExit(f"no .partNN files for {shard} in {root}")
+        target = os.path.join(root, shard)
+        temporary = f"{target}.assembling"
+        with open(temporary, "wb") as out:
+            for part in parts:
+                _progress(f"reassembling {shard}: {part}")
+                with open(os.path.join(root, part), "rb") as source:
+                    while block := source.read(CHUNK):
+                        out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, target)
+        built[shard] = os.path.getsize(target)
+    _reply(built)
+
+
+def prune_parts(args: dict[str, Any]) -> None:
+    """Delete .partNN files whose native shard exists; nothing else is ever deleted."""
+    root = os.path.expanduser(args["model_dir"])
+    removed = []
+    for name in sorted(os.listdir(root)):
+        match = PART_RE.match(name)
+        if match and os.path.exists(os.path.join(root, match.group("shard"))):
+            os.unlink(os.path.join(root, name))
+            removed.append(name)
+    _reply({"removed": removed})
+
+
+def _pid_of(pid_file: str) -> int | None:
+    try:
+        with open(pid_file, encoding="utf-8") as handle:
+            text = handle.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _stop_pid(pid_file: str) -> bool:
+    pid = _pid_of(pid_file)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return True
+
+
+def guard_start(args: dict[str, Any]) -> None:
+    """Install the guard program and its config in the state dir, then (re)start it detached."""
+    state_dir = os.path.expanduser(args["state_dir"])
+    os.makedirs(state_dir, exist_ok=True)
+    _stop_pid(os.path.join(state_dir, "memguard.pid"))
+    atomic_write(os.path.join(state_dir, "memguard.py"), args["program"].encode(), 0o644)
+    atomic_write(os.path.join(state_dir, "memguard.json"), json.dumps(args["config"]).encode(), 0o644)
+    if args.get("clear_trip"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(state_dir, "memguard.trip.json"))
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(state_dir, "memguard.py"), state_dir],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+    atomic_write(os.path.join(state_dir, "memguard.pid"), f"{process.pid}\n".encode(), 0o644)
+    _reply({"pid": process.pid})
+
+
+def guard_stop(args: dict[str, Any]) -> None:
+    state_dir = os.path.expanduser(args["state_dir"])
+    stopped = _stop_pid(os.path.join(state_dir, "memguard.pid"))
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(state_dir, "memguard.pid"))
+    _reply({"stopped": stopped})
+
+
+def remove_file(args: dict[str, Any]) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.expanduser(args["path"]))
+    _reply({"ok": True})

@@ -1,0 +1,154 @@
+"""Runs ON a node (stdlib only): everything the reconciler needs to know, in one round trip.
+
+The reconciler sends this file's source to `python3 -` over SSH (or runs it locally) with a
+trailing call `print_probe(ARGS)`; it prints one JSON document. It reports raw observations
+only — sizes, stats, file texts, Docker's own JSON — and leaves every judgement to the pure
+parsers on the reconciler side, so the logic is tested there, not here.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import stat
+import sys
+import urllib.parse
+from typing import Any
+
+DOCKER_SOCKET = "/var/run/docker.sock"
+MAX_PLAN_BYTES = 4 * 1024 * 1024
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over the Docker unix socket, without the docker SDK (not installed on nodes)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+def docker_socket_path() -> str:
+    host = os.environ.get("DOCKER_HOST", "")
+    return host[len("unix://") :] if host.startswith("unix://") else DOCKER_SOCKET
+
+
+def docker_get(path: str, timeout: float = 10.0) -> Any:
+    connection = _UnixHTTPConnection(docker_socket_path(), timeout)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        body = response.read()
+        if response.status >= 400:
+            raise OSError(f"docker {path}: HTTP {response.status}: {body[:200].decode(errors='replace')}")
+        return json.loads(body)
+    finally:
+        connection.close()
+
+
+def expand(path: str) -> str:
+    return os.path.expanduser(path)
+
+
+def read_text(path: str, limit: int = MAX_PLAN_BYTES) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(limit).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def read_json(path: str) -> Any:
+    text = read_text(path)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def list_files(root: str) -> dict[str, list[int]]:
+    """relative path -> [size, mtime_ns, inode]; the hash cache key without the path."""
+    files: dict[str, list[int]] = {}
+    for directory, subdirs, names in os.walk(root):
+        subdirs[:] = [name for name in subdirs if name != ".cache"]
+        for name in names:
+            full = os.path.join(directory, name)
+            try:
+                info = os.stat(full)
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                files[os.path.relpath(full, root)] = [info.st_size, info.st_mtime_ns, info.st_ino]
+    return files
+
+
+def stat_key_file(path: str) -> dict[str, Any]:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return {"present": False}
+    return {"present": True, "size": info.st_size, "mode": stat.S_IMODE(info.st_mode)}
+
+
+def process_alive(pid_file: str) -> bool:
+    text = read_text(pid_file)
+    if not text or not text.strip().isdigit():
+        return False
+    try:
+        os.kill(int(text.strip()), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def meminfo() -> str | None:
+    return read_text("/proc/meminfo")
+
+
+def docker_state(label: str) -> dict[str, Any]:
+    filters = urllib.parse.quote(json.dumps({"label": [label]}))
+    try:
+        listed = docker_get(f"/containers/json?all=1&filters={filters}")
+        containers = [docker_get(f"/containers/{item['Id']}/json") for item in listed]
+        images = docker_get("/images/json")
+    except (OSError, ValueError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    refs = sorted({ref for image in images for ref in (image.get("RepoDigests") or []) + (image.get("RepoTags") or [])})
+    return {"containers": containers, "images": refs}
+
+
+def probe(args: dict[str, Any]) -> dict[str, Any]:
+    state_dir = expand(args["state_dir"])
+    model_dir = expand(args["model_dir"])
+    return {
+        "hostname": socket.gethostname(),
+        "home": os.path.expanduser("~"),
+        "meminfo": meminfo(),
+        "model_files": list_files(model_dir) if os.path.isdir(model_dir) else {},
+        "manifest": read_text(os.path.join(model_dir, args["manifest"])),
+        "source_plan": read_text(os.path.join(model_dir, "exl3", "plan", args["exl3_plan"])),
+        "staged_plan": read_text(os.path.join(state_dir, "plans", args["exl3_plan"])),
+        "hash_cache": read_json(os.path.join(state_dir, "hashcache.json")) or {},
+        "key_file": stat_key_file(expand(args["key_file"])) if args.get("key_file") else None,
+        "guard_running": process_alive(os.path.join(state_dir, "memguard.pid")),
+        "guard_config": read_json(os.path.join(state_dir, "memguard.json")),
+        "guard_trip": read_json(os.path.join(state_dir, "memguard.trip.json")),
+        "hold": read_json(os.path.join(state_dir, "hold.json")),
+        "docker": docker_state(args["label"]),
+    }
+
+
+def print_probe(args: dict[str, Any]) -> None:
+    json.dump(probe(args), sys.stdout)
+    sys.stdout.write("\n")

@@ -1,0 +1,53 @@
+"""The transport seam: everything above it is the same for local and SSH nodes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from reconciler.errors import NodeCommandError
+from reconciler.nodeside import program
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", errors="replace")
+
+
+class Transport(Protocol):
+    node: str
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 120.0) -> CommandResult: ...
+
+    def docker(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+def run_program(transport: Transport, module: str, call: str, args: Any, *, timeout: float = 600.0) -> Any:
+    """Run a nodeside program with `python3 -` and return its JSON output."""
+    result = transport.run(["python3", "-"], stdin=program(module, call, args), timeout=timeout)
+    if result.returncode != 0:
+        detail = result.stderr.decode("utf-8", errors="replace").strip().splitlines()[-3:]
+        raise NodeCommandError(
+            f"{transport.node}: {module}.{call} failed (exit {result.returncode}): {' / '.join(detail)}",
+            f"check python3 on {transport.node}; rerun with the same command to retry",
+        )
+    return json.loads(result.stdout)
+
+
+def check(result: CommandResult, node: str, what: str) -> CommandResult:
+    if result.returncode != 0:
+        detail = result.stderr.decode("utf-8", errors="replace").strip()[-400:]
+        raise NodeCommandError(
+            f"{node}: {what} failed (exit {result.returncode}): {detail}", f"see the message from {node}"
+        )
+    return result

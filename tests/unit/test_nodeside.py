@@ -1,0 +1,93 @@
+"""Node-side programs, shipped through `python3 -` exactly as on a remote node."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.facts.gather import node_facts_from_probe, probe_args
+from reconciler.serving import rewrite_exl3_plan
+from reconciler.transport.base import run_program
+from reconciler.transport.local import LocalTransport
+from tests.scenarios import reference_deployment
+
+NODE = LocalTransport("local")
+
+
+def ops(call: str, **args: Any) -> Any:
+    return run_program(NODE, "ops", call, args)
+
+
+def test_write_file_is_atomic_with_mode_and_never_replaces_a_kept_file(tmp_path: Path) -> None:
+    target = tmp_path / "state" / "api_key"
+    assert ops("write_file", path=str(target), content="first\n", mode=0o600, keep_existing=True)["written"]
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    assert not ops("write_file", path=str(target), content="second\n", mode=0o600, keep_existing=True)["written"]
+    assert target.read_text() == "first\n"
+    assert [p.name for p in target.parent.iterdir()] == ["api_key"]
+
+
+def test_hash_cache_reads_no_data_for_an_unchanged_file(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    shard = model / "a.safetensors"
+    shard.write_bytes(b"x" * 1000)
+    cache = tmp_path / "hashcache.json"
+    first = ops("hash_files", model_dir=str(model), files=["a.safetensors"], cache=str(cache))
+    assert first["a.safetensors"] == hashlib.sha256(b"x" * 1000).hexdigest()
+    # Same size, inode and mtime but different bytes: only a cache hit can return the old hash.
+    stat = shard.stat()
+    with open(shard, "r+b") as handle:
+        handle.write(b"y")
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert ops("hash_files", model_dir=str(model), files=["a.safetensors"], cache=str(cache)) == first
+    deep = ops("hash_files", model_dir=str(model), files=["a.safetensors"], cache=str(cache), deep=True)
+    assert deep["a.safetensors"] == hashlib.sha256(b"y" + b"x" * 999).hexdigest()
+
+
+def test_reassemble_concatenates_parts_in_order_and_prune_removes_only_parts(tmp_path: Path) -> None:
+    shard = "model-00005-of-00006.safetensors"
+    for index, content in enumerate([b"aa", b"bb", b"c"]):
+        (tmp_path / f"{shard}.part{index:02d}").write_bytes(content)
+    (tmp_path / "model-00006-of-00006.safetensors.part00").write_bytes(b"z")
+    assert ops("reassemble", model_dir=str(tmp_path), shards=[shard]) == {shard: 5}
+    assert (tmp_path / shard).read_bytes() == b"aabbc"
+    removed = ops("prune_parts", model_dir=str(tmp_path))["removed"]
+    assert removed == [f"{shard}.part00", f"{shard}.part01", f"{shard}.part02"]
+    assert (tmp_path / "model-00006-of-00006.safetensors.part00").exists()
+
+
+def test_probe_reports_files_plan_key_and_a_docker_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    deployment = reference_deployment()
+    model = tmp_path / "model"
+    (model / "exl3/plan").mkdir(parents=True)
+    plan_text = json.dumps({"qdir": "/x/exl3/qn:/x/exl3/q31"})
+    (model / "exl3/plan/J268-ho-v31-K5n.json").write_text(plan_text)
+    (model / "config.json").write_text("{}")
+    state = tmp_path / "state"
+    (state / "plans").mkdir(parents=True)
+    (state / "plans/J268-ho-v31-K5n.json").write_text(rewrite_exl3_plan(plan_text))
+    (state / "api_key").write_text("k\n")
+    (state / "api_key").chmod(0o644)
+    args = {**probe_args(deployment, deployment.head), "model_dir": str(model), "state_dir": str(state)}
+    args["key_file"] = str(state / "api_key")
+    raw = run_program(NODE, "probe", "print_probe", args)
+    assert set(raw["model_files"]) == {"config.json", "exl3/plan/J268-ho-v31-K5n.json"}
+    assert "error" in raw["docker"]
+    assert raw["key_file"] == {"present": True, "size": 2, "mode": 0o644}
+    facts = node_facts_from_probe(deployment.head, raw)
+    assert not facts.reachable
+    assert facts.error is not None
+    assert "docker" in facts.error
+    raw["docker"] = {"containers": [], "images": ["img@sha256:1"]}
+    facts = node_facts_from_probe(deployment.head.model_copy(update={"model_dir": str(model)}), raw)
+    assert facts.checkpoint.plan_staged
+    assert facts.api_key is not None
+    assert (facts.api_key.present, facts.api_key.empty, facts.api_key.mode) == (True, False, 0o644)
+    assert facts.images == ["img@sha256:1"]
