@@ -4,8 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SPEC := specs/deployment.yaml
+TESTBED_SPEC := specs/testbed.yaml
+NODE_EXEC := python3 -m tests.testbed exec
 
-.PHONY: setup demo test lint typecheck unit schema clean
+.PHONY: setup demo demo-offline test lint typecheck unit e2e bench schema clean testbed-install testbed-up testbed-down
 
 setup: $(STAMP)
 
@@ -15,15 +17,32 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
-# The main job at this stage: validate the reference spec, then plan a full two-Spark
-# bring-up offline from fixture facts, then show that a converged snapshot plans nothing.
-demo: setup
-	$(BIN)/reconciler validate --spec $(SPEC)
+# The main job: bring up the two-node testbed, converge the deployment on it with the real
+# reconciler running on spark-head, show its status and ask the API one question.
+demo: testbed-up
+	$(NODE_EXEC) spark-head $(BIN)/reconciler apply --spec $(TESTBED_SPEC)
+	$(NODE_EXEC) spark-head $(BIN)/reconciler status --spec $(TESTBED_SPEC)
+	@echo "== one chat completion through the API (key read from the head's key file)"
+	$(NODE_EXEC) spark-head python3 tests/testbed/ask.py "What is 17 * 23?"
 	@echo
-	@echo "== plan for two fresh Sparks (tests/fixtures/facts/empty.json)"
+	@echo "The deployment keeps running. Try: $(NODE_EXEC) spark-head $(BIN)/reconciler plan --spec $(TESTBED_SPEC)"
+	@echo "Tear down with: ./make.sh testbed-down"
+
+# The offline plan of a two-Spark bring-up from fixture facts (no testbed needed).
+demo-offline: setup
 	$(BIN)/reconciler plan --spec $(SPEC) --facts tests/fixtures/facts/empty.json
-	@echo "== plan for a converged pair (tests/fixtures/facts/converged.json)"
-	$(BIN)/reconciler plan --spec $(SPEC) --facts tests/fixtures/facts/converged.json --detailed-exitcode
+
+testbed-install:
+	@if [ "$$(id -u)" = 0 ]; then python3 -m tests.testbed install; else echo "not root: the testbed is skipped"; fi
+
+# Brings the testbed up (tearing down any earlier one first) and writes the engine
+# stand-in's digest into specs/testbed.yaml.
+testbed-up: setup testbed-install
+	python3 -m tests.testbed up
+	sed -i "s|^  ref: .*|  ref: $$(python3 -m tests.testbed image-ref engine)|" $(TESTBED_SPEC)
+
+testbed-down:
+	python3 -m tests.testbed down
 
 lint: setup
 	$(BIN)/ruff check .
@@ -36,10 +55,17 @@ schema: setup
 	$(BIN)/reconciler schema
 
 unit: setup
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not testbed"
+
+# End-to-end on the testbed (root): converge, idempotence, edits, stop/start, three nodes.
+e2e: setup testbed-install
+	$(BIN)/pytest -m testbed -v
+
+bench: setup testbed-install
+	$(BIN)/python bench/plan_bench.py
 
 # The README's test command; .ci/run calls exactly this.
-test: lint typecheck unit
+test: lint typecheck unit e2e
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

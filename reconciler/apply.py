@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import docker
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from reconciler.actions import Action
 from reconciler.components import apikey, checkpoint, image, memguard, ranks
-from reconciler.errors import NodeUnreachableError, ReconcilerError
+from reconciler.errors import NodeCommandError, NodeUnreachableError, ReconcilerError
 from reconciler.execution import ApplyContext, Executor
 from reconciler.plan import Plan
 
@@ -64,7 +65,13 @@ def executor_for(action: Action) -> Executor:
     reraise=True,
 )
 def _execute(ctx: ApplyContext, action: Action) -> str:
-    return executor_for(action)(ctx, action)
+    try:
+        return executor_for(action)(ctx, action)
+    except docker.errors.DockerException as exc:
+        explanation = getattr(exc, "explanation", None) or str(exc)
+        raise NodeCommandError(
+            f"Docker on {action.node}: {explanation}", "see `reconciler logs` and dockerd's log"
+        ) from None
 
 
 def apply_plan(ctx: ApplyContext, plan: Plan) -> ApplyResult:

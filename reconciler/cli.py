@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,7 +15,7 @@ from reconciler.errors import ReconcilerError, SpecError
 from reconciler.execution import Progress
 from reconciler.facts.gather import gather
 from reconciler.facts.node import load_facts
-from reconciler.plan import plan, render_text
+from reconciler.plan import Plan, plan, render_text
 from reconciler.spec import SCHEMA_PATH, LoadedSpec, default_spec_path, load_spec, schema_text
 
 EXIT_OK = 0
@@ -31,6 +32,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except ReconcilerError as exc:
         return _fail(exc, as_json=getattr(args, "json", False))
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted; every step is idempotent: run the command again to continue\n")
+        return EXIT_ERROR
+    except Exception as exc:
+        if os.environ.get("RECONCILER_DEBUG"):
+            raise
+        bug = ReconcilerError(
+            f"internal error: {type(exc).__name__}: {exc}",
+            "this is a bug in spark-reconciler: rerun with RECONCILER_DEBUG=1 for the traceback and report it",
+        )
+        return _fail(bug, as_json=getattr(args, "json", False))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -197,8 +209,9 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec or default_spec_path())
     _warn(loaded)
     deployment = loaded.deployment
+    show = None if args.json else _show_plan
     with commands.session(deployment) as transports:
-        outcome = commands.converge(deployment, transports, Progress(), deep_verify=args.deep_verify)
+        outcome = commands.converge(deployment, transports, Progress(), deep_verify=args.deep_verify, show=show)
     if args.json:
         _emit_json(
             {
@@ -209,9 +222,13 @@ def _cmd_apply(args: argparse.Namespace) -> int:
             }
         )
     else:
-        sys.stdout.write(render_text(outcome.before))
         sys.stdout.write(_apply_summary(outcome))
     return EXIT_OK if not outcome.after.has_changes else EXIT_ERROR
+
+
+def _show_plan(result: Plan) -> None:
+    sys.stdout.write(render_text(result))
+    sys.stdout.flush()
 
 
 def _apply_summary(outcome: commands.ApplyOutcome) -> str:
@@ -274,7 +291,11 @@ def _cmd_logs(args: argparse.Namespace) -> int:
     with commands.session(deployment) as transports:
         if args.which == "memguard":
             node = args.node or deployment.head.name
-            sys.stdout.write(commands.guard_log(deployment, transports, node, tail=args.tail))
+            if node not in transports:
+                raise ReconcilerError(f"no node named {node} in the spec", f"use one of {', '.join(transports)}")
+            for text in commands.guard_log(deployment, transports, node, tail=args.tail, follow=args.follow):
+                sys.stdout.write(text)
+                sys.stdout.flush()
             return EXIT_OK
         rank = _rank_of(args.which, len(deployment.nodes))
         for chunk in commands.container_logs(deployment, transports, rank, tail=args.tail, follow=args.follow):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,10 +47,17 @@ class ApplyOutcome:
 
 
 def converge(
-    deployment: Deployment, transports: dict[str, Transport], progress: Progress, *, deep_verify: bool = False
+    deployment: Deployment,
+    transports: dict[str, Transport],
+    progress: Progress,
+    *,
+    deep_verify: bool = False,
+    show: Callable[[Plan], None] | None = None,
 ) -> ApplyOutcome:
-    """Plan, apply, then plan again: the second plan shows whether the deployment converged."""
+    """Plan, show it, apply it, then plan again: the second plan shows whether it converged."""
     facts, before = live_plan(deployment, transports)
+    if show is not None:
+        show(before)
     if before.blockers and not before.actions:
         blocker = before.blockers[0]
         raise ReconcilerError(f"{blocker.node}: {blocker.message}", blocker.hint)
@@ -126,9 +133,19 @@ def container_logs(
         yield container.logs(tail=tail)
 
 
-def guard_log(deployment: Deployment, transports: dict[str, Transport], node: str, *, tail: int) -> str:
+def guard_log(
+    deployment: Deployment, transports: dict[str, Transport], node: str, *, tail: int, follow: bool
+) -> Iterator[str]:
+    """The guard's log on a node; with `follow`, new lines as they are written (polled)."""
     facts = gather(deployment, transports)
-    context = ApplyContext(deployment, facts, transports)
-    text = run_program(transports[node], "ops", "read_text", {"path": context.state_path(node, "memguard.log")})
-    lines = str(text.get("text") or "").splitlines()
-    return "\n".join(lines[-tail:]) + ("\n" if lines else "")
+    path = ApplyContext(deployment, facts, transports).state_path(node, "memguard.log")
+    seen = 0
+    while True:
+        text = run_program(transports[node], "ops", "read_text", {"path": path})
+        lines = str(text.get("text") or "").splitlines()
+        fresh = lines[-tail:] if seen == 0 else lines[seen:]
+        seen = len(lines)
+        yield "".join(f"{line}\n" for line in fresh)
+        if not follow:
+            return
+        time.sleep(2)

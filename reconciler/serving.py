@@ -272,6 +272,8 @@ def render_rank(deployment: Deployment, rank: int, contexts: dict[str, NodeConte
         shm_size=deployment.serving.shm_size,
         stop_timeout_s=deployment.serving.stop_timeout_s,
         gpus=deployment.serving.gpus,
+        privileged=deployment.serving.privileged,
+        ulimits=(("memlock", deployment.serving.memlock, deployment.serving.memlock),),
     )
     labels = {
         LABEL_OWNER: OWNER,

@@ -389,6 +389,12 @@ class Serving(StrictModel):
     port: Port = 8000
     master_port: Port = 29655
     shm_size: str = Field(default="32g", description="Docker --shm-size.")
+    privileged: bool = Field(
+        default=True, description="Docker --privileged, as the reference; false needs RDMA devices passed explicitly."
+    )
+    memlock: int = Field(
+        default=-1, ge=-1, description="Docker --ulimit memlock in bytes; -1 = unlimited (RDMA needs it)."
+    )
     gpus: Literal["all", "none"] = Field(
         default="all", description="Docker --gpus; 'none' only for test beds without the NVIDIA runtime."
     )

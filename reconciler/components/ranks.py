@@ -385,33 +385,36 @@ def _start(ctx: ApplyContext, action: Action) -> str:
                 "remove or rename it; the reconciler never touches containers it does not own",
             )
         old.remove(force=True)
-    container = client.containers.create(**docker_create_kwargs(desired))
-    container.start()
-    return f"started {desired.name} ({container.short_id})"
+    created = client.api.create_container(**create_container_args(client.api, desired))
+    client.api.start(created["Id"])
+    return f"started {desired.name} ({created['Id'][:12]})"
 
 
-def docker_create_kwargs(desired: RankContainer) -> dict[str, Any]:
-    """The docker SDK arguments of a rendered rank (the equivalent of the reference `docker run`)."""
-    kwargs: dict[str, Any] = {
+def create_container_args(api: Any, desired: RankContainer) -> dict[str, Any]:
+    """Low-level Docker API arguments of a rendered rank (the reference `docker run`, plus labels
+    and a stop timeout, which the high-level SDK call cannot set)."""
+    host_config = api.create_host_config(
+        binds={m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in desired.mounts},
+        network_mode=desired.network_mode,
+        ipc_mode=desired.ipc_mode,
+        privileged=desired.privileged,
+        shm_size=desired.shm_size,
+        ulimits=[docker.types.Ulimit(name=name, soft=soft, hard=hard) for name, soft, hard in desired.ulimits],
+        restart_policy={"Name": desired.restart_policy},
+        device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        if desired.gpus == "all"
+        else None,
+    )
+    return {
         "image": desired.image,
         "name": desired.name,
         "entrypoint": list(desired.entrypoint),
         "command": list(desired.command),
         "environment": dict(desired.env),
         "labels": desired.labels,
-        "network_mode": desired.network_mode,
-        "ipc_mode": desired.ipc_mode,
-        "privileged": desired.privileged,
-        "shm_size": desired.shm_size,
         "stop_timeout": desired.stop_timeout_s,
-        "ulimits": [docker.types.Ulimit(name=name, soft=soft, hard=hard) for name, soft, hard in desired.ulimits],
-        "volumes": {m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in desired.mounts},
-        "restart_policy": {"Name": desired.restart_policy},
-        "detach": True,
+        "host_config": host_config,
     }
-    if desired.gpus == "all":
-        kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    return kwargs
 
 
 def _await_ready(ctx: ApplyContext, _action: Action) -> str:

@@ -24,6 +24,7 @@ class CommandResult:
 
 class Transport(Protocol):
     node: str
+    round_trips: int  # commands run so far; a plan pass should cost one per node
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 120.0) -> CommandResult: ...
 

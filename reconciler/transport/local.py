@@ -16,8 +16,10 @@ class LocalTransport:
     def __init__(self, node: str) -> None:
         self.node = node
         self._docker: Any = None
+        self.round_trips = 0
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 120.0) -> CommandResult:
+        self.round_trips += 1
         completed = subprocess.run(list(argv), input=stdin, capture_output=True, timeout=timeout, check=False)
         return CommandResult(completed.returncode, completed.stdout, completed.stderr)
 

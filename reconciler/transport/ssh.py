@@ -40,6 +40,7 @@ class SshTransport:
         self._forward: _DockerForward | None = None
         self._docker: Any = None
         self._lock = threading.Lock()
+        self.round_trips = 0
 
     def _transport(self) -> paramiko.Transport:
         with self._lock:
@@ -102,6 +103,7 @@ class SshTransport:
         return client
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 120.0) -> CommandResult:
+        self.round_trips += 1
         channel = self._transport().open_session(timeout=timeout)
         try:
             channel.exec_command(shlex.join(argv))

@@ -1,0 +1,111 @@
+"""End-to-end tests on the testbed: the reconciler runs on spark-head, as on a real pair.
+
+The testbed (tests/testbed/) is brought up once per module that asks for it and torn down
+after; tests drive the real CLI inside the head node and observe nodes directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.testbed.testbed import Testbed
+
+ROOT = Path(__file__).resolve().parents[2]
+RECONCILER = str(ROOT / ".venv/bin/reconciler")
+TB_ROOT = Path(os.environ.get("TB_ROOT", "/tmp/testbed"))
+
+
+def testbed_available() -> bool:
+    return os.geteuid() == 0 and shutil.which("dockerd") is not None and shutil.which("sshd") is not None
+
+
+def write_spec(source: Path, target: Path, image: str, extra: str = "") -> Path:
+    """The testbed spec with the freshly built engine image digest."""
+    text = re.sub(r"(?m)^  ref: .*$", f"  ref: {image}", source.read_text(encoding="utf-8"))
+    target.write_text(text + extra, encoding="utf-8")
+    return target
+
+
+@dataclass
+class Bed:
+    testbed: Testbed
+    spec: Path
+
+    def reconciler(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        started = time.monotonic()
+        result = self.testbed.exec(
+            "spark-head", [RECONCILER, *args, "--spec", str(self.spec)], check=False, timeout=timeout
+        )
+        elapsed = time.monotonic() - started
+        sys.stderr.write(f"\n$ reconciler {' '.join(args)}  ({elapsed:.1f} s, exit {result.returncode})\n")
+        if check and result.returncode != 0:
+            raise AssertionError(f"reconciler {args} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def plan_exit(self) -> int:
+        return self.reconciler("plan", "--detailed-exitcode", check=False).returncode
+
+    def node(self, node: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.testbed.exec(node, list(argv), check=check)
+
+    def docker_json(self, node: str, *argv: str) -> object:
+        return json.loads(self.node(node, "docker", *argv).stdout)
+
+    def api_key(self) -> str:
+        return self.node("spark-head", "cat", "/srv/spark/state/api_key").stdout.strip()
+
+
+THIRD_NODE = """\
+  - name: spark-third
+    ssh:
+      host: 198.18.10.12
+      user: root
+      identity_file: /tmp/testbed/keys/id_ed25519
+      known_hosts: /tmp/testbed/keys/known_hosts
+      connect_timeout_s: 5
+    model_dir: /srv/spark/models/DeepSeek-V4.1-Flash-Spark
+    fabric: {ip: 198.18.10.12, ifname: enp1s0f1np1}
+
+"""
+
+
+@contextlib.contextmanager
+def brought_up(directory: Path, nodes: int) -> Iterator[Bed]:
+    if not testbed_available():
+        pytest.skip("the testbed needs root, dockerd and sshd (run ./make.sh test as root)")
+    testbed = Testbed(TB_ROOT)
+    started = time.monotonic()
+    testbed.up(nodes=nodes)
+    sys.stderr.write(f"\ntestbed up ({nodes} nodes) in {time.monotonic() - started:.1f} s\n")
+    spec = write_spec(ROOT / "specs/testbed.yaml", directory / "testbed.yaml", testbed.images()["engine"])
+    if nodes == 3:
+        text = spec.read_text(encoding="utf-8")
+        spec.write_text(text.replace("\nmodel:\n", "\n" + THIRD_NODE + "model:\n", 1), encoding="utf-8")
+    try:
+        yield Bed(testbed, spec)
+    finally:
+        testbed.down()
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    with brought_up(tmp_path_factory.mktemp("spec"), nodes=2) as ready:
+        yield ready
+
+
+@pytest.fixture(scope="module")
+def bed3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    with brought_up(tmp_path_factory.mktemp("spec3"), nodes=3) as ready:
+        yield ready

@@ -1,0 +1,67 @@
+"""CLI: python3 -m tests.testbed {install,up,down,exec,link,image-ref,rebuild-engine}.
+
+Runs from the repository root with the system python3 (stdlib only), as root.
+$TB_ROOT (default /tmp/testbed) holds all testbed state and caches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from tests.testbed.config import TestbedError, node_named
+from tests.testbed.install import install
+from tests.testbed.testbed import Testbed
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python3 -m tests.testbed", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("install", help="apt-get install the missing packages (starts no service)")
+    up = sub.add_parser("up", help="tear down whatever is there, then bring the testbed up")
+    up.add_argument("--nodes", type=int, choices=(2, 3), default=2)
+    down = sub.add_parser("down", help="ordered teardown and leftover check (non-zero exit on leftovers)")
+    down.add_argument("--purge", action="store_true", help="also delete caches: keys, base layer, hub build")
+    run = sub.add_parser("exec", help="run CMD inside a node (exit status passed through)")
+    run.add_argument("node")
+    run.add_argument("cmd", nargs=argparse.REMAINDER)
+    link = sub.add_parser("link", help="take one node's fabric link down or up")
+    link.add_argument("node")
+    link.add_argument("state", choices=("up", "down"))
+    ref = sub.add_parser("image-ref", help="print an image's digest reference")
+    ref.add_argument("image", choices=("pybase", "engine"))
+    sub.add_parser("rebuild-engine", help="push a new engine image from tests/testbed/engine and pull it on the nodes")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    testbed = Testbed()
+    if args.command == "install":
+        install()
+    elif args.command == "up":
+        testbed.up(nodes=args.nodes)
+    elif args.command == "down":
+        testbed.down(purge=args.purge)
+    elif args.command == "exec":
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not cmd:
+            raise TestbedError("usage: exec NODE CMD...")
+        full = testbed.exec_argv(node_named(args.node).name, cmd)
+        os.execvp(full[0], full)  # nsenter passes the command's exit status through
+    elif args.command == "link":
+        testbed.link(args.node, args.state == "up")
+    elif args.command == "image-ref":
+        print(testbed.images()[args.image])
+    elif args.command == "rebuild-engine":
+        testbed.rebuild_engine()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except TestbedError as exc:
+        print(f"testbed: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,493 @@
+"""HTTP server answering the subset of the Hugging Face Hub API that `huggingface_hub` downloads use.
+
+TEST STAND-IN for the Hugging Face Hub, not part of the product; stdlib only (`http.server`).
+What it implements, and why, follows REFERENCE.md §6.1-§6.4 and the installed client's source
+(huggingface_hub 2.4.0: `_snapshot_download.py`, `file_download.py`, `hf_api.py`, `utils/_http.py`):
+
+- `GET /api/models/{repo}[/revision/{rev}]` -> model info with `sha` and `siblings` (size, blobId, lfs with
+  `?blobs=true`). 2.4.0 calls it only for a non-sha revision; 0.36/1.17 list files from `siblings`.
+- `GET /api/models/{repo}/tree/{rev}[/{path}]?recursive=&expand=` -> file/directory entries, paginated with
+  `Link: <…&cursor=N>; rel="next"` (the client follows `response.links["next"]`).
+- `POST /api/models/{repo}/paths-info/{rev}` (form `paths=…&expand=…`) -> entries of the existing paths.
+- `HEAD`/`GET /{repo}/resolve/{rev}/{path}` -> `X-Repo-Commit`, quoted `ETag` (sha256 for LFS, git blob id
+  otherwise; the client strips quotes and `W/`), `Content-Length`, `Accept-Ranges: bytes`; LFS files also
+  `X-Linked-Etag`/`X-Linked-Size`. `Range: bytes=N-`, `bytes=N-M`, `bytes=-N` -> 206 + `Content-Range`.
+  A same-origin 200 is what the client expects from a mirror; with `cdn_host` set, LFS files instead answer
+  302 to that host like the real Hub's CDN redirect (the client then does not forward `Authorization`).
+- Errors carry `X-Error-Code` (`RepoNotFound`, `RevisionNotFound`, `EntryNotFound`) and `X-Error-Message`;
+  with a token configured, a missing token is 401 `RepoNotFound`, a wrong one 401
+  `Invalid credentials in Authorization header` (client: `HfHubHTTPError`).
+
+Test controls live under `/_standin/` (no token needed, never logged): `GET /_standin/health`,
+`GET|DELETE /_standin/log[?since=N]`, `GET|POST|DELETE /_standin/faults` (see `faults.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any, cast
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
+
+from .faults import Faults, LogEntry, RequestLog
+from .repo import COMMIT_DATE, COMMIT_TITLE, RepoFile, RepoInfo, load_repo_info, tree_id
+
+DEFAULT_PAGE_SIZE = 1000  # the Hub's tree page size without `expand`
+EXPAND_PAGE_SIZE = 50  # … and with it
+SEND_STEP = 1 << 20
+BAD_TOKEN_MESSAGE = "Invalid credentials in Authorization header"
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+_BRANCHES = ("main", "refs/heads/main")
+
+
+class HubError(Exception):
+    """An error answer, shaped like the Hub's (status + `X-Error-Code` + `X-Error-Message`)."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.headers = headers or {}
+
+
+class UnsatisfiableRangeError(Exception):
+    pass
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """Byte range `(start, end_inclusive)` of a single-range header, None to send the whole file.
+
+    Malformed or multi-range headers are ignored (RFC 9110 allows it); a start beyond the end is unsatisfiable.
+    """
+    match = _RANGE.fullmatch(header.strip()) if header else None
+    if match is None or match[1] == match[2] == "":
+        return None
+    if match[1] == "":
+        suffix = int(match[2])
+        if suffix == 0 or size == 0:
+            raise UnsatisfiableRangeError
+        return max(0, size - suffix), size - 1
+    start = int(match[1])
+    if start >= size:
+        raise UnsatisfiableRangeError
+    end = min(int(match[2]), size - 1) if match[2] else size - 1
+    return None if end < start else (start, end)
+
+
+class StandinHub:
+    """One repo served on `host:port` (port 0 picks a free one); `start()` runs it in a daemon thread."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        cdn_host: str | None = None,
+    ) -> None:
+        self.info: RepoInfo = load_repo_info(root)
+        self.token = token
+        self.page_size = page_size
+        self.cdn_host = cdn_host
+        self.faults = Faults()
+        self.log = RequestLog()
+        self._server = _HubServer((host, port), self)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def host(self) -> str:
+        return str(self._server.server_address[0])
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> StandinHub:
+        self._thread = threading.Thread(target=self.serve_forever, name="standin-hub", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever(poll_interval=0.05)
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._server.server_close()
+
+    def __enter__(self) -> StandinHub:
+        return self.start()
+
+    def __exit__(self, exc: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class _HubServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], hub: StandinHub) -> None:
+        self.hub = hub
+        super().__init__(address, _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the client's connection pool expects
+    server_version = "standin-hub/1"
+    _entry: LogEntry | None = None
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silent: the request log (`GET /_standin/log`) is the record."""
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    @property
+    def hub(self) -> StandinHub:
+        return cast(_HubServer, self.server).hub
+
+    # --- dispatch -------------------------------------------------------------------------------------------
+
+    def _dispatch(self, method: str) -> None:
+        url = urlsplit(self.path)
+        body = self._read_body()
+        self._entry = None  # a kept-alive connection must not update the previous request's entry
+        try:
+            if url.path.startswith("/_standin/") and not url.path.startswith("/_standin/cdn/"):
+                self._control(method, url.path, url.query, body)
+                return
+            self._entry = self.hub.log.open(method, url.path, url.query, self._lower_headers())
+            try:
+                self._serve(method, url.path, url.query, body)
+            except HubError as error:
+                self._send_error(error)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client hung up mid-answer; nothing left to tell it.
+            self.close_connection = True
+            if self._entry is not None:
+                self._entry.note = "client disconnected"
+
+    def _serve(self, method: str, path: str, query: str, body: bytes) -> None:
+        status = self.hub.faults.take_failure(method, path)
+        if status is not None:
+            raise HubError(status, f"injected fault: HTTP {status}")
+        if path.startswith("/_standin/cdn/"):
+            self._cdn(method, path)
+            return
+        self._check_token()
+        segments = path.split("/")[1:]
+        if segments[0] == "api":
+            self._api(method, segments[1:], query, body)
+        elif len(segments) >= 5 and segments[2] == "resolve":
+            self._resolve(method, segments)
+        elif segments[0] in ("datasets", "spaces") and len(segments) >= 5 and segments[3] == "resolve":
+            raise HubError(404, "Repository not found", "RepoNotFound")
+        else:
+            raise HubError(404, "Not Found")
+
+    def _lower_headers(self) -> dict[str, str]:
+        return {k.lower(): v for k, v in self.headers.items()}
+
+    def _read_body(self) -> bytes:
+        # Read any body even when unused: the connection is kept alive for the next request.
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _check_token(self) -> None:
+        expected = self.hub.token
+        if expected is None:
+            return
+        given = self.headers.get("Authorization")
+        if given is None:
+            # What the Hub answers for a private repo without credentials: indistinguishable from "no such repo".
+            raise HubError(401, "Invalid username or password.", "RepoNotFound")
+        if not hmac.compare_digest(given.encode(), f"Bearer {expected}".encode()):
+            raise HubError(401, BAD_TOKEN_MESSAGE)
+
+    # --- API ------------------------------------------------------------------------------------------------
+
+    def _api(self, method: str, segments: list[str], query: str, body: bytes) -> None:
+        if len(segments) < 3:
+            raise HubError(404, "Not Found")
+        kind, repo_id, rest = segments[0], f"{unquote(segments[1])}/{unquote(segments[2])}", segments[3:]
+        if kind != "models" or repo_id != self.hub.info.repo_id:
+            raise HubError(404, "Repository not found", "RepoNotFound")
+        params = parse_qs(query)
+        handlers: dict[tuple[str, str], Callable[[], None]] = {
+            ("GET", ""): lambda: self._model_info("main", params),
+            ("GET", "revision"): lambda: self._model_info(unquote(rest[1]), params),
+            ("GET", "tree"): lambda: self._tree(unquote(rest[1]), "/".join(unquote(s) for s in rest[2:]), params),
+            ("POST", "paths-info"): lambda: self._paths_info(unquote(rest[1]), body),
+        }
+        action = rest[0] if rest else ""
+        if (method, action) not in handlers or (action and len(rest) < 2):
+            raise HubError(404, "Not Found")
+        handlers[(method, action)]()
+
+    def _commit_of(self, revision: str) -> str:
+        info = self.hub.info
+        if revision in _BRANCHES or revision == info.commit:
+            return info.commit
+        raise HubError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
+
+    def _model_info(self, revision: str, params: dict[str, list[str]]) -> None:
+        info = self.hub.info
+        commit = self._commit_of(revision)
+        blobs = params.get("blobs", ["false"])[0].lower() == "true"
+        self._send_json(
+            {
+                "_id": info.commit[:24],
+                "id": info.repo_id,
+                "modelId": info.repo_id,
+                "author": info.repo_id.split("/")[0],
+                "sha": commit,
+                "lastModified": COMMIT_DATE,
+                "createdAt": COMMIT_DATE,
+                "private": self.hub.token is not None,
+                "disabled": False,
+                "gated": False,
+                "downloads": 0,
+                "likes": 0,
+                "library_name": "transformers",
+                "tags": ["safetensors", "deepseek_v4", "test-standin"],
+                "pipeline_tag": "text-generation",
+                "siblings": [_sibling(f, blobs) for f in info.files],
+                "spaces": [],
+                "usedStorage": info.total_size(),
+            }
+        )
+
+    def _tree(self, revision: str, path: str, params: dict[str, list[str]]) -> None:
+        self._commit_of(revision)
+        recursive = params.get("recursive", ["false"])[0].lower() == "true"
+        expand = params.get("expand", ["false"])[0].lower() == "true"
+        entries = _tree_entries(self.hub.info, path.strip("/"), recursive=recursive)
+        cursor = int(params.get("cursor", ["0"])[0] or 0)
+        size = min(self.hub.page_size, EXPAND_PAGE_SIZE) if expand else self.hub.page_size
+        page = entries[cursor : cursor + size]
+        headers = {}
+        if cursor + size < len(entries):
+            next_query = urlencode(
+                {"recursive": str(recursive).lower(), "expand": str(expand).lower(), "cursor": cursor + size}
+            )
+            headers["Link"] = f'<http://{self._host()}{self.path.split("?")[0]}?{next_query}>; rel="next"'
+        self._send_json([_entry_json(self.hub.info, e, expand) for e in page], headers)
+
+    def _paths_info(self, revision: str, body: bytes) -> None:
+        self._commit_of(revision)
+        if (self.headers.get("Content-Type") or "").startswith("application/json"):
+            data = json.loads(body or b"{}")
+            paths, expand = [str(p) for p in data.get("paths", [])], bool(data.get("expand", False))
+        else:
+            form = parse_qs(body.decode())
+            paths, expand = form.get("paths", []), form.get("expand", ["false"])[0].lower() == "true"
+        known = set(_all_entries(self.hub.info))
+        found = [p.strip("/") for p in paths if p.strip("/") in known]
+        self._send_json([_entry_json(self.hub.info, p, expand) for p in found])
+
+    def _host(self) -> str:
+        return self.headers.get("Host") or f"{self.hub.host}:{self.hub.port}"
+
+    # --- files ----------------------------------------------------------------------------------------------
+
+    def _resolve(self, method: str, segments: list[str]) -> None:
+        info = self.hub.info
+        repo_id = f"{unquote(segments[0])}/{unquote(segments[1])}"
+        if repo_id != info.repo_id:
+            raise HubError(404, "Repository not found", "RepoNotFound")
+        if method not in ("GET", "HEAD"):
+            raise HubError(405, "Method Not Allowed")
+        commit = self._commit_of(unquote(segments[3]))
+        path = "/".join(unquote(s) for s in segments[4:])
+        file = info.file(path)
+        if file is None:
+            raise HubError(404, "Entry not found", "EntryNotFound", {"X-Repo-Commit": commit})
+        if file.lfs and self.hub.cdn_host is not None:
+            self._redirect_to_cdn(file, commit)
+            return
+        self._send_file(method, file, {"X-Repo-Commit": commit, **_file_headers(file)})
+
+    def _redirect_to_cdn(self, file: RepoFile, commit: str) -> None:
+        # The real Hub answers LFS files with a 302 to another host; its metadata rides on the 302 itself.
+        location = (
+            f"http://{self.hub.cdn_host}:{self.hub.port}/_standin/cdn/{file.sha256}?{urlencode({'name': file.path})}"
+        )
+        self._send_head(
+            302, {"Location": location, "X-Repo-Commit": commit, "Content-Length": "0", **_file_headers(file)}
+        )
+
+    def _cdn(self, method: str, path: str) -> None:
+        file = self.hub.info.by_sha256(path.rsplit("/", 1)[-1])
+        if file is None or method not in ("GET", "HEAD"):
+            raise HubError(404, "Not Found")
+        self._send_file(method, file, {"ETag": f'"{file.sha256}"'})
+
+    def _send_file(self, method: str, file: RepoFile, headers: dict[str, str]) -> None:
+        if self._entry is not None:
+            self._entry.file = file.path
+        try:
+            span = parse_range(self.headers.get("Range"), file.size) if method == "GET" else None
+        except UnsatisfiableRangeError:
+            raise HubError(416, "Range Not Satisfiable", None, {"Content-Range": f"bytes */{file.size}"}) from None
+        start, end = span if span is not None else (0, file.size - 1)
+        length = end - start + 1
+        headers = {**headers, "Content-Length": str(length), "Accept-Ranges": "bytes"}
+        headers["Content-Type"] = "application/octet-stream"
+        name = file.path.rsplit("/", 1)[-1]
+        headers["Content-Disposition"] = f"inline; filename*=UTF-8''{quote(name)}; filename=\"{name}\";"
+        if span is not None:
+            headers["Content-Range"] = f"bytes {start}-{end}/{file.size}"
+        self._send_head(206 if span is not None else 200, headers)
+        if method == "GET" and length > 0:
+            self._stream(self.hub.info.local_path(file), start, length, self.hub.faults.take_cut(file.path))
+
+    def _stream(self, local: Path, start: int, length: int, cut: int | None) -> None:
+        """Send the byte span with sendfile, pacing to the rate cap and stopping at an injected cut."""
+        limit = length if cut is None else min(cut, length)
+        rate = self.hub.faults.rate_bps
+        step = SEND_STEP if rate is None else max(1, min(SEND_STEP, rate // 20))
+        began, sent = time.monotonic(), 0
+        with local.open("rb") as stream:
+            while sent < limit:
+                count = self.connection.sendfile(stream, start + sent, min(step, limit - sent))
+                if count == 0:
+                    break
+                sent += count
+                if self._entry is not None:
+                    self._entry.bytes_sent = sent
+                if rate is not None:
+                    time.sleep(max(0.0, sent / rate - (time.monotonic() - began)))
+        if sent < length:
+            self._cut_connection()
+
+    def _cut_connection(self) -> None:
+        # Close without finishing the body, so the client sees a short read (h11: "peer closed connection …").
+        self.close_connection = True
+        if self._entry is not None:
+            self._entry.note = "cut"
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    # --- answers --------------------------------------------------------------------------------------------
+
+    def _send_head(self, status: int, headers: dict[str, str]) -> None:
+        if self._entry is not None:
+            self._entry.status = status
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+
+    def _send_json(self, document: Any, headers: dict[str, str] | None = None, status: int = 200) -> None:
+        payload = json.dumps(document).encode()
+        all_headers = {"Content-Type": "application/json; charset=utf-8", "Content-Length": str(len(payload))}
+        self._send_head(status, {**all_headers, **(headers or {})})
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+            if self._entry is not None:
+                self._entry.bytes_sent = len(payload)
+
+    def _send_error(self, error: HubError) -> None:
+        headers = {"X-Error-Message": error.message, **error.headers}
+        if error.code is not None:
+            headers["X-Error-Code"] = error.code
+        self._send_json({"error": error.message}, headers, error.status)
+
+    # --- test controls --------------------------------------------------------------------------------------
+
+    def _control(self, method: str, path: str, query: str, body: bytes) -> None:
+        try:
+            answer = self._control_answer(method, path.rstrip("/"), query, body)
+        except (ValueError, KeyError, TypeError) as error:
+            self._send_json({"error": f"bad control request: {error}"}, status=400)
+            return
+        if answer is None:
+            self._send_json({"error": f"no control route {method} {path}"}, status=404)
+        else:
+            self._send_json(answer)
+
+    def _control_answer(self, method: str, path: str, query: str, body: bytes) -> Any:
+        hub = self.hub
+        if (method, path) == ("GET", "/_standin/health"):
+            return {"ok": True, "repo_id": hub.info.repo_id, "commit": hub.info.commit}
+        if path == "/_standin/log" and method in ("GET", "DELETE"):
+            if method == "DELETE":
+                hub.log.clear()
+            return hub.log.entries(int(parse_qs(query).get("since", ["0"])[0]))
+        if path == "/_standin/faults" and method in ("GET", "POST", "DELETE"):
+            if method == "POST":
+                hub.faults.update_from_json(json.loads(body or b"{}"))
+            elif method == "DELETE":
+                hub.faults.clear()
+            return hub.faults.to_json()
+        return None
+
+
+def _file_headers(file: RepoFile) -> dict[str, str]:
+    headers = {"ETag": f'"{file.etag}"'}
+    if file.lfs:
+        headers["X-Linked-Etag"] = f'"{file.sha256}"'
+        headers["X-Linked-Size"] = str(file.size)
+    return headers
+
+
+def _sibling(file: RepoFile, blobs: bool) -> dict[str, Any]:
+    sibling: dict[str, Any] = {"rfilename": file.path}
+    if blobs:
+        sibling.update(size=file.size, blobId=file.blob_id)
+        if file.lfs:
+            sibling["lfs"] = {"size": file.size, "sha256": file.sha256, "pointerSize": file.pointer_size}
+    return sibling
+
+
+def _all_entries(info: RepoInfo) -> list[str]:
+    return sorted([*info.directories(), *(f.path for f in info.files)])
+
+
+def _tree_entries(info: RepoInfo, path: str, *, recursive: bool) -> list[str]:
+    if path and path not in info.directories():
+        raise HubError(404, f"Entry not found: {path}", "EntryNotFound", {"X-Repo-Commit": info.commit})
+    prefix = f"{path}/" if path else ""
+    under = [e for e in _all_entries(info) if e.startswith(prefix)]
+    return under if recursive else [e for e in under if "/" not in e[len(prefix) :]]
+
+
+def _entry_json(info: RepoInfo, path: str, expand: bool) -> dict[str, Any]:
+    file = info.file(path)
+    entry: dict[str, Any]
+    if file is None:
+        entry = {"type": "directory", "oid": tree_id(info, path), "size": 0, "path": path}
+    else:
+        entry = {"type": "file", "oid": file.blob_id, "size": file.size, "path": path}
+        if file.lfs:
+            entry["lfs"] = {"oid": file.sha256, "size": file.size, "pointerSize": file.pointer_size}
+    if expand:
+        entry["lastCommit"] = {"id": info.commit, "title": COMMIT_TITLE, "date": COMMIT_DATE}
+    return entry
