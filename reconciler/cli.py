@@ -275,6 +275,7 @@ def _render_status(report: dict[str, Any]) -> str:
         lines.append(f"     memguard {'running' if guard['running'] else 'not running'}{trip}")
         if node["hold"]:
             lines.append(f"     held since {node['hold']['since']} ({node['hold']['reason']})")
+        lines += [f"     {component}: {state}" for component, state in sorted(node["components"].items())]
     lines.append(f"  health: {report['health'] if report['health'] is not None else 'no answer'}")
     lines += [f"  ! {condition}" for condition in report["conditions"]]
     lines += [f"  pending: {item['id']}: {item['cause']}" for item in report["pending"]]

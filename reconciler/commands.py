@@ -104,6 +104,7 @@ def status(deployment: Deployment, transports: dict[str, Transport]) -> dict[str
                 "trip": observed.guard.trip.model_dump() if observed.guard.trip else None,
             },
             "hold": observed.hold.model_dump() if observed.hold else None,
+            "components": _components(current, node.name),
         }
     pending = [{"id": a.id, "cause": a.cause} for a in current.actions]
     conditions = [*current.notes, *(f"{b.node}: {b.message}" for b in current.blockers)]
@@ -116,6 +117,15 @@ def status(deployment: Deployment, transports: dict[str, Transport]) -> dict[str
         "conditions": conditions,
         "summary": current.summary(),
     }
+
+
+def _components(current: Plan, node: str) -> dict[str, str]:
+    """Per component on a node: desired vs observed in one phrase (in sync, or what is pending)."""
+    states = {item.component: f"in sync: {item.reason}" for item in current.in_sync if item.node == node}
+    for action in current.actions:
+        if action.node == node:
+            states[action.component] = f"pending: {action.summary} (because {action.cause})"
+    return states
 
 
 def container_logs(
