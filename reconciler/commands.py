@@ -34,9 +34,11 @@ def session(deployment: Deployment) -> Iterator[dict[str, Transport]]:
         close_all(transports)
 
 
-def live_plan(deployment: Deployment, transports: dict[str, Transport]) -> tuple[Facts, Plan]:
+def live_plan(
+    deployment: Deployment, transports: dict[str, Transport], *, deep_verify: bool = False
+) -> tuple[Facts, Plan]:
     facts = gather(deployment, transports)
-    return facts, plan(deployment, facts)
+    return facts, plan(deployment, facts, deep_verify=deep_verify)
 
 
 @dataclass
@@ -55,7 +57,7 @@ def converge(
     show: Callable[[Plan], None] | None = None,
 ) -> ApplyOutcome:
     """Plan, show it, apply it, then plan again: the second plan shows whether it converged."""
-    facts, before = live_plan(deployment, transports)
+    facts, before = live_plan(deployment, transports, deep_verify=deep_verify)
     if show is not None:
         show(before)
     if before.blockers and not before.actions:

@@ -67,13 +67,23 @@ class Plan:
         }
 
 
-def plan(deployment: Deployment, facts: Facts) -> Plan:
-    """Compose every component's conclusion into one ordered plan."""
+def plan(deployment: Deployment, facts: Facts, *, deep_verify: bool = False) -> Plan:
+    """Compose every component's conclusion into one ordered plan.
+
+    Ranks never start while anything else is blocked (a checkpoint that cannot fit, a node
+    that does not answer): the rank blocker names what they wait for.
+    """
     _check_facts_cover_spec(deployment, facts)
     outcome = Outcome()
-    for component in (plan_checkpoint, plan_image, plan_apikey, plan_memguard):
+    outcome.extend(plan_checkpoint(deployment, facts, deep_verify=deep_verify))
+    for component in (plan_image, plan_apikey, plan_memguard):
         outcome.extend(component(deployment, facts))
-    outcome.extend(plan_ranks(deployment, facts, _rank_prerequisites(deployment, outcome.actions)))
+    if outcome.blockers:
+        first = outcome.blockers[0]
+        message = f"ranks wait for {first.component} on {first.node}"
+        outcome.blockers.append(Blocker(deployment.head.name, "ranks", message, first.hint))
+    else:
+        outcome.extend(plan_ranks(deployment, facts, _rank_prerequisites(deployment, outcome.actions)))
     return Plan(
         deployment=deployment.name,
         nodes=[(rank, node.name, node.role) for rank, node in deployment.ranked_nodes],

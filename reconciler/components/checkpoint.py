@@ -12,14 +12,15 @@ import os
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from reconciler.actions import Action, InSync, Outcome, Verb, action_id, shorten
-from reconciler.components import hub
+from reconciler import hub
+from reconciler.actions import Action, Blocker, InSync, Outcome, Verb, action_id, shorten
 from reconciler.errors import NodeCommandError
 from reconciler.execution import ApplyContext, Executor
-from reconciler.facts.files import CheckpointFacts, parse_manifest
+from reconciler.facts.files import CheckpointFacts, HubFacts, parse_manifest
+from reconciler.facts.gather import hub_facts
 from reconciler.facts.node import Facts
 from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import Deployment, Node
@@ -32,8 +33,36 @@ PARTED_SHARDS = NATIVE_SHARDS[4:]
 _PART_RE = re.compile(r"^(?P<shard>.+\.safetensors)\.part(?P<index>[0-9]{2})$")
 
 
-def expected_files(deployment: Deployment, manifest: dict[str, str] | None) -> list[str]:
-    """The reference preflight files, all six native shards, the manifest and its entries."""
+GB = 1000**3
+# The reference README's figures for a full checkpoint, used when the Hub cannot say.
+FULL_SIZE_HEAD = 700 * GB
+FULL_SIZE_WORKER = 470 * GB
+
+
+def is_part(name: str) -> bool:
+    return _PART_RE.match(name) is not None
+
+
+def part_files(files: Mapping[str, object]) -> list[str]:
+    return sorted(name for name in files if is_part(name))
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What a complete checkpoint holds: files (never parts), known sizes, expected sha256."""
+
+    files: list[str]
+    sizes: dict[str, int]
+    hashes: dict[str, str]
+
+
+def expectation(deployment: Deployment, manifest: dict[str, str] | None, hub: HubFacts | None) -> Expectation:
+    """Reference preflight files, six native shards, the manifest's entries and every Hub file.
+
+    Shards 5 and 6 are on the Hub only as parts: their size is the sum of their parts, their
+    hash comes from the manifest. Every other LFS file is checked against the Hub's sha256.
+    """
+    hub_files = hub.files if hub is not None else {}
     names = {
         "config.json",
         "model.safetensors.index.json",
@@ -41,12 +70,15 @@ def expected_files(deployment: Deployment, manifest: dict[str, str] | None) -> l
         f"exl3/plan/{deployment.model.exl3_plan}",
         *NATIVE_SHARDS,
         *(manifest or {}),
+        *hub_files,
     }
-    return sorted(name for name in names if not _PART_RE.match(name))
-
-
-def part_files(files: Mapping[str, object]) -> list[str]:
-    return sorted(name for name in files if _PART_RE.match(name))
+    sizes = {name: info.size for name, info in hub_files.items() if not is_part(name)}
+    for name, info in hub_files.items():
+        if (match := _PART_RE.match(name)) is not None:
+            sizes[match.group("shard")] = sizes.get(match.group("shard"), 0) + info.size
+    hashes = {name: info.sha256 for name, info in hub_files.items() if info.sha256 and not is_part(name)}
+    hashes.update(manifest or {})
+    return Expectation(sorted(name for name in names if not is_part(name)), sizes, hashes)
 
 
 @dataclass(frozen=True)
@@ -58,51 +90,62 @@ class CheckpointState:
     unverified: list[str]
     corrupt: list[str]
     parts: list[str]
+    missing_bytes: int
+    sizes_known: bool
 
     @property
     def complete(self) -> bool:
         return not (self.missing or self.assemblable or self.unverified or self.corrupt)
 
 
-def assess(deployment: Deployment, observed: CheckpointFacts, manifest: dict[str, str] | None) -> CheckpointState:
+def assess(observed: CheckpointFacts, expect: Expectation) -> CheckpointState:
     files = observed.files
     parts = part_files(files)
     shards_with_parts = {match.group("shard") for part in parts if (match := _PART_RE.match(part))}
-    absent = [name for name in expected_files(deployment, manifest) if name not in files]
+    absent = [name for name in expect.files if name not in files]
     assemblable = [name for name in absent if name in PARTED_SHARDS and name in shards_with_parts]
     missing = [name for name in absent if name not in assemblable]
-    expected_hashes = manifest or {}
-    present_listed = [name for name in expected_hashes if name in files]
-    corrupt = [name for name in present_listed if _mismatch(files[name].sha256, expected_hashes[name])]
-    unverified = [name for name in present_listed if files[name].sha256 is None]
-    return CheckpointState(missing, assemblable, sorted(unverified), sorted(corrupt), parts)
+    present = [name for name in expect.hashes if name in files]
+    corrupt = sorted(name for name in present if _mismatch(files[name].sha256, expect.hashes[name]))
+    unverified = sorted(name for name in present if files[name].sha256 is None)
+    refetch = missing + corrupt
+    missing_bytes = sum(expect.sizes.get(name, 0) for name in refetch)
+    sizes_known = all(name in expect.sizes for name in refetch)
+    return CheckpointState(missing, assemblable, unverified, corrupt, parts, missing_bytes, sizes_known)
 
 
 def _mismatch(actual: str | None, expected: str) -> bool:
     return actual is not None and actual.lower() != expected.lower()
 
 
-def plan_checkpoint(deployment: Deployment, facts: Facts) -> Outcome:
+def human_bytes(count: int) -> str:
+    for unit, size in (("TB", 1000**4), ("GB", GB), ("MB", 1000**2), ("kB", 1000)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} B"
+
+
+def plan_checkpoint(deployment: Deployment, facts: Facts, deep_verify: bool = False) -> Outcome:
     """Checkpoint actions for every reachable node; workers after the head they copy from."""
     outcome = Outcome()
     head = deployment.head
     head_facts = facts.nodes[head.name].checkpoint
-    head_manifest = head_facts.manifest
     head_done = ""
     if facts.nodes[head.name].reachable:
-        head_outcome = _plan_hub_node(deployment, head, head_facts, head_manifest)
-        # Workers copy verified files; they need not wait for pruning or plan staging.
+        expect = expectation(deployment, head_facts.manifest, head_facts.hub)
+        head_outcome = _plan_hub_node(deployment, head, head_facts, expect, deep_verify)
         head_done = _last_id(head_outcome, exclude=("prune", "stage-plan"))
         outcome.extend(head_outcome)
     for _, node in deployment.ranked_nodes[1:]:
         node_facts = facts.nodes[node.name]
         if not node_facts.reachable:
             continue
-        manifest = node_facts.checkpoint.manifest or head_manifest
+        observed = node_facts.checkpoint
+        expect = expectation(deployment, observed.manifest or head_facts.manifest, head_facts.hub)
         if deployment.source_of(node) == "hub":
-            outcome.extend(_plan_hub_node(deployment, node, node_facts.checkpoint, manifest))
+            outcome.extend(_plan_hub_node(deployment, node, observed, expect, deep_verify))
         else:
-            outcome.extend(_plan_peer_node(deployment, node, node_facts.checkpoint, manifest, head, head_done))
+            outcome.extend(_plan_peer_node(deployment, node, observed, expect, head, head_done, deep_verify))
     return outcome
 
 
@@ -112,37 +155,45 @@ def _last_id(outcome: Outcome, exclude: tuple[str, ...]) -> str:
     return ids[-1] if ids else ""
 
 
+def _preflight(node: Node, observed: CheckpointFacts, state: CheckpointState, role_full_size: int) -> Blocker | None:
+    """Refuse before any byte is written when the missing files cannot fit."""
+    if observed.disk_free is None or not (state.missing or state.corrupt or state.assemblable):
+        return None
+    present = sum(info.size for info in observed.files.values())
+    need = state.missing_bytes if state.sizes_known else max(role_full_size - present, 0)
+    if need <= observed.disk_free:
+        return None
+    basis = "" if state.sizes_known else f" (sizes unknown: full size ~{human_bytes(role_full_size)} assumed)"
+    return Blocker(
+        node.name,
+        COMPONENT,
+        f"needs {human_bytes(need)} free in {node.model_dir} for the missing files{basis}, "
+        f"has {human_bytes(observed.disk_free)}",
+        "free space, or point nodes[].model_dir at a larger disk; nothing was written",
+    )
+
+
 def _plan_hub_node(
-    deployment: Deployment, node: Node, observed: CheckpointFacts, manifest: dict[str, str] | None
+    deployment: Deployment, node: Node, observed: CheckpointFacts, expect: Expectation, deep_verify: bool
 ) -> Outcome:
-    state = assess(deployment, observed, manifest)
+    state = assess(observed, expect)
+    full = FULL_SIZE_HEAD if node.role == "head" else FULL_SIZE_WORKER
+    blocker = _preflight(node, observed, state, full)
+    if blocker is not None:
+        return Outcome(blockers=[blocker])
     model = deployment.model
     actions: list[Action] = []
     refetch = state.missing + state.corrupt
     if refetch:
-        actions.append(
-            _action(
-                "download",
-                "create",
-                node,
-                f"download {model.repo}@{model.revision} into {node.model_dir}",
-                _files_cause(state, len(expected_files(deployment, manifest))),
-                actions,
-            )
-        )
+        size = f", {human_bytes(state.missing_bytes)}" if state.sizes_known else ""
+        summary = f"download {len(refetch)} files{size} of {model.repo}@{model.revision} into {node.model_dir}"
+        actions.append(_action("download", "create", node, summary, _files_cause(state, len(expect.files)), actions))
     to_assemble = state.assemblable or [name for name in state.missing if name in PARTED_SHARDS]
     if to_assemble:
-        actions.append(
-            _action(
-                "reassemble",
-                "create",
-                node,
-                f"reassemble {', '.join(to_assemble)} from their .partNN files (streaming)",
-                "the Hub stores these shards as parts (50 GB per-file limit)",
-                actions,
-            )
-        )
-    actions += _verify_and_prune(deployment, node, state, actions)
+        summary = f"reassemble {', '.join(to_assemble)} from their .partNN files (streaming)"
+        cause = "the Hub stores these shards as parts (50 GB per-file limit)"
+        actions.append(_action("reassemble", "create", node, summary, cause, actions))
+    actions += _verify_and_prune(deployment, node, state, actions, deep_verify=deep_verify)
     return _with_plan_staging(deployment, node, observed, actions)
 
 
@@ -150,28 +201,25 @@ def _plan_peer_node(
     deployment: Deployment,
     node: Node,
     observed: CheckpointFacts,
-    manifest: dict[str, str] | None,
+    expect: Expectation,
     head: Node,
     head_done: str,
+    deep_verify: bool,
 ) -> Outcome:
-    state = assess(deployment, observed, manifest)
+    state = assess(observed, expect)
+    blocker = _preflight(node, observed, state, FULL_SIZE_WORKER)
+    if blocker is not None:
+        return Outcome(blockers=[blocker])
     actions: list[Action] = []
     absent = state.missing + state.assemblable + state.corrupt
     if absent:
-        actions.append(
-            _action(
-                "copy",
-                "create",
-                node,
-                f"copy the checkpoint from {head.name} over the fabric into {node.model_dir} (resumable, no parts)",
-                _files_cause(state, len(expected_files(deployment, manifest))),
-                [],
-                after=head_done,
-            )
-        )
+        size = f" ({human_bytes(state.missing_bytes)})" if state.sizes_known else ""
+        summary = f"copy {len(absent)} files{size} from {head.name} over the fabric into {node.model_dir} (resumable)"
+        cause = _files_cause(state, len(expect.files))
+        actions.append(_action("copy", "create", node, summary, cause, [], after=head_done))
     # Parts are never copied to a worker, so any found there are leftovers to prune.
-    worker_state = CheckpointState([], [], state.unverified, [], state.parts)
-    actions += _verify_and_prune(deployment, node, worker_state, actions, force_verify=bool(absent))
+    worker_state = replace(state, missing=[], assemblable=[], corrupt=[])
+    actions += _verify_and_prune(deployment, node, worker_state, actions, force=bool(absent), deep_verify=deep_verify)
     return _with_plan_staging(deployment, node, observed, actions)
 
 
@@ -180,55 +228,39 @@ def _verify_and_prune(
     node: Node,
     state: CheckpointState,
     earlier: list[Action],
-    force_verify: bool = False,
+    force: bool = False,
+    deep_verify: bool = False,
 ) -> list[Action]:
     actions: list[Action] = []
-    if earlier or force_verify or state.unverified:
-        cause = (
-            "new files must match the manifest before serving"
-            if earlier or force_verify
-            else f"{len(state.unverified)} files not verified since they changed: {shorten(state.unverified)}"
+    if earlier or force or state.unverified or deep_verify:
+        if earlier or force:
+            cause = "new files must match their sha256 before serving"
+        elif state.unverified:
+            cause = f"{len(state.unverified)} files changed since last verified: {shorten(state.unverified)}"
+        else:
+            cause = "deep verify requested: every file is read again"
+        summary = (
+            f"verify files against {deployment.model.manifest} and the Hub's sha256; re-fetch only those that differ"
         )
-        actions.append(
-            _action(
-                "verify",
-                "run",
-                node,
-                f"verify files against {deployment.model.manifest} (sha256, hash cache); re-fetch any that differ",
-                cause,
-                [*earlier, *actions],
-            )
-        )
+        actions.append(_action("verify", "run", node, summary, cause, [*earlier, *actions]))
     parted_refetch = any(name in PARTED_SHARDS for name in state.missing + state.corrupt)
     if (state.parts or parted_refetch) and not deployment.model.keep_parts:
-        actions.append(
-            _action(
-                "prune",
-                "remove",
-                node,
-                "delete the .partNN files of reassembled shards",
-                "model.keep_parts is false and the native shards are verified",
-                [*earlier, *actions],
-            )
-        )
+        summary = "delete the .partNN files of reassembled shards"
+        cause = "model.keep_parts is false and the native shards are verified"
+        actions.append(_action("prune", "remove", node, summary, cause, [*earlier, *actions]))
     return actions
 
 
 def _with_plan_staging(deployment: Deployment, node: Node, observed: CheckpointFacts, actions: list[Action]) -> Outcome:
     outcome = Outcome(actions=list(actions))
     if actions or not observed.plan_staged:
-        outcome.actions.append(
-            _action(
-                "stage-plan",
-                "create",
-                node,
-                f"stage {deployment.state_dir}/plans/{deployment.model.exl3_plan} with banks under /model/exl3",
-                "the staged EXL3 plan is missing or differs from the model's"
-                if not observed.plan_staged
-                else "the checkpoint changes, so the staged plan is rewritten from it",
-                actions,
-            )
+        cause = (
+            "the staged EXL3 plan is missing or differs from the model's"
+            if not observed.plan_staged
+            else "the checkpoint changes, so the staged plan is rewritten from it"
         )
+        summary = f"stage {deployment.state_dir}/plans/{deployment.model.exl3_plan} with banks under /model/exl3"
+        outcome.actions.append(_action("stage-plan", "create", node, summary, cause, actions))
     if not outcome.actions:
         outcome.in_sync.append(
             InSync(node.name, COMPONENT, "all expected files present and verified; EXL3 plan staged")
@@ -237,13 +269,7 @@ def _with_plan_staging(deployment: Deployment, node: Node, observed: CheckpointF
 
 
 def _action(
-    step: str,
-    verb: Verb,
-    node: Node,
-    summary: str,
-    cause: str,
-    earlier: list[Action],
-    after: str = "",
+    step: str, verb: Verb, node: Node, summary: str, cause: str, earlier: list[Action], after: str = ""
 ) -> Action:
     """An action that runs after the last of `earlier` (or after `after`, another node's step)."""
     depends = (earlier[-1].id,) if earlier else ((after,) if after else ())
@@ -261,78 +287,151 @@ def _files_cause(state: CheckpointState, total: int) -> str:
 
 
 def _download(ctx: ApplyContext, action: Action) -> str:
-    if ctx.node(action.node).ssh is not None:
-        raise NodeCommandError(
-            f"{action.node}: downloading on a remote node is not supported yet",
-            "set model_source: peer for this worker (the head copies the checkpoint over the fabric)",
-        )
+    node = action.node
+    _require_local(ctx, node)
     model = ctx.deployment.model
-    model_dir = ctx.model_dir(action.node)
-    observed = ctx.facts.nodes[action.node].checkpoint
-    state = assess(ctx.deployment, observed, observed.manifest)
-    _forget(model_dir, state.corrupt)
+    model_dir = ctx.model_dir(node)
+    observed = ctx.facts.nodes[node].checkpoint
+    state = assess(observed, expectation(ctx.deployment, observed.manifest, observed.hub))
+    forget(model_dir, state.corrupt)
     # Reference: once the native shards exist, their parts are not fetched again.
     have_shards = all(name in observed.files for name in PARTED_SHARDS)
-    ctx.progress.line(f"    {action.node}: downloading {model.repo}@{model.revision} into {model_dir}")
-    hub.download_snapshot(model, model_dir, exclude_parts=have_shards)
-    return f"{model.repo}@{model.revision} in {model_dir}"
+    refetch = state.missing + state.corrupt
+    only = None if not observed.files else patterns_for(refetch)
+    ctx.progress.line(f"    {node}: downloading {model.repo}@{model.revision} into {model_dir}")
+    listing = hub.fetch(model, model_dir, exclude_parts=have_shards, report=ctx.progress.line, only=only)
+    _save_listing(ctx, node, listing)
+    return f"{model.repo}@{listing.commit[:12]} in {model_dir}"
 
 
-def _forget(model_dir: str, corrupt: list[str]) -> None:
-    """Make the Hub client fetch corrupt files again: its metadata would call them complete."""
-    for name in corrupt:
-        for path in (Path(model_dir) / name, Path(model_dir) / ".cache/huggingface/download" / f"{name}.metadata"):
+def patterns_for(names: list[str]) -> list[str]:
+    """Repo paths to fetch for these model files: a parted shard comes as its parts."""
+    return [f"{name}.part[0-9][0-9]" if name in PARTED_SHARDS else name for name in names]
+
+
+def _require_local(ctx: ApplyContext, node: str) -> None:
+    if ctx.node(node).ssh is not None:
+        raise NodeCommandError(
+            f"{node}: downloading on a remote node is not supported yet",
+            "set model_source: peer for this worker (the head copies the checkpoint over the fabric)",
+        )
+
+
+def _save_listing(ctx: ApplyContext, node: str, listing: hub.HubListing) -> None:
+    """Keep the Hub's listing in STATE_DIR: later plans and verifies need no Hub request."""
+    content = hub_facts(listing).model_dump_json() + "\n"
+    ctx.ops(node, "write_file", {"path": ctx.state_path(node, "hub-files.json"), "content": content, "mode": 0o644})
+
+
+def forget(model_dir: str, names: list[str]) -> None:
+    """Make the Hub client fetch these files again: its metadata would call them complete."""
+    for name in names:
+        for path in (Path(model_dir) / name, Path(model_dir) / hub.DOWNLOAD_CACHE / f"{name}.metadata"):
             path.unlink(missing_ok=True)
 
 
 def _reassemble(ctx: ApplyContext, action: Action) -> str:
     files = ctx.facts.nodes[action.node].checkpoint.files
-    shards = [name for name in PARTED_SHARDS if name not in files]
+    shards = [name for name in PARTED_SHARDS if name not in files or name in _corrupt_on(ctx, action.node)]
     built = ctx.ops(action.node, "reassemble", {"model_dir": ctx.model_dir(action.node), "shards": shards})
-    return ", ".join(f"{name} ({size} bytes)" for name, size in built.items())
+    return ", ".join(f"{name} ({human_bytes(size)})" for name, size in built.items())
 
 
-def _verify(ctx: ApplyContext, action: Action) -> str:
-    node = action.node
+def _corrupt_on(ctx: ApplyContext, node: str) -> list[str]:
+    observed = ctx.facts.nodes[node].checkpoint
+    return assess(observed, expectation(ctx.deployment, observed.manifest, observed.hub)).corrupt
+
+
+def _expected_hashes(ctx: ApplyContext, node: str) -> dict[str, str]:
+    """Manifest entries (the node's own manifest) plus the Hub's sha256 of every other LFS file."""
     model_dir = ctx.model_dir(node)
     text = ctx.ops(node, "read_text", {"path": f"{model_dir}/{ctx.deployment.model.manifest}"}).get("text")
     if not text:
         raise NodeCommandError(f"{node}: {ctx.deployment.model.manifest} missing in {model_dir}", _INCOMPLETE_HINT)
-    manifest = parse_manifest(text)
-    args = {"model_dir": model_dir, "files": sorted(manifest), "cache": ctx.state_path(node, "hashcache.json")}
-    hashes = ctx.ops(node, "hash_files", {**args, "deep": ctx.deep_verify}, timeout=6 * 3600)
-    missing = sorted(name for name, digest in hashes.items() if digest is None)
-    wrong = sorted(name for name, digest in hashes.items() if digest is not None and digest != manifest[name])
-    if missing or wrong:
-        problems = [f"missing: {shorten(missing)}"] if missing else []
-        problems += [f"sha256 mismatch: {shorten(wrong)}"] if wrong else []
-        raise NodeCommandError(f"{node}: checkpoint verification failed ({'; '.join(problems)})", _INCOMPLETE_HINT)
-    return f"{len(manifest)} files match {ctx.deployment.model.manifest}"
+    head = ctx.deployment.head.name
+    cached = ctx.ops(head, "read_text", {"path": ctx.state_path(head, "hub-files.json")}).get("text")
+    listing = HubFacts.model_validate_json(cached) if cached else ctx.facts.nodes[head].checkpoint.hub
+    return expectation(ctx.deployment, parse_manifest(text), listing).hashes
 
 
-_INCOMPLETE_HINT = (
-    "run `reconciler apply` again: the next plan re-fetches exactly the files named (nothing else is deleted)"
-)
+def _hash(ctx: ApplyContext, node: str, names: list[str], deep: bool) -> dict[str, str | None]:
+    args = {"model_dir": ctx.model_dir(node), "files": names, "cache": ctx.state_path(node, "hashcache.json")}
+    result: dict[str, str | None] = ctx.ops(node, "hash_files", {**args, "deep": deep}, timeout=6 * 3600)
+    return result
+
+
+def _differing(expected: dict[str, str], actual: dict[str, str | None]) -> tuple[list[str], list[str]]:
+    missing = sorted(name for name in expected if actual.get(name) is None)
+    wrong = sorted(name for name in expected if actual.get(name) not in (None, expected[name]))
+    return missing, wrong
+
+
+def _verify(ctx: ApplyContext, action: Action) -> str:
+    """Hash what changed (or everything, deep), then re-fetch exactly the files that differ."""
+    node = action.node
+    expected = _expected_hashes(ctx, node)
+    missing, wrong = _differing(expected, _hash(ctx, node, sorted(expected), ctx.deep_verify))
+    if missing:
+        raise NodeCommandError(f"{node}: files missing after the transfer: {shorten(missing)}", _INCOMPLETE_HINT)
+    if wrong:
+        ctx.progress.line(f"    {node}: sha256 mismatch, re-fetching only: {shorten(wrong)}")
+        _refetch(ctx, node, wrong)
+        missing, still_wrong = _differing({n: expected[n] for n in wrong}, _hash(ctx, node, wrong, True))
+        if missing or still_wrong:
+            bad = shorten(missing + still_wrong)
+            raise NodeCommandError(f"{node}: still differs after re-fetching: {bad}", "check the disk and the source")
+        return f"{len(expected)} files verified; re-fetched {len(wrong)}: {shorten(wrong)}"
+    return f"{len(expected)} files match their sha256"
+
+
+def _refetch(ctx: ApplyContext, node: str, names: list[str]) -> None:
+    if ctx.deployment.source_of(ctx.node(node)) == "peer":
+        _rsync(ctx, node, names)
+        return
+    _require_local(ctx, node)
+    model_dir = ctx.model_dir(node)
+    forget(model_dir, names)
+    parted = [name for name in names if name in PARTED_SHARDS]
+    hub.fetch(ctx.deployment.model, model_dir, exclude_parts=False, report=ctx.progress.line, only=patterns_for(names))
+    if parted:
+        ctx.ops(node, "reassemble", {"model_dir": model_dir, "shards": parted})
+
+
+_INCOMPLETE_HINT = "run `reconciler apply` again: it re-fetches exactly the files named (nothing else is deleted)"
 
 
 def _copy(ctx: ApplyContext, action: Action) -> str:
+    destination = _rsync(ctx, action.node, None)
+    return f"copied to {action.node}:{destination}"
+
+
+def _rsync(ctx: ApplyContext, node: str, only: list[str] | None) -> str:
+    """rsync head -> worker over the worker's SSH target; resumable; parts and caches excluded.
+
+    With `only`, exactly those files are copied again, ignoring size and time (a flipped byte
+    keeps both), so nothing else on the worker is touched.
+    """
     head = ctx.deployment.head
-    worker = ctx.node(action.node)
+    worker = ctx.node(node)
     if worker.ssh is None:
-        raise NodeCommandError(f"{worker.name}: a peer copy needs an ssh: target", "add nodes[].ssh for this worker")
+        raise NodeCommandError(f"{node}: a peer copy needs an ssh: target", "add nodes[].ssh for this worker")
     target = worker.ssh
-    destination = ctx.model_dir(worker.name)
-    ctx.ops(worker.name, "mkdirs", {"paths": [destination]})
+    destination = ctx.model_dir(node)
+    ctx.ops(node, "mkdirs", {"paths": [destination]})
     ssh = ["ssh", "-p", str(target.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
     ssh += ["-o", f"UserKnownHostsFile={os.path.expanduser(target.known_hosts)}"]
     if target.identity_file:
         ssh += ["-i", os.path.expanduser(target.identity_file), "-o", "IdentitiesOnly=yes"]
     remote = f"{target.user + '@' if target.user else ''}{target.host}:{destination}/"
     argv = ["rsync", "-a", "--partial", "--exclude", "*.safetensors.part[0-9][0-9]", "--exclude", ".cache/"]
-    argv += ["-e", shlex.join(ssh), f"{ctx.model_dir(head.name).rstrip('/')}/", remote]
-    ctx.progress.line(f"    {head.name} -> {worker.name}: rsync over {target.host}")
-    check(ctx.transport(head.name).run(argv, timeout=24 * 3600), head.name, "rsync to " + worker.name)
-    return f"copied to {worker.name}:{destination}"
+    argv += ["-e", shlex.join(ssh)]
+    source = f"{ctx.model_dir(head.name).rstrip('/')}/"
+    argv += (
+        [source, remote] if only is None else ["-R", "--ignore-times", *(f"{source}./{name}" for name in only), remote]
+    )
+    ctx.progress.line(f"    {head.name} -> {node}: rsync over {target.host}")
+    check(ctx.transport(head.name).run(argv, timeout=24 * 3600), head.name, "rsync to " + node)
+    return destination
 
 
 def _stage_plan(ctx: ApplyContext, action: Action) -> str:

@@ -16,12 +16,26 @@ class FileFacts(FactsModel):
     sha256: str | None = None
 
 
+class HubFileFacts(FactsModel):
+    size: int
+    sha256: str | None = None
+
+
+class HubFacts(FactsModel):
+    """The repo at the pinned commit, as the Hub lists it (cached in STATE_DIR after a download)."""
+
+    commit: str
+    files: dict[str, HubFileFacts] = Field(default_factory=dict)
+
+
 class CheckpointFacts(FactsModel):
-    """Files under the model dir (relative paths) and the manifest found there."""
+    """Files under the model dir (relative paths), the manifest found there, free disk, Hub listing."""
 
     files: dict[str, FileFacts] = Field(default_factory=dict)
     manifest: dict[str, str] | None = None
     plan_staged: bool = False
+    disk_free: int | None = None
+    hub: HubFacts | None = None
 
 
 class KeyFileFacts(FactsModel):

@@ -11,9 +11,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from reconciler import hub
 from reconciler.errors import ReconcilerError
 from reconciler.facts.containers import container_from_inspect
-from reconciler.facts.files import CheckpointFacts, FileFacts, KeyFileFacts, parse_manifest
+from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, HubFileFacts, KeyFileFacts, parse_manifest
 from reconciler.facts.memory import GuardFacts, GuardTrip, parse_meminfo
 from reconciler.facts.node import Facts, Hold, NodeFacts
 from reconciler.serving import LABEL_OWNER, OWNER, rewrite_exl3_plan
@@ -60,7 +61,10 @@ def _checkpoint(model_dir: str, raw: dict[str, Any]) -> CheckpointFacts:
         fresh = cached is not None and cached[:3] == [size, mtime_ns, inode]
         files[relative] = FileFacts(size=size, sha256=cached[3] if fresh and cached else None)
     manifest = parse_manifest(raw["manifest"]) if raw.get("manifest") else None
-    return CheckpointFacts(files=files, manifest=manifest, plan_staged=_plan_staged(raw))
+    listing = HubFacts.model_validate(raw["hub_files"]) if raw.get("hub_files") else None
+    return CheckpointFacts(
+        files=files, manifest=manifest, plan_staged=_plan_staged(raw), disk_free=raw.get("disk_free"), hub=listing
+    )
 
 
 def _plan_staged(raw: dict[str, Any]) -> bool:
@@ -106,4 +110,27 @@ def gather(deployment: Deployment, transports: dict[str, Transport]) -> Facts:
             node.name: pool.submit(probe_node, deployment, node, transports[node.name]) for node in deployment.nodes
         }
         nodes = {name: future.result() for name, future in futures.items()}
+    head = deployment.head.name
+    nodes[head] = _with_hub_listing(deployment, nodes[head])
     return Facts(taken_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes)
+
+
+def _with_hub_listing(deployment: Deployment, head: NodeFacts) -> NodeFacts:
+    """Ask the Hub what the checkpoint holds when the head has no listing cached yet.
+
+    One request per pass, and only until the first download wrote the listing to STATE_DIR;
+    an unreachable Hub leaves the listing unknown (the download step reports the error).
+    """
+    if not head.reachable or head.checkpoint.hub is not None:
+        return head
+    try:
+        listing = hub.list_files(deployment.model)
+    except ReconcilerError:
+        return head
+    checkpoint = head.checkpoint.model_copy(update={"hub": hub_facts(listing)})
+    return head.model_copy(update={"checkpoint": checkpoint})
+
+
+def hub_facts(listing: hub.HubListing) -> HubFacts:
+    files = {item.path: HubFileFacts(size=item.size, sha256=item.sha256) for item in listing.files}
+    return HubFacts(commit=listing.commit, files=files)

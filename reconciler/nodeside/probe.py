@@ -112,6 +112,18 @@ def process_alive(pid_file: str) -> bool:
     return True
 
 
+def disk_free(path: str) -> int | None:
+    """Free bytes on the filesystem that holds `path`, or would hold it once created."""
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe.rstrip("/")) or "/"
+    try:
+        info = os.statvfs(probe or "/")
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
+
+
 def meminfo() -> str | None:
     return read_text("/proc/meminfo")
 
@@ -140,6 +152,8 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "source_plan": read_text(os.path.join(model_dir, "exl3", "plan", args["exl3_plan"])),
         "staged_plan": read_text(os.path.join(state_dir, "plans", args["exl3_plan"])),
         "hash_cache": read_json(os.path.join(state_dir, "hashcache.json")) or {},
+        "hub_files": read_json(os.path.join(state_dir, "hub-files.json")),
+        "disk_free": disk_free(model_dir),
         "key_file": stat_key_file(expand(args["key_file"])) if args.get("key_file") else None,
         "guard_running": process_alive(os.path.join(state_dir, "memguard.pid")),
         "guard_config": read_json(os.path.join(state_dir, "memguard.json")),

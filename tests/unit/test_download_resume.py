@@ -1,0 +1,115 @@
+"""Mid-file resume across processes, with the real huggingface_hub client and the Hub stand-in.
+
+huggingface_hub >= 1.18 never reuses a killed run's partial file; the reconciler does: this
+test kills a download in the middle of a shard and proves that the next run fetches only the
+bytes that were missing (the stand-in's request log shows the Range and the bytes sent).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from huggingface_hub._local_folder import _short_hash
+
+from reconciler.hub import fetch, list_files
+from reconciler.spec import Model
+from tests.testbed.hub.checkpoint import build_checkpoint
+from tests.testbed.hub.server import StandinHub
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARD = "model-00001-of-00006.safetensors"
+
+
+@pytest.fixture
+def hub(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandinHub]:
+    data = tmp_path_factory.mktemp("hub")
+    build_checkpoint(data, shard_mib=24, part_mib=20)
+    for name, value in {"HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home")))
+    server = StandinHub(data).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def partial_of(model_dir: Path) -> Path | None:
+    found = [p for p in (model_dir / ".cache/huggingface/download").glob("*.incomplete") if p.stat().st_size > 0]
+    return max(found, key=lambda p: p.stat().st_size, default=None)
+
+
+def start_download(model: Model, model_dir: Path) -> subprocess.Popen[bytes]:
+    code = (
+        "import sys, json; from reconciler.hub import fetch; from reconciler.spec import Model\n"
+        "fetch(Model.model_validate(json.loads(sys.argv[1])), sys.argv[2], exclude_parts=False, report=print)\n"
+    )
+    argv = [sys.executable, "-c", code, model.model_dump_json(), str(model_dir)]
+    return subprocess.Popen(argv, cwd=ROOT, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def kill_mid_file(process: subprocess.Popen[bytes], model_dir: Path, at_least: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        partial = partial_of(model_dir)
+        if partial is not None and partial.stat().st_size >= at_least:
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=10)
+            return
+        time.sleep(0.02)
+    process.kill()
+    raise AssertionError("the download never got far enough to be killed mid-file")
+
+
+def test_a_killed_download_resumes_mid_file(hub: StandinHub, tmp_path: Path) -> None:
+    model = Model(endpoint=hub.url, revision=hub.info.commit)
+    model_dir = tmp_path / "model"
+    hub.faults.set_rate(12 * 1024 * 1024)
+    process = start_download(model, model_dir)
+    kill_mid_file(process, model_dir, at_least=6 * 1024 * 1024)
+    partial = partial_of(model_dir)
+    assert partial is not None
+    have = partial.stat().st_size
+    listing = {item.path: item for item in list_files(model).files}
+    resumed_path = next(path for path, item in listing.items() if partial.name.split(".")[1] == item.etag)
+    size = listing[resumed_path].size
+    assert 0 < have < size, "killed in the middle of the file"
+    hub.faults.set_rate(None)
+    seen = len(hub.log.entries())
+    lines: list[str] = []
+    fetch(model, str(model_dir), exclude_parts=False, report=lines.append)
+    after = [entry for entry in hub.log.entries(seen) if entry["file"] == resumed_path and entry["method"] == "GET"]
+    print(f"{resumed_path}: {have} of {size} bytes kept; re-fetched {[e['bytes_sent'] for e in after]}")
+    assert [entry["range"] for entry in after] == [f"bytes={have}-"]
+    assert after[0]["bytes_sent"] == size - have
+    assert any(f"resuming {resumed_path} at byte {have}" in line for line in lines)
+    expected = listing[resumed_path].sha256
+    assert hashlib.sha256((model_dir / resumed_path).read_bytes()).hexdigest() == expected
+    assert partial_of(model_dir) is None, "no partial garbage is left behind"
+
+
+def test_a_partial_for_another_etag_is_discarded_not_appended(hub: StandinHub, tmp_path: Path) -> None:
+    model = Model(endpoint=hub.url, revision=hub.info.commit)
+    model_dir = tmp_path / "model"
+    fetch(model, str(model_dir), exclude_parts=False, report=print)
+    listing = {item.path: item for item in list_files(model).files}
+    shard = listing[SHARD]
+    metadata = model_dir / ".cache/huggingface/download" / f"{SHARD}.metadata"
+    (model_dir / SHARD).unlink()
+    metadata.unlink()
+    stale = metadata.parent / f"{_short_hash(SHARD + '.metadata')}.{'0' * 64}.abcdef12.incomplete"
+    stale.write_bytes(b"x" * 1000)
+    seen = len(hub.log.entries())
+    fetch(model, str(model_dir), exclude_parts=False, report=print)
+    gets = [e for e in hub.log.entries(seen) if e["file"] == SHARD and e["method"] == "GET"]
+    assert [entry["range"] for entry in gets] == [None]
+    assert not stale.exists()
+    assert hashlib.sha256((model_dir / SHARD).read_bytes()).hexdigest() == shard.sha256
