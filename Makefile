@@ -7,7 +7,7 @@ SPEC := specs/deployment.yaml
 TESTBED_SPEC := specs/testbed.yaml
 NODE_EXEC := python3 -m tests.testbed exec
 
-.PHONY: setup demo demo-offline test lint typecheck unit e2e bench schema clean testbed-install testbed-up testbed-down
+.PHONY: setup demo demo-offline test lint typecheck unit e2e bench schema clean testbed-install testbed-up testbed-down pi-test-install
 
 setup: $(STAMP)
 
@@ -54,8 +54,13 @@ typecheck: setup
 schema: setup
 	$(BIN)/reconciler schema
 
-unit: setup
-	$(BIN)/pytest -m "not testbed"
+unit: setup pi-test-install
+	$(BIN)/pytest -m "not testbed and not system"
+
+# The real Pi coding agent from npm (0.73.1, 1.6.0 and node 22 for it) in .pi-test/, for
+# tests/integration/test_pi_real.py; only the npm registry is contacted; skipped without node/npm.
+pi-test-install: setup
+	$(BIN)/python -m tests.integration.realpi
 
 # End-to-end on the testbed (root): converge, idempotence, edits, stop/start, three nodes.
 e2e: setup testbed-install
@@ -63,9 +68,25 @@ e2e: setup testbed-install
 
 bench: setup testbed-install
 	$(BIN)/python bench/plan_bench.py
+	$(BIN)/python bench/checkpoint_bench.py --copy
+
+.PHONY: service-check system-test
+
+# The boot-time unit as install-service renders it here, through `systemd-analyze verify`
+# (installs systemd when systemd-analyze is missing).
+service-check: setup
+	systemd/verify.sh $(BIN)/reconciler $(SPEC)
+
+# The unit under a real systemd (root): a throwaway systemd-nspawn machine runs
+# install-service and the real `reconciler run`; READY, STATUS, watchdog, restart, stop.
+system-test: setup
+	@if [ "$$(id -u)" != 0 ]; then echo "not root: the systemd system test is skipped"; exit 0; fi; \
+	command -v systemd-nspawn >/dev/null || { apt-get update -qq && \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container >/dev/null; } && \
+	$(BIN)/pytest -m system -v -s tests/system
 
 # The README's test command; .ci/run calls exactly this.
-test: lint typecheck unit e2e
+test: lint typecheck unit service-check system-test e2e
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info .pi-test

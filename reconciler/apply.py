@@ -11,10 +11,11 @@ import time
 from dataclasses import dataclass, field
 
 import docker
+import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from reconciler.actions import Action
-from reconciler.components import apikey, checkpoint, image, memguard, ranks
+from reconciler.components import apikey, checkpoint, image, memguard, pi, ranks
 from reconciler.errors import NodeCommandError, NodeUnreachableError, ReconcilerError
 from reconciler.execution import ApplyContext, Executor
 from reconciler.plan import Plan
@@ -25,6 +26,7 @@ EXECUTORS: dict[str, dict[str, Executor]] = {
     apikey.COMPONENT: apikey.EXECUTORS,
     memguard.COMPONENT: memguard.EXECUTORS,
     ranks.COMPONENT: ranks.EXECUTORS,
+    pi.COMPONENT: pi.EXECUTORS,
 }
 
 
@@ -72,6 +74,9 @@ def _execute(ctx: ApplyContext, action: Action) -> str:
         raise NodeCommandError(
             f"Docker on {action.node}: {explanation}", "see `reconciler logs` and dockerd's log"
         ) from None
+    except requests.RequestException as exc:
+        # A dropped connection to the Docker API: transient, retried with backoff.
+        raise NodeUnreachableError(f"Docker API on {action.node} dropped: {exc}", "retrying") from None
 
 
 def apply_plan(ctx: ApplyContext, plan: Plan) -> ApplyResult:

@@ -10,13 +10,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from reconciler import __version__, commands
+from reconciler import __version__, benchmark, commands, doctor, piagent, picfg, service, smoke
+from reconciler.apiclient import ApiTarget, resolve_target
+from reconciler.benchrun import BenchRun, BenchSettings, load_report
 from reconciler.errors import ReconcilerError, SpecError
 from reconciler.execution import Progress
 from reconciler.facts.gather import gather
 from reconciler.facts.node import load_facts
+from reconciler.lock import deployment_lock
+from reconciler.loop import Loop
 from reconciler.plan import Plan, plan, render_text
-from reconciler.spec import SCHEMA_PATH, LoadedSpec, default_spec_path, load_spec, schema_text
+from reconciler.spec import SCHEMA_PATH, Deployment, LoadedSpec, default_spec_path, load_spec, schema_text
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -76,8 +80,15 @@ def _parser() -> argparse.ArgumentParser:
     _json_option(plan_cmd)
     plan_cmd.set_defaults(handler=_cmd_plan)
 
+    run_cmd = commands.add_parser("run", help="converge, then stay up and heal (the boot-time service)")
+    _spec_option(run_cmd)
+    run_cmd.set_defaults(handler=_cmd_run)
+
     apply_cmd = commands.add_parser("apply", help="converge: show the plan, execute it with progress, plan again")
     _spec_option(apply_cmd)
+    apply_cmd.add_argument(
+        "--wait", type=float, default=600, metavar="SECONDS", help="how long to wait for a running loop's pass (600)"
+    )
     apply_cmd.add_argument(
         "--deep-verify", action="store_true", help="rehash every checkpoint file, ignoring the cache"
     )
@@ -92,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     _spec_option(status_cmd)
     _json_option(status_cmd)
     status_cmd.set_defaults(handler=_cmd_status)
+
+    doctor_cmd = commands.add_parser("doctor", help="every prerequisite on every node: PASS/WARN/FAIL with the fix")
+    _spec_option(doctor_cmd)
+    _json_option(doctor_cmd)
+    doctor_cmd.set_defaults(handler=_cmd_doctor)
 
     logs_cmd = commands.add_parser("logs", help="logs of a rank (r0, r1, ...) or of the memory guard")
     _spec_option(logs_cmd)
@@ -110,6 +126,10 @@ def _parser() -> argparse.ArgumentParser:
     _spec_option(start_cmd)
     _json_option(start_cmd)
     start_cmd.set_defaults(handler=_cmd_start)
+    _add_smoke(commands)
+    _add_bench(commands)
+    _add_pi(commands)
+    _add_install_service(commands)
     return parser
 
 
@@ -210,8 +230,10 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     _warn(loaded)
     deployment = loaded.deployment
     show = None if args.json else _show_plan
-    with commands.session(deployment) as transports:
-        outcome = commands.converge(deployment, transports, Progress(), deep_verify=args.deep_verify, show=show)
+    progress = Progress()
+    lock = deployment_lock(deployment, "reconciler apply", wait_s=args.wait, on_wait=progress.line)
+    with lock, commands.session(deployment) as transports:
+        outcome = commands.converge(deployment, transports, progress, deep_verify=args.deep_verify, show=show)
     if args.json:
         _emit_json(
             {
@@ -244,6 +266,10 @@ def _apply_summary(outcome: commands.ApplyOutcome) -> str:
     )
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    return Loop(args.spec or default_spec_path()).run()
+
+
 def _cmd_facts(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec or default_spec_path())
     with commands.session(loaded.deployment) as transports:
@@ -263,8 +289,23 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    loaded = load_spec(args.spec or default_spec_path())
+    with commands.session(loaded.deployment) as transports:
+        report = doctor.run(loaded.deployment, transports)
+    if args.json:
+        _emit_json(report.to_dict())
+    else:
+        sys.stdout.write(doctor.render_text(report))
+    return EXIT_ERROR if report.failed else EXIT_OK
+
+
 def _render_status(report: dict[str, Any]) -> str:
     lines = [f"deployment {report['deployment']}: {'converged' if report['converged'] else 'NOT converged'}"]
+    loop = report.get("loop")
+    if loop:
+        lines.append(f"  loop: {loop['condition']} (last pass {loop['last_pass']})")
+        lines += [f"  loop: spec error: {loop['spec_error']}"] if loop.get("spec_error") else []
     for name, node in report["nodes"].items():
         memory = f"MemAvailable {node['mem_available_gib']:.1f} GiB" if node["mem_available_gib"] is not None else ""
         state = "reachable" if node["reachable"] else f"UNREACHABLE ({node['error']})"
@@ -334,3 +375,284 @@ def _cmd_start(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(_apply_summary(outcome) or "already running\n")
     return EXIT_OK if converged else EXIT_ERROR
+
+
+# --- smoke and bench ------------------------------------------------------------------------
+
+
+def _api_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "url", nargs="?", metavar="URL", help="API base URL (default: the spec's head, port serving.port)"
+    )
+    parser.add_argument(
+        "--key-file", metavar="PATH", help="API key file (default: $DSV41_API_KEY, else the spec's api.key_file)"
+    )
+    parser.add_argument(
+        "--model", help="served model name (default: the spec's serving.served_model_name, else the first listed)"
+    )
+    _spec_option(parser)
+    _json_option(parser)
+
+
+def _add_smoke(commands: Any) -> None:
+    smoke_cmd = commands.add_parser(
+        "smoke", help="does it work? the reference checks plus the protocol, PASS/FAIL each; exit 0 only if all pass"
+    )
+    _api_options(smoke_cmd)
+    smoke_cmd.add_argument(
+        "--checks",
+        choices=("all", "protocol"),
+        default="all",
+        help="protocol: only models, 401 and streaming (for models that cannot answer); default all",
+    )
+    smoke_cmd.set_defaults(handler=_cmd_smoke)
+
+
+def _add_bench(commands: Any) -> None:
+    bench = commands.add_parser(
+        "bench",
+        help="how fast is it? prefill, decode, TTFT/TPOT/ITL, long-context recall; `bench compare A B`",
+        usage="reconciler bench [URL] --out FILE [options]\n       reconciler bench compare A.json B.json [--json]",
+        description="Measure the API (definitions in the README, section Smoke and bench), or compare two reports.",
+    )
+    _api_options(bench)
+    bench.add_argument("files", nargs="*", metavar="FILE", help=argparse.SUPPRESS)
+    bench.add_argument("--out", metavar="FILE", help="JSON report, rewritten after every step (required to run)")
+    bench.add_argument("--plot", metavar="FILE", help="PNG plot (default: --out with .png)")
+    bench.add_argument("--label", default="", help="a name for this run in reports and comparisons")
+    bench.add_argument("--conc", nargs="*", type=_positive, default=[1, 2], metavar="N", help="concurrent streams")
+    bench.add_argument("--prefill", nargs="*", type=_positive, default=[8192, 32768], metavar="N", help="prompt tokens")
+    bench.add_argument("--kinds", nargs="*", choices=sorted(benchmark.DECODE_PROMPTS), default=["prose", "code"])
+    bench.add_argument(
+        "--ctx", nargs="*", type=_positive, default=[], metavar="N", help="recall check lengths (tokens)"
+    )
+    bench.add_argument("--depth", type=_fraction, default=0.5, help="where the needle sits: 0 start .. 1 end")
+    bench.add_argument("--reps", type=_positive, default=3, help="repetitions of each prefill and decode step")
+    bench.add_argument("--max-tokens", type=_positive, default=None, help="cap decode output (default: no cap)")
+    bench.set_defaults(handler=_cmd_bench)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number from 0 to 1")
+    return value
+
+
+def _api_target(args: argparse.Namespace) -> ApiTarget:
+    return resolve_target(
+        args.url, args.key_file, args.model, os.environ, lambda: load_spec(args.spec or default_spec_path()).deployment
+    )
+
+
+def _cmd_smoke(args: argparse.Namespace) -> int:
+    report = smoke.run_smoke(_api_target(args), args.checks)
+    if args.json:
+        _emit_json(report.to_dict())
+    else:
+        sys.stdout.write(smoke.render(report))
+    return EXIT_OK if report.ok else EXIT_ERROR
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.url == "compare":
+        return _bench_compare(args)
+    if args.files or args.out is None:
+        raise ReconcilerError(
+            "bench needs --out FILE (and at most one URL)",
+            "reconciler bench [URL] --out bench.json, or reconciler bench compare A.json B.json",
+        )
+    settings = BenchSettings(
+        tuple(args.conc),
+        tuple(args.prefill),
+        tuple(args.kinds),
+        tuple(args.ctx),
+        args.depth,
+        args.reps,
+        args.max_tokens,
+        args.label,
+    )
+    run = BenchRun(_api_target(args), settings, Path(args.out), Progress().line)
+    try:
+        report = run.run()
+    except KeyboardInterrupt:
+        run.interrupted()
+        sys.stderr.write(f"interrupted: {args.out} keeps every step measured so far\n")
+        return EXIT_ERROR
+    finally:
+        _write_plot(run.report, Path(args.plot or Path(args.out).with_suffix(".png")))
+    sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else benchmark.render_table(report))
+    return EXIT_OK if all(check["pass"] for check in report["recall"]) else EXIT_ERROR
+
+
+def _write_plot(report: benchmark.Report, path: Path) -> None:
+    if report.get("summary"):
+        path.write_bytes(benchmark.plot_png(report))
+
+
+def _bench_compare(args: argparse.Namespace) -> int:
+    if len(args.files) != 2:
+        raise ReconcilerError("bench compare needs two reports", "reconciler bench compare A.json B.json")
+    first, second = (load_report(path) for path in args.files)
+    rows = benchmark.compare(first, second)
+    if args.json:
+        _emit_json({"a": args.files[0], "b": args.files[1], "rows": rows})
+    else:
+        labels = [report.get("label") or path for report, path in ((first, args.files[0]), (second, args.files[1]))]
+        sys.stdout.write(benchmark.render_compare(rows, *labels))
+    return EXIT_OK
+
+
+# --- the Pi coding agent on this machine ----------------------------------------------------
+
+
+def _add_pi(commands: Any) -> None:
+    pi_cmd = commands.add_parser("pi", help="the Pi coding agent on this machine: install, uninstall, status")
+    actions = pi_cmd.add_subparsers(dest="pi_action", required=True, metavar="ACTION")
+    install = actions.add_parser(
+        "install", help="install Pi with npm if missing; add the provider, model and extension to its config"
+    )
+    install.add_argument(
+        "base_url", nargs="?", metavar="BASE_URL", help="the API, e.g. http://10.10.10.10:8000 (default: the spec's)"
+    )
+    install.add_argument(
+        "--set-default", action="store_true", default=None, help="make it Pi's default model (default: pi.set_default)"
+    )
+    install.add_argument(
+        "--key-env",
+        metavar="NAME",
+        help=f"variable Pi reads the API key from (default {picfg.DEFAULT_KEY_ENV})",
+    )
+    install.set_defaults(handler=_cmd_pi_install)
+    uninstall = actions.add_parser("uninstall", help="remove exactly what install added to Pi's config")
+    uninstall.set_defaults(handler=_cmd_pi_uninstall)
+    status = actions.add_parser("status", help="Pi on PATH, its config for the provider, the key variable's state")
+    status.set_defaults(handler=_cmd_pi_status)
+    for action in (install, uninstall, status):
+        _spec_option(action)
+        _json_option(action)
+
+
+def _pi_spec(args: argparse.Namespace) -> Deployment | None:
+    """The spec when one is given or found; Pi on a machine without one uses the reference defaults."""
+    path = args.spec or default_spec_path()
+    if args.spec is None and not Path(path).exists():
+        return None
+    return load_spec(path).deployment
+
+
+def _pi_provider(args: argparse.Namespace) -> str:
+    deployment = _pi_spec(args)
+    return deployment.pi.provider if deployment is not None else picfg.DEFAULT_PROVIDER
+
+
+def _cmd_pi_install(args: argparse.Namespace) -> int:
+    deployment = _pi_spec(args)
+    target = piagent.install_target(deployment, args.base_url, args.key_env, args.set_default)
+    report = piagent.install(target)
+    if args.json:
+        _emit_json(report)
+        return EXIT_OK
+    where = f"the key file {deployment.key_file()} on {deployment.head.name}" if deployment else "the deployment's key"
+    agent = report["pi"]
+    now = ", installed now" if agent["installed_now"] else ""
+    lines = [f"Pi: {agent['path']} ({agent['package'] or 'unknown package'}{now})"]
+    lines += [f"  note: {note}" for note in report["notes"]]
+    lines += _pi_changes(report, f"unchanged (provider {report['provider']} -> {report['base_url']})")
+    lines += [
+        "Use it:",
+        f"  export {report['key_env']}=<the API key>    # {where}",
+        f"  pi --model {report['model']}",
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return EXIT_OK
+
+
+def _pi_changes(report: dict[str, Any], unchanged: str) -> list[str]:
+    if not report["changed"]:
+        return [f"Pi config in {report['dir']}: {unchanged}"]
+    lines = [f"Pi config in {report['dir']}:"]
+    lines += [f"  {change}" for change in report["changes"]]
+    lines += [f"  backup: {backup}" for backup in report["backups"]]
+    return lines
+
+
+def _cmd_pi_uninstall(args: argparse.Namespace) -> int:
+    report = piagent.uninstall(_pi_provider(args))
+    if args.json:
+        _emit_json(report)
+    else:
+        sys.stdout.write("\n".join(_pi_changes(report, "nothing to remove")) + "\n")
+    return EXIT_OK
+
+
+def _cmd_pi_status(args: argparse.Namespace) -> int:
+    report = piagent.status(_pi_provider(args))
+    if args.json:
+        _emit_json(report)
+    else:
+        sys.stdout.write(_render_pi_status(report))
+    return EXIT_OK
+
+
+def _render_pi_status(report: dict[str, Any]) -> str:
+    agent = report["pi"]
+    lines = [
+        f"Pi: {agent['path']} ({agent['package'] or 'unknown package'})"
+        if agent["path"]
+        else "Pi: not on PATH (run `reconciler pi install`)"
+    ]
+    lines.append(f"config: {report['dir']}")
+    if report["error"]:
+        lines.append(f"  ! {report['error']}")
+    elif not report["configured"]:
+        lines.append(f"  provider {report['provider']}: not configured (run `reconciler pi install`)")
+    else:
+        key = report["key_env"]
+        state = "set" if report["key_env_set"] else "NOT set"
+        lines.append(
+            f"  provider {report['provider']}: {report['base_url']}, models {', '.join(map(str, report['models']))}"
+        )
+        lines.append(f"  key: ${key} ({state} in this shell)" if key else "  key: not from an environment variable")
+        lines.append(f"  extension: {report['extension']}")
+    enabled = report["enabled_models"]
+    lines.append(f"  enabledModels: {', '.join(enabled) if enabled else '(no list: every model)'}")
+    default = "/".join(part or "-" for part in report["default"])
+    lines.append(f"  default model: {default}")
+    return "\n".join(lines) + "\n"
+
+
+# --- running at boot ------------------------------------------------------------------------
+
+
+def _add_install_service(commands: Any) -> None:
+    install = commands.add_parser(
+        "install-service",
+        help=f"run `reconciler run` at boot: write {service.UNIT_DIR / service.UNIT_NAME}, enable and start it",
+    )
+    _spec_option(install)
+    install.add_argument("--user", help="the service's user (default: the invoking user, under sudo $SUDO_USER)")
+    install.add_argument("--dry-run", action="store_true", help="print the unit for this machine; change nothing")
+    _json_option(install)
+    install.set_defaults(handler=_cmd_install_service)
+
+
+def _cmd_install_service(args: argparse.Namespace) -> int:
+    settings = service.settings_for(args.spec or default_spec_path(), args.user)
+    report = service.install(settings, dry_run=args.dry_run)
+    if args.json:
+        _emit_json(report.to_dict())
+        return EXIT_OK
+    for warning in report.warnings:
+        sys.stderr.write(f"warning: {warning}\n")
+    sys.stdout.write(service.render_report(report))
+    return EXIT_OK

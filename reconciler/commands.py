@@ -17,6 +17,7 @@ from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.gather import gather
 from reconciler.facts.node import Facts
 from reconciler.health import health_code
+from reconciler.loop import read_status
 from reconciler.plan import Plan, plan
 from reconciler.serving import container_name
 from reconciler.spec import Deployment
@@ -112,6 +113,7 @@ def status(deployment: Deployment, transports: dict[str, Transport]) -> dict[str
     conditions = [*current.notes, *(f"{b.node}: {b.message}" for b in current.blockers)]
     return {
         "deployment": deployment.name,
+        "loop": read_status(deployment),
         "health": health_code(deployment),
         "converged": not current.has_changes and not current.blockers,
         "nodes": nodes,

@@ -69,7 +69,11 @@ class ApplyContext:
         return self.path(name, self.node(name).model_dir)
 
     def ops(self, name: str, call: str, args: dict[str, Any], timeout: float = 3600.0) -> Any:
-        return run_program(self.transport(name), "ops", call, args, timeout=timeout)
+        """Run a node-side file operation; its progress lines appear as they are written."""
+        return run_program(self.transport(name), "ops", call, args, timeout=timeout, on_line=self.node_lines(name))
+
+    def node_lines(self, name: str) -> Callable[[str], None]:
+        return lambda line: self.progress.throttled(f"{name}:{line.split(':')[0]}", f"    {name}: {line}")
 
 
 Executor = Callable[[ApplyContext, Action], str]

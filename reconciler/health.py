@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import docker
 import httpx
 
 from reconciler.components.apikey import read_key
@@ -57,10 +56,8 @@ def rank_states(ctx: ApplyContext) -> dict[str, Any]:
     states: dict[str, Any] = {}
     for rank, node in ctx.deployment.ranked_nodes:
         name = container_name(ctx.deployment, rank)
-        try:
-            states[name] = ctx.transport(node.name).docker().containers.get(name)
-        except docker.errors.NotFound:
-            states[name] = None
+        found = ctx.transport(node.name).docker().containers.list(all=True, filters={"name": f"^/{name}$"})
+        states[name] = found[0] if found else None
     return states
 
 

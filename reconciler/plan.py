@@ -14,6 +14,7 @@ from reconciler.components.apikey import plan_apikey
 from reconciler.components.checkpoint import plan_checkpoint
 from reconciler.components.image import plan_image
 from reconciler.components.memguard import plan_memguard
+from reconciler.components.pi import plan_pi
 from reconciler.components.ranks import plan_ranks
 from reconciler.errors import FactsError
 from reconciler.facts.node import Facts
@@ -84,6 +85,7 @@ def plan(deployment: Deployment, facts: Facts, *, deep_verify: bool = False) -> 
         outcome.blockers.append(Blocker(deployment.head.name, "ranks", message, first.hint))
     else:
         outcome.extend(plan_ranks(deployment, facts, _rank_prerequisites(deployment, outcome.actions)))
+    outcome.extend(plan_pi(deployment, facts))  # after the ranks, and never one of their prerequisites
     return Plan(
         deployment=deployment.name,
         nodes=[(rank, node.name, node.role) for rank, node in deployment.ranked_nodes],

@@ -454,10 +454,28 @@ class Api(StrictModel):
 
 
 class Startup(StrictModel):
-    """How long a group start may take before it counts as failed."""
+    """How long a group start may take, and what it must pass, before it counts as failed."""
 
     timeout_s: PositiveInt = Field(default=2700, description="Reference: 45 minutes.")
     poll_s: PositiveInt = Field(default=15, description="Reference: every 15 s.")
+    smoke: Literal["all", "protocol", "off"] = Field(
+        default="all",
+        description="Smoke checks `apply` runs after (re)starting the group: all (the reference smoke plus the "
+        "protocol checks), protocol (models, 401, streaming only: for models that cannot answer, such as "
+        "random weights), or off.",
+    )
+
+
+class Loop(StrictModel):
+    """`reconciler run`: when it looks again, and how it probes that the engine still works."""
+
+    resync_s: PositiveInt = Field(default=300, description="Full pass at least this often, events or not.")
+    liveness_s: PositiveInt = Field(
+        default=60, description="One-token completion with the key this often (/health lies when the engine is dead)."
+    )
+    liveness_timeout_s: PositiveInt = Field(default=60, description="A completion slower than this counts as failed.")
+    failure_threshold: PositiveInt = Field(default=3, description="Consecutive failed probes before a group restart.")
+    max_backoff_s: PositiveInt = Field(default=1800, description="Longest wait between failing group restarts.")
 
 
 class Pi(StrictModel):
@@ -480,6 +498,7 @@ class Deployment(StrictModel):
     memguard: MemGuard = MemGuard()
     api: Api = Api()
     startup: Startup = Startup()
+    loop: Loop = Loop()
     pi: Pi = Pi()
 
     @property

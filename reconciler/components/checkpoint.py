@@ -8,6 +8,7 @@ state dir with bank paths rewritten for the /model mount.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shlex
@@ -24,7 +25,7 @@ from reconciler.facts.gather import hub_facts
 from reconciler.facts.node import Facts
 from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import Deployment, Node
-from reconciler.transport.base import check
+from reconciler.transport.base import check, run_program
 
 COMPONENT = "checkpoint"
 NATIVE_SHARDS = [f"model-0000{index}-of-00006.safetensors" for index in range(1, 7)]
@@ -288,7 +289,11 @@ def _files_cause(state: CheckpointState, total: int) -> str:
 
 def _download(ctx: ApplyContext, action: Action) -> str:
     node = action.node
-    _require_local(ctx, node)
+    if ctx.node(node).ssh is not None:
+        observed = ctx.facts.nodes[node].checkpoint
+        state = assess(observed, expectation(ctx.deployment, observed.manifest, observed.hub))
+        fetched = fetch_on_node(ctx, node, patterns_for(state.missing + state.corrupt), force=state.corrupt)
+        return f"{len(fetched)} files fetched by {node} itself"
     model = ctx.deployment.model
     model_dir = ctx.model_dir(node)
     observed = ctx.facts.nodes[node].checkpoint
@@ -309,12 +314,27 @@ def patterns_for(names: list[str]) -> list[str]:
     return [f"{name}.part[0-9][0-9]" if name in PARTED_SHARDS else name for name in names]
 
 
-def _require_local(ctx: ApplyContext, node: str) -> None:
-    if ctx.node(node).ssh is not None:
-        raise NodeCommandError(
-            f"{node}: downloading on a remote node is not supported yet",
-            "set model_source: peer for this worker (the head copies the checkpoint over the fabric)",
-        )
+def fetch_on_node(ctx: ApplyContext, node: str, patterns: list[str], force: list[str]) -> list[str]:
+    """A hub-sourced worker downloads for itself: the head lists, the worker fetches (stdlib, Range resume)."""
+    model = ctx.deployment.model
+    listing = hub.list_files(model)
+    have_shards = all(name in ctx.facts.nodes[node].checkpoint.files for name in PARTED_SHARDS)
+    wanted = [item for item in listing.files if any(fnmatch.fnmatchcase(item.path, p) for p in patterns)]
+    if have_shards:
+        wanted = [item for item in wanted if not is_part(item.path) or item.path.split(".part")[0] in force]
+    files = [
+        {"path": i.path, "size": i.size, "etag": i.etag, "sha256": i.sha256, "force": i.path in force} for i in wanted
+    ]
+    args = {
+        "endpoint": hub.endpoint(model) or "https://huggingface.co",
+        "repo": model.repo,
+        "commit": listing.commit,
+        "token": hub.token(model),
+        "model_dir": ctx.model_dir(node),
+        "files": files,
+    }
+    result = run_program(ctx.transport(node), "fetch", "fetch", args, timeout=24 * 3600, on_line=ctx.node_lines(node))
+    return list(result["fetched"])
 
 
 def _save_listing(ctx: ApplyContext, node: str, listing: hub.HubListing) -> None:
@@ -388,7 +408,12 @@ def _refetch(ctx: ApplyContext, node: str, names: list[str]) -> None:
     if ctx.deployment.source_of(ctx.node(node)) == "peer":
         _rsync(ctx, node, names)
         return
-    _require_local(ctx, node)
+    if ctx.node(node).ssh is not None:
+        fetch_on_node(ctx, node, patterns_for(names), force=names)
+        parted = [name for name in names if name in PARTED_SHARDS]
+        if parted:
+            ctx.ops(node, "reassemble", {"model_dir": ctx.model_dir(node), "shards": parted})
+        return
     model_dir = ctx.model_dir(node)
     forget(model_dir, names)
     parted = [name for name in names if name in PARTED_SHARDS]
@@ -423,14 +448,17 @@ def _rsync(ctx: ApplyContext, node: str, only: list[str] | None) -> str:
     if target.identity_file:
         ssh += ["-i", os.path.expanduser(target.identity_file), "-o", "IdentitiesOnly=yes"]
     remote = f"{target.user + '@' if target.user else ''}{target.host}:{destination}/"
-    argv = ["rsync", "-a", "--partial", "--exclude", "*.safetensors.part[0-9][0-9]", "--exclude", ".cache/"]
-    argv += ["-e", shlex.join(ssh)]
+    argv = ["rsync", "-a", "--partial", "--info=progress2", "--exclude", "*.safetensors.part[0-9][0-9]"]
+    argv += ["--exclude", ".cache/", "-e", shlex.join(ssh)]
     source = f"{ctx.model_dir(head.name).rstrip('/')}/"
     argv += (
         [source, remote] if only is None else ["-R", "--ignore-times", *(f"{source}./{name}" for name in only), remote]
     )
     ctx.progress.line(f"    {head.name} -> {node}: rsync over {target.host}")
-    check(ctx.transport(head.name).run(argv, timeout=24 * 3600), head.name, "rsync to " + node)
+    # rsync's progress goes to stdout; redirect it to stderr so it streams like ours.
+    command = ["sh", "-c", 'exec "$@" 1>&2', "rsync", *argv]
+    result = ctx.transport(head.name).run(command, timeout=24 * 3600, on_line=ctx.node_lines(f"{head.name}->{node}"))
+    check(result, head.name, "rsync to " + node)
     return destination
 
 

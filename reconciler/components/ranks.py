@@ -9,18 +9,23 @@ A hold (`reconciler stop`) or a memory-guard trip keeps the group down.
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 import docker
 
-from reconciler import health
+from reconciler import health, smoke
 from reconciler.actions import Action, Blocker, InSync, Outcome, Verb, action_id, shorten
+from reconciler.apiclient import ApiTarget
+from reconciler.components.apikey import read_key
 from reconciler.components.memguard import trip_advice, trips
 from reconciler.errors import ReconcilerError
 from reconciler.execution import ApplyContext, Executor
 from reconciler.facts.containers import ContainerFacts
+from reconciler.facts.fabric import subnet_mismatches
 from reconciler.facts.node import Facts
 from reconciler.serving import (
     LABEL_CONFIG_HASH,
@@ -40,20 +45,52 @@ _SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.
 
 
 def resolve_fabric(node: Node, facts: Facts) -> ResolvedFabric | Blocker:
-    """Spec overrides win field by field; what is still unknown blocks the group."""
+    """Spec overrides win field by field; what is still unknown blocks the group, saying why."""
     detected = facts.nodes[node.name].fabric
     ifname = node.fabric.ifname or detected.ifname
     ip = node.fabric.ip or detected.ip
     hcas = node.fabric.hcas if node.fabric.hcas is not None else detected.hcas
     if ifname is None or ip is None:
         unknown = " and ".join(name for name, value in (("interface", ifname), ("IPv4", ip)) if value is None)
-        return Blocker(
-            node.name,
-            COMPONENT,
-            f"fabric {unknown} not detected (no ACTIVE RoCE port with an IPv4 address?)",
-            f"check `rdma link` and `ip -br addr` on {node.name}, or set nodes[{node.name}].fabric.ifname and .ip",
-        )
+        message = detected.problem or f"fabric {unknown} not detected (no ACTIVE RoCE port with an IPv4 address?)"
+        return Blocker(node.name, COMPONENT, message, fabric_hint(node.name, ifname, detected.candidates))
     return ResolvedFabric(ifname=ifname, ip=ip, hcas=tuple(hcas), gid_index=node.fabric.gid_index)
+
+
+def fabric_hint(node: str, ifname: str | None, candidates: list[str]) -> str:
+    """The override that settles it: the interface (its IPv4 and HCAs follow) or, on a known
+    interface with several addresses, the IPv4."""
+    field = "ifname" if ifname is None else "ip"
+    if candidates:
+        return (
+            f"set nodes[{node}].fabric.{field} to one of {', '.join(candidates)} "
+            "(the same QSFP port on every node); the rest is then derived from it"
+        )
+    return (
+        f"check `rdma link` and `ip -br addr` on {node}: give the ACTIVE QSFP port a static IPv4 (netplan), "
+        f"or set nodes[{node}].fabric.ifname and .ip"
+    )
+
+
+def subnet_blockers(deployment: Deployment, facts: Facts, contexts: dict[str, NodeContext]) -> list[Blocker]:
+    """Every node's fabric address must share a subnet with the head's (prefix lengths from the
+    interface that carries the address; unknown for an override on no interface)."""
+    addresses: dict[str, tuple[str, int | None]] = {}
+    for _, node in deployment.ranked_nodes:
+        if node.name in contexts:
+            ip = contexts[node.name].fabric.ip
+            detected = facts.nodes[node.name].fabric
+            addresses[node.name] = (ip, detected.prefixlen if detected.ip == ip else None)
+    return [
+        Blocker(
+            node,
+            COMPONENT,
+            message,
+            "give every node's QSFP port an address in one subnet (netplan), or fix nodes[].fabric.ip; "
+            "`ip -br addr` shows them",
+        )
+        for node, message in subnet_mismatches(addresses)
+    ]
 
 
 def node_contexts(deployment: Deployment, facts: Facts) -> tuple[dict[str, NodeContext], list[Blocker]]:
@@ -85,7 +122,7 @@ def node_contexts(deployment: Deployment, facts: Facts) -> tuple[dict[str, NodeC
             )
         else:
             contexts[node.name] = NodeContext(home=observed.home, fabric=fabric)
-    return contexts, blockers
+    return contexts, blockers + subnet_blockers(deployment, facts, contexts)
 
 
 def owned_containers(deployment: Deployment, facts: Facts, node: str) -> list[ContainerFacts]:
@@ -190,6 +227,7 @@ def plan_ranks(deployment: Deployment, facts: Facts, prerequisites: dict[str, li
         return outcome
     desired = render_group(deployment, contexts)
     states, strays = _match(deployment, facts, desired)
+    states = _with_group_signals(deployment, facts, states)
     outcome.actions += [_remove_stray(container, node, deployment) for node, container in strays]
     if all(state.healthy for state in states):
         outcome.in_sync += [
@@ -198,6 +236,24 @@ def plan_ranks(deployment: Deployment, facts: Facts, prerequisites: dict[str, li
         return outcome
     outcome.actions += group_restart(deployment, states, prerequisites, [a.id for a in outcome.actions])
     return outcome
+
+
+def _with_group_signals(deployment: Deployment, facts: Facts, states: list[RankState]) -> list[RankState]:
+    """Failures no container state shows: a dead engine behind a live API, a restart cut short."""
+    problem = _group_problem(deployment, facts)
+    if problem is None or not all(state.healthy for state in states):
+        return states
+    return [replace(state, problem=problem) if state.desired.rank == 0 else state for state in states]
+
+
+def _group_problem(deployment: Deployment, facts: Facts) -> str | None:
+    intent = facts.nodes[deployment.head.name].restart_intent
+    if intent is not None:
+        return f"resuming the group restart recorded at {intent.since} ({intent.cause})"
+    liveness = facts.liveness
+    if liveness is not None and liveness.failures >= deployment.loop.failure_threshold:
+        return f"liveness: {liveness.failures} one-token completions failed in a row ({liveness.detail})"
+    return None
 
 
 def _hold_reasons(deployment: Deployment, facts: Facts) -> list[str]:
@@ -285,6 +341,8 @@ def group_restart(
         )
         previous_start = [actions[-1].id]
     actions.append(_wait_ready(deployment, actions[-1].id))
+    if deployment.startup.smoke != "off":
+        actions.append(_smoke(deployment, actions[-1].id))
     return actions
 
 
@@ -320,6 +378,25 @@ def _wait_ready(deployment: Deployment, after: str) -> Action:
     )
 
 
+def _smoke(deployment: Deployment, after: str) -> Action:
+    """A started group that cannot answer is not done: the apply fails with the failing checks."""
+    head = deployment.head.name
+    checks = ", ".join(smoke.check_names(_smoke_checks(deployment)))
+    return Action(
+        action_id(COMPONENT, "smoke", head),
+        COMPONENT,
+        "run",
+        head,
+        f"smoke-test the API: {checks} (startup.smoke: {deployment.startup.smoke}); a failing check fails the apply",
+        "the group was (re)started",
+        (after,),
+    )
+
+
+def _smoke_checks(deployment: Deployment) -> smoke.CheckSet:
+    return "protocol" if deployment.startup.smoke == "protocol" else "all"
+
+
 def _last(actions: list[Action]) -> tuple[str, ...]:
     return tuple(action.id for action in actions[-1:])
 
@@ -348,13 +425,31 @@ def _desired(ctx: ApplyContext, name: str) -> RankContainer:
 
 
 def _find(client: Any, name: str) -> Any:
-    try:
-        return client.containers.get(name)
-    except docker.errors.NotFound:
-        return None
+    """The container of that exact name, or None (a listing, because docker-py leaves the
+    connection of a 404 open)."""
+    found = client.containers.list(all=True, filters={"name": f"^/{name}$"})
+    return found[0] if found else None
+
+
+INTENT_FILE = "restart-intent.json"
+
+
+def _record_intent(ctx: ApplyContext, action: Action) -> None:
+    """Written before the group's first stop, so a reconciler that dies mid-restart resumes it."""
+    head = ctx.deployment.head.name
+    content = json.dumps({"since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cause": action.cause}) + "\n"
+    path = ctx.state_path(head, INTENT_FILE)
+    ctx.ops(head, "write_file", {"path": path, "content": content, "mode": 0o644, "keep_existing": True})
+
+
+def _clear_intent(ctx: ApplyContext) -> None:
+    head = ctx.deployment.head.name
+    ctx.ops(head, "remove_file", {"path": ctx.state_path(head, INTENT_FILE)})
 
 
 def _stop_and_remove(ctx: ApplyContext, action: Action) -> str:
+    if action.step == "stop":
+        _record_intent(ctx, action)
     client = ctx.transport(action.node).docker()
     container = _find(client, action.target)
     if container is None:
@@ -375,6 +470,7 @@ def _halt(ctx: ApplyContext, action: Action) -> str:
 
 
 def _start(ctx: ApplyContext, action: Action) -> str:
+    _record_intent(ctx, action)
     desired = _desired(ctx, action.target)
     client = ctx.transport(action.node).docker()
     old = _find(client, desired.name)
@@ -418,7 +514,22 @@ def create_container_args(api: Any, desired: RankContainer) -> dict[str, Any]:
 
 
 def _await_ready(ctx: ApplyContext, _action: Action) -> str:
-    return health.wait_ready(ctx)
+    result = health.wait_ready(ctx)
+    _clear_intent(ctx)
+    return result
+
+
+def _run_smoke(ctx: ApplyContext, _action: Action) -> str:
+    deployment = ctx.deployment
+    target = ApiTarget(health.api_base(deployment), read_key(ctx), deployment.serving.served_model_name)
+    report = smoke.run_smoke(target, _smoke_checks(deployment))
+    if not report.ok:
+        raise smoke.SmokeFailedError(
+            f"smoke failed: {smoke.failure_text(report)}",
+            "run `reconciler smoke` for every check; for a model that cannot answer the reference questions "
+            "set startup.smoke: protocol (or off)",
+        )
+    return report.summary()
 
 
 EXECUTORS: dict[str, Executor] = {
@@ -427,4 +538,5 @@ EXECUTORS: dict[str, Executor] = {
     "halt": _halt,
     "start": _start,
     "wait-ready": _await_ready,
+    "smoke": _run_smoke,
 }

@@ -1,19 +1,422 @@
 """Fabric facts: which interface, address and RDMA devices carry tensor-parallel traffic.
 
-Detection from sysfs, `ip -j addr` and `rdma -j link` fills `detected`; until it runs (or
-when it finds nothing) the spec's overrides are the only source.
+Wrong interface or HCA selection is the most common two-Spark failure (REFERENCE §3, §10), so
+the selection is strict and explains itself. The probe collects raw observations (the
+infiniband sysfs tree, `ip -j addr`, `rdma -j link`); everything here is pure and tested on
+verbatim Spark outputs.
+
+The rules, per node:
+- the fabric interface is an UP netdev of an ACTIVE RoCE port carrying a non-link-local IPv4
+  (so never the management port, Wi-Fi or docker0: those belong to no RDMA device);
+- the HCAs are the ACTIVE ports whose GID at the node's GID index holds the IPv4-mapped
+  address of one of the node's fabric addresses (both CX-7 twins when both carry addresses);
+- the spec's overrides constrain the choice (an `ifname` picks its address, an `ip` its
+  interface); nothing found, or more than one candidate, is a problem naming the candidates,
+  never a silent pick.
 """
 
 from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from pydantic import Field
 
 from reconciler.facts.base import FactsModel
 
+ACTIVE = "ACTIVE"
+
+
+class RdmaPort(FactsModel):
+    """One port of an RDMA device, merged from sysfs and `rdma link`."""
+
+    hca: str
+    port: int = 1
+    state: str
+    netdevs: list[str] = Field(default_factory=list)
+    # The GID at the node's GID index as sysfs prints it, and its type ("RoCE v2").
+    gid: str | None = None
+    gid_type: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.state == ACTIVE
+
+    @property
+    def gid_ipv4(self) -> str | None:
+        return gid_ipv4(self.gid)
+
 
 class FabricFacts(FactsModel):
-    """The fabric selection detected on a node; None where nothing was found."""
+    """The fabric selection of a node (None where nothing was selected) and what it was made from.
+
+    `problem` says why `ifname` or `ip` is None and names the `candidates` when there were
+    several; `ports` are the RDMA ports seen, for `doctor`.
+    """
 
     ifname: str | None = None
     ip: str | None = None
     hcas: list[str] = Field(default_factory=list)
+    prefixlen: int | None = None
+    mtu: int | None = None
+    ports: list[RdmaPort] = Field(default_factory=list)
+    problem: str | None = None
+    candidates: list[str] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Address:
+    ip: str
+    prefixlen: int
+
+    def __str__(self) -> str:
+        return f"{self.ip}/{self.prefixlen}"
+
+    @property
+    def usable(self) -> bool:
+        """Link-local (169.254/16) is what an unconfigured port carries; it cannot be the fabric."""
+        address = ipaddress.IPv4Address(self.ip)
+        return not (address.is_link_local or address.is_loopback or address.is_unspecified or address.is_multicast)
+
+
+@dataclass(frozen=True)
+class Netdev:
+    """A network interface as `ip addr` shows it (IPv4 only)."""
+
+    name: str
+    up: bool
+    mtu: int | None
+    ipv4: tuple[Address, ...]
+
+    @property
+    def usable(self) -> tuple[Address, ...]:
+        return tuple(address for address in self.ipv4 if address.usable)
+
+
+# ---------------------------------------------------------------- parsers
+
+
+def parse_rdma_link(text: str) -> list[RdmaPort]:
+    """`rdma -j link` (JSON) or `rdma link` text, padded or single-spaced; empty output = no ports.
+
+    The `state` field decides, never `physical_state`: real output puts LINK_UP on DOWN lines
+    (REFERENCE §3f).
+    """
+    stripped = text.strip()
+    if stripped.startswith("["):
+        return [_port_from_json(item) for item in json.loads(stripped)]
+    return [port for line in text.splitlines() if (port := _port_from_line(line)) is not None]
+
+
+def _port_from_json(item: dict[str, Any]) -> RdmaPort:
+    netdev = item.get("netdev")
+    return RdmaPort(
+        hca=str(item["ifname"]), port=int(item.get("port", 1)), state=str(item.get("state", "")), netdevs=_list(netdev)
+    )
+
+
+def _port_from_line(line: str) -> RdmaPort | None:
+    tokens = line.split()
+    if len(tokens) < 2 or tokens[0] != "link" or "/" not in tokens[1]:
+        return None
+    hca, _, port = tokens[1].partition("/")
+    fields = dict(zip(tokens[2::2], tokens[3::2], strict=False))
+    number = int(port) if port.isdigit() else 1
+    return RdmaPort(hca=hca, port=number, state=fields.get("state", ""), netdevs=_list(fields.get("netdev")))
+
+
+def _list(value: object) -> list[str]:
+    return [str(value)] if value else []
+
+
+def parse_ip_addr(text: str) -> dict[str, Netdev]:
+    """`ip -j addr` (what the probe runs, with MTUs) or `ip -br addr` text (what users paste, and
+    the captures of real Sparks in REFERENCE §3a/3b are)."""
+    stripped = text.strip()
+    if stripped.startswith("["):
+        netdevs = [_netdev_from_json(item) for item in json.loads(stripped)]
+    else:
+        netdevs = [netdev for line in text.splitlines() if (netdev := _netdev_from_brief(line)) is not None]
+    return {netdev.name: netdev for netdev in netdevs}
+
+
+def _netdev_from_json(item: dict[str, Any]) -> Netdev:
+    flags = set(item.get("flags") or [])
+    up = item.get("operstate") == "UP" or (item.get("operstate") == "UNKNOWN" and {"UP", "LOWER_UP"} <= flags)
+    addresses = tuple(
+        Address(str(info["local"]), int(info["prefixlen"]))
+        for info in item.get("addr_info") or []
+        if info.get("family") == "inet" and "local" in info
+    )
+    mtu = item.get("mtu")
+    return Netdev(str(item["ifname"]), up, int(mtu) if mtu is not None else None, addresses)
+
+
+def _netdev_from_brief(line: str) -> Netdev | None:
+    tokens = line.split()
+    if len(tokens) < 2 or line.startswith(("$", " ")):
+        return None
+    name = tokens[0].split("@", 1)[0]
+    return Netdev(name, tokens[1] == "UP", None, tuple(_ipv4_cidrs(tokens[2:])))
+
+
+def _ipv4_cidrs(tokens: Iterable[str]) -> Iterable[Address]:
+    for token in tokens:
+        ip, slash, prefix = token.partition("/")
+        if slash and prefix.isdigit() and _is_ipv4(ip):
+            yield Address(ip, int(prefix))
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def ports_from_sysfs(tree: dict[str, Any]) -> list[RdmaPort]:
+    """The probe's reading of /sys/class/infiniband: {hca: {"ports": {n: {state, gid, gid_type}}, "netdevs"}}.
+
+    A port's state file reads "4: ACTIVE"; an unused GID entry reads all zeros and its type
+    file cannot be read (None).
+    """
+    ports: list[RdmaPort] = []
+    for hca, device in tree.items():
+        for number, port in (device.get("ports") or {}).items():
+            state = (port.get("state") or "").strip()
+            ports.append(
+                RdmaPort(
+                    hca=hca,
+                    port=int(number),
+                    state=state.split(":", 1)[-1].strip(),
+                    netdevs=list(device.get("netdevs") or []),
+                    gid=(port.get("gid") or "").strip() or None,
+                    gid_type=(port.get("gid_type") or "").strip() or None,
+                )
+            )
+    return ports
+
+
+def merge_ports(sysfs: list[RdmaPort], rdma: list[RdmaPort]) -> list[RdmaPort]:
+    """sysfs is the truth for state and GIDs; `rdma link` names the exact netdev of each port
+    (a device's `device/net` lists every netdev of its PCI function)."""
+    by_key = {(port.hca, port.port): port for port in sysfs}
+    for port in rdma:
+        known = by_key.get((port.hca, port.port))
+        if known is None:
+            by_key[(port.hca, port.port)] = port
+        else:
+            update = {"netdevs": port.netdevs or known.netdevs, "state": known.state or port.state}
+            by_key[(port.hca, port.port)] = known.model_copy(update=update)
+    return sorted(by_key.values(), key=lambda port: (_natural(port.hca), port.port))
+
+
+def _natural(name: str) -> list[tuple[int, str]]:
+    """Case-insensitive, digits as numbers: the same HCA order on every node (NCCL pairs HCAs by
+    list position across ranks), e.g. rocep1s0f0 < rocep1s0f1 < roceP2p1s0f0, mlx5_2 < mlx5_10."""
+    return [(int(part), "") if part.isdigit() else (0, part.lower()) for part in re.split(r"(\d+)", name) if part]
+
+
+def gid_ipv4(gid: str | None) -> str | None:
+    """The IPv4 inside an IPv4-mapped GID (::ffff:a.b.c.d), else None."""
+    if not gid:
+        return None
+    try:
+        mapped = ipaddress.IPv6Address(gid).ipv4_mapped
+    except ValueError:
+        return None
+    return str(mapped) if mapped is not None else None
+
+
+# ---------------------------------------------------------------- selection
+
+
+@dataclass(frozen=True)
+class _Choice:
+    ifname: str | None = None
+    address: Address | None = None
+    ip: str | None = None
+    problem: str | None = None
+    candidates: tuple[str, ...] = ()
+
+
+def select_fabric(
+    ports: list[RdmaPort], netdevs: dict[str, Netdev], *, ifname: str | None = None, ip: str | None = None
+) -> FabricFacts:
+    """Apply the module's rules; `ifname` / `ip` are the spec's overrides (None = detect)."""
+    active = [port for port in ports if port.active]
+    candidates = _candidates(active, netdevs)
+    choice = _choose(candidates, netdevs, active, ports, ifname=ifname, ip=ip)
+    fabric_ips = {address.ip for _, address in candidates} | ({choice.ip} if choice.ip else set())
+    hcas = list(dict.fromkeys(port.hca for port in active if port.gid_ipv4 in fabric_ips))
+    chosen = netdevs.get(choice.ifname) if choice.ifname else None
+    return FabricFacts(
+        ifname=choice.ifname,
+        ip=choice.ip,
+        hcas=hcas,
+        prefixlen=choice.address.prefixlen if choice.address else None,
+        mtu=chosen.mtu if chosen else None,
+        ports=ports,
+        problem=choice.problem,
+        candidates=list(choice.candidates),
+    )
+
+
+def _candidates(active: list[RdmaPort], netdevs: dict[str, Netdev]) -> list[tuple[str, Address]]:
+    found: list[tuple[str, Address]] = []
+    for port in active:
+        for name in port.netdevs:
+            netdev = netdevs.get(name)
+            if netdev is not None and netdev.up:
+                found += [(name, address) for address in netdev.usable if (name, address) not in found]
+    return found
+
+
+def _choose(
+    candidates: list[tuple[str, Address]],
+    netdevs: dict[str, Netdev],
+    active: list[RdmaPort],
+    ports: list[RdmaPort],
+    *,
+    ifname: str | None,
+    ip: str | None,
+) -> _Choice:
+    if ip is not None:
+        return _by_ip(ip, ifname, candidates, netdevs, active, ports)
+    if ifname is not None:
+        return _by_ifname(ifname, netdevs)
+    names = list(dict.fromkeys(name for name, _ in candidates))
+    if not names:
+        return _Choice(problem="no fabric interface: " + why_none(ports, active, netdevs))
+    if len(names) > 1:
+        listed = ", ".join(f"{name} ({address})" for name, address in candidates)
+        return _Choice(
+            problem=f"fabric interface ambiguous: {listed} all qualify (UP, IPv4, on an ACTIVE RoCE port)",
+            candidates=tuple(names),
+        )
+    return _single_address(names[0], [address for _, address in candidates])
+
+
+def _by_ip(
+    ip: str,
+    ifname: str | None,
+    candidates: list[tuple[str, Address]],
+    netdevs: dict[str, Netdev],
+    active: list[RdmaPort],
+    ports: list[RdmaPort],
+) -> _Choice:
+    holder = next(((n.name, a) for n in netdevs.values() for a in n.ipv4 if a.ip == ip), None)
+    if ifname is not None:
+        address = holder[1] if holder is not None and holder[0] == ifname else None
+        return _Choice(ifname=ifname, address=address, ip=ip)
+    if holder is not None:
+        return _Choice(ifname=holder[0], address=holder[1], ip=ip)
+    detected = _choose(candidates, netdevs, active, ports, ifname=None, ip=None)
+    if detected.ifname is None:
+        problem = f"{ip} (the spec's fabric.ip) is on no interface; {detected.problem}"
+        return _Choice(ip=ip, problem=problem, candidates=detected.candidates)
+    return _Choice(ifname=detected.ifname, ip=ip)
+
+
+def _by_ifname(ifname: str, netdevs: dict[str, Netdev]) -> _Choice:
+    netdev = netdevs.get(ifname)
+    if netdev is None:
+        return _Choice(ifname=ifname, problem=f"{ifname} (the spec's fabric.ifname) does not exist on this node")
+    if not netdev.usable:
+        return _Choice(ifname=ifname, problem=f"{ifname} (the spec's fabric.ifname) {_no_address(netdev)}")
+    return _single_address(ifname, list(netdev.usable))
+
+
+def _single_address(ifname: str, addresses: list[Address]) -> _Choice:
+    if len(addresses) > 1:
+        return _Choice(
+            ifname=ifname,
+            problem=f"fabric address ambiguous: {ifname} carries {', '.join(map(str, addresses))}",
+            candidates=tuple(address.ip for address in addresses),
+        )
+    return _Choice(ifname=ifname, address=addresses[0], ip=addresses[0].ip)
+
+
+def why_none(ports: list[RdmaPort], active: list[RdmaPort], netdevs: dict[str, Netdev]) -> str:
+    """Why no interface qualifies, in the terms of `rdma link` and `ip -br addr`."""
+    if not ports:
+        return "no RDMA device (no /sys/class/infiniband entries, `rdma link` lists nothing)"
+    if not active:
+        states = ", ".join(f"{port.hca}/{port.port} {port.state or 'unknown'}" for port in ports)
+        return f"no ACTIVE RoCE port ({states}): is the QSFP cable plugged in and the peer up?"
+    reasons = []
+    for port in active:
+        for name in port.netdevs or ["(no netdev)"]:
+            netdev = netdevs.get(name)
+            if netdev is None:
+                reasons.append(f"{port.hca}'s netdev {name} is not listed by `ip addr`")
+            elif not netdev.up:
+                reasons.append(f"{name} is DOWN")
+            else:
+                reasons.append(f"{name} {_no_address(netdev)}")
+    return "; ".join(reasons)
+
+
+def _no_address(netdev: Netdev) -> str:
+    if netdev.ipv4:
+        only = ", ".join(map(str, netdev.ipv4))
+        return f"has only {only} (link-local: the port has no configured address)"
+    return "has no IPv4 address"
+
+
+def fabric_from_probe(raw: dict[str, Any] | None, *, ifname: str | None, ip: str | None) -> FabricFacts:
+    """The probe's raw fabric observations -> the selection (with the spec's overrides).
+
+    Output a parser cannot read becomes the node's fabric problem, never an error of the pass.
+    """
+    if not raw:
+        return FabricFacts(problem="no fabric observations from the node (probe too old?)")
+    try:
+        ports = merge_ports(ports_from_sysfs(raw.get("infiniband") or {}), parse_rdma_link(raw.get("rdma_link") or ""))
+        netdevs = parse_ip_addr(raw["ip_addr"]) if raw.get("ip_addr") is not None else None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return FabricFacts(problem=f"cannot read the fabric observations: {type(exc).__name__}: {exc}")
+    if netdevs is None:
+        return FabricFacts(ports=ports, problem=f"cannot list addresses: {raw.get('ip_error')}")
+    return select_fabric(ports, netdevs, ifname=ifname, ip=ip)
+
+
+# ---------------------------------------------------------------- across nodes
+
+
+def subnet_mismatches(addresses: dict[str, tuple[str, int | None]]) -> list[tuple[str, str]]:
+    """(node, message) for every node whose fabric address and the first node's are not on one subnet.
+
+    `addresses` maps node -> (ip, prefix length), the head first; an unknown prefix length
+    (an override address on no interface) checks only the other direction.
+    """
+    if not addresses:
+        return []
+    items = list(addresses.items())
+    first_node, (first_ip, first_prefix) = items[0]
+    problems = []
+    for node, (ip, prefix) in items[1:]:
+        if not (_contains(first_ip, first_prefix, ip) and _contains(ip, prefix, first_ip)):
+            problems.append(
+                (
+                    node,
+                    f"fabric addresses are not on one subnet: {first_node} {_cidr(first_ip, first_prefix)}, "
+                    f"{node} {_cidr(ip, prefix)}",
+                )
+            )
+    return problems
+
+
+def _contains(ip: str, prefix: int | None, other: str) -> bool:
+    if prefix is None:
+        return True
+    return ipaddress.IPv4Address(other) in ipaddress.IPv4Interface(f"{ip}/{prefix}").network
+
+
+def _cidr(ip: str, prefix: int | None) -> str:
+    return f"{ip}/{prefix}" if prefix is not None else f"{ip} (prefix length unknown)"

@@ -14,9 +14,11 @@ from typing import Any
 from reconciler import hub
 from reconciler.errors import ReconcilerError
 from reconciler.facts.containers import container_from_inspect
+from reconciler.facts.fabric import fabric_from_probe
 from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, HubFileFacts, KeyFileFacts, parse_manifest
 from reconciler.facts.memory import GuardFacts, GuardTrip, parse_meminfo
-from reconciler.facts.node import Facts, Hold, NodeFacts
+from reconciler.facts.node import Facts, Hold, NodeFacts, RestartIntent
+from reconciler.facts.pi import gather_pi
 from reconciler.serving import LABEL_OWNER, OWNER, rewrite_exl3_plan
 from reconciler.spec import Deployment, Node, expand_home
 from reconciler.transport.base import Transport, run_program
@@ -30,6 +32,7 @@ def probe_args(deployment: Deployment, node: Node) -> dict[str, Any]:
         "exl3_plan": deployment.model.exl3_plan,
         "key_file": deployment.key_file() if node.role == "head" else None,
         "label": f"{LABEL_OWNER}={OWNER}",
+        "gid_index": node.fabric.gid_index,
     }
 
 
@@ -44,12 +47,14 @@ def node_facts_from_probe(node: Node, raw: dict[str, Any]) -> NodeFacts:
         hostname=raw["hostname"],
         home=home,
         memory=parse_meminfo(raw["meminfo"]) if raw.get("meminfo") else None,
+        fabric=fabric_from_probe(raw.get("fabric"), ifname=node.fabric.ifname, ip=node.fabric.ip),
         checkpoint=_checkpoint(expand_home(node.model_dir, home), raw),
         images=list(docker_state["images"]),
         containers=[container_from_inspect(attrs) for attrs in docker_state["containers"]],
         guard=_guard(raw),
         api_key=_key_file(raw["key_file"]) if raw.get("key_file") is not None else None,
         hold=Hold.model_validate(raw["hold"]) if raw.get("hold") else None,
+        restart_intent=RestartIntent.model_validate(raw["restart_intent"]) if raw.get("restart_intent") else None,
     )
 
 
@@ -112,7 +117,8 @@ def gather(deployment: Deployment, transports: dict[str, Transport]) -> Facts:
         nodes = {name: future.result() for name, future in futures.items()}
     head = deployment.head.name
     nodes[head] = _with_hub_listing(deployment, nodes[head])
-    return Facts(taken_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes)
+    pi = gather_pi(deployment.pi.provider) if deployment.pi.enabled else None  # this machine's Pi, local files
+    return Facts(taken_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes, pi=pi)
 
 
 def _with_hub_listing(deployment: Deployment, head: NodeFacts) -> NodeFacts:

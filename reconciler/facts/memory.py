@@ -6,6 +6,8 @@ honest figure. Also the memory guard's state, because a guard trip is about memo
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from reconciler.facts.base import FactsModel
 
 KIB_PER_GIB = 1024 * 1024
@@ -26,6 +28,7 @@ class GuardTrip(FactsModel):
     at: str
     mem_available_gib: float
     floor_gib: float
+    killed: list[str] = Field(default_factory=list)
 
 
 class GuardFacts(FactsModel):

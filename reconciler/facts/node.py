@@ -18,6 +18,7 @@ from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.fabric import FabricFacts
 from reconciler.facts.files import CheckpointFacts, KeyFileFacts
 from reconciler.facts.memory import GuardFacts, MemoryFacts
+from reconciler.facts.pi import PiFacts
 
 
 class Hold(FactsModel):
@@ -25,6 +26,13 @@ class Hold(FactsModel):
 
     since: str
     reason: str = "reconciler stop"
+
+
+class RestartIntent(FactsModel):
+    """A group restart recorded on the head before its first stop; resumed if we crashed mid-way."""
+
+    since: str
+    cause: str
 
 
 class NodeFacts(FactsModel):
@@ -42,6 +50,14 @@ class NodeFacts(FactsModel):
     guard: GuardFacts = GuardFacts()
     api_key: KeyFileFacts | None = None
     hold: Hold | None = None
+    restart_intent: RestartIntent | None = None
+
+
+class Liveness(FactsModel):
+    """What `reconciler run` saw of the API: consecutive failed one-token completions."""
+
+    failures: int = 0
+    detail: str = ""
 
 
 class Facts(FactsModel):
@@ -50,6 +66,9 @@ class Facts(FactsModel):
     version: Literal[1] = 1
     taken_at: str | None = None
     nodes: dict[str, NodeFacts]
+    liveness: Liveness | None = None
+    # The Pi coding agent on the machine running the reconciler (None: not gathered, or pi disabled).
+    pi: PiFacts | None = None
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2, exclude_defaults=True) + "\n"

@@ -11,14 +11,23 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import pwd
+import shutil
 import socket
 import stat
+import subprocess
 import sys
+import time
 import urllib.parse
 from typing import Any
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 MAX_PLAN_BYTES = 4 * 1024 * 1024
+# The testbed has no RDMA devices (TESTBED-NOTES §7): it points this at a Spark-shaped fixture
+# tree, and `rdma -j link` output is then read from rdma-link.json next to that tree.
+SYSFS_ROOT_ENV = "RECONCILER_SYSFS_ROOT"
+# `ip` and `rdma` live in sbin, which a non-root PATH on Debian lacks.
+TOOL_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -140,6 +149,101 @@ def docker_state(label: str) -> dict[str, Any]:
     return {"containers": containers, "images": refs}
 
 
+def list_dir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def find_tool(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    return next((path for d in TOOL_DIRS if os.access(path := os.path.join(d, name), os.X_OK)), None)
+
+
+def run_tool(argv: list[str]) -> tuple[str | None, str | None]:
+    """(stdout, None) or (None, why it failed)."""
+    path = find_tool(argv[0])
+    if path is None:
+        return None, f"{argv[0]} not found on PATH or in {', '.join(TOOL_DIRS)}"
+    try:
+        done = subprocess.run([path, *argv[1:]], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{' '.join(argv)}: {exc}"
+    if done.returncode != 0:
+        return None, f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode(errors='replace').strip()[:200]}"
+    return done.stdout.decode("utf-8", errors="replace"), None
+
+
+def infiniband(root: str, gid_index: int) -> dict[str, Any] | None:
+    """Per RDMA device: each port's state, GID and GID type at `gid_index`, and the device's netdevs."""
+    base = os.path.join(root, "class", "infiniband")
+    if not os.path.isdir(base):
+        return None
+    devices: dict[str, Any] = {}
+    for hca in list_dir(base):
+        ports: dict[str, Any] = {}
+        for number in list_dir(os.path.join(base, hca, "ports")):
+            port = os.path.join(base, hca, "ports", number)
+            ports[number] = {
+                "state": read_text(os.path.join(port, "state")),
+                "gid": read_text(os.path.join(port, "gids", str(gid_index))),
+                "gid_type": read_text(os.path.join(port, "gid_attrs", "types", str(gid_index))),
+            }
+        devices[hca] = {"ports": ports, "netdevs": list_dir(os.path.join(base, hca, "device", "net"))}
+    return devices
+
+
+def rdma_link(injected_root: str | None) -> tuple[str | None, str | None]:
+    if injected_root is None:
+        return run_tool(["rdma", "-j", "link"])
+    path = os.path.join(os.path.dirname(injected_root.rstrip("/")), "rdma-link.json")
+    text = read_text(path)
+    return (text, None) if text is not None else (None, f"{path} not found")
+
+
+def fabric_state(gid_index: int) -> dict[str, Any]:
+    injected = os.environ.get(SYSFS_ROOT_ENV) or None
+    root = injected or "/sys"
+    ip_addr, ip_error = run_tool(["ip", "-j", "addr", "show"])
+    rdma, rdma_error = rdma_link(injected)
+    return {
+        "sysfs_root": root,
+        "infiniband": infiniband(root, gid_index),
+        "ip_addr": ip_addr,
+        "ip_error": ip_error,
+        "rdma_link": rdma,
+        "rdma_error": rdma_error,
+    }
+
+
+def docker_info() -> dict[str, Any]:
+    try:
+        info = docker_get("/info")
+    except (OSError, ValueError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "runtimes": sorted(info.get("Runtimes") or {}),
+        "default_runtime": info.get("DefaultRuntime"),
+        "server_version": info.get("ServerVersion"),
+    }
+
+
+def host_state() -> dict[str, Any]:
+    """What only `reconciler doctor` asks for: clock, tools, Docker runtimes, the NVIDIA driver."""
+    tools = ("python3", "rsync", "nvidia-ctk", "nvidia-container-runtime-hook")
+    return {
+        "time": time.time(),
+        "python": sys.version.split()[0],
+        "user": pwd.getpwuid(os.getuid()).pw_name,
+        "tools": {name: find_tool(name) for name in tools},
+        "docker_info": docker_info(),
+        "nvidia_driver": read_text("/proc/driver/nvidia/version"),
+    }
+
+
 def probe(args: dict[str, Any]) -> dict[str, Any]:
     state_dir = expand(args["state_dir"])
     model_dir = expand(args["model_dir"])
@@ -159,7 +263,10 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "guard_config": read_json(os.path.join(state_dir, "memguard.json")),
         "guard_trip": read_json(os.path.join(state_dir, "memguard.trip.json")),
         "hold": read_json(os.path.join(state_dir, "hold.json")),
+        "restart_intent": read_json(os.path.join(state_dir, "restart-intent.json")),
         "docker": docker_state(args["label"]),
+        "fabric": fabric_state(int(args.get("gid_index", 3))),
+        "host": host_state() if args.get("doctor") else None,
     }
 
 

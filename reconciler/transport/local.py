@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import docker
 
 from reconciler.errors import NodeUnreachableError
-from reconciler.transport.base import CommandResult
+from reconciler.transport.base import CommandResult, LineSink, LineSplitter
 
 
 class LocalTransport:
@@ -18,10 +20,19 @@ class LocalTransport:
         self._docker: Any = None
         self.round_trips = 0
 
-    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 120.0) -> CommandResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float = 120.0,
+        on_line: LineSink | None = None,
+    ) -> CommandResult:
         self.round_trips += 1
-        completed = subprocess.run(list(argv), input=stdin, capture_output=True, timeout=timeout, check=False)
-        return CommandResult(completed.returncode, completed.stdout, completed.stderr)
+        if on_line is None:
+            completed = subprocess.run(list(argv), input=stdin, capture_output=True, timeout=timeout, check=False)
+            return CommandResult(completed.returncode, completed.stdout, completed.stderr)
+        return _run_streaming(list(argv), stdin, timeout, on_line)
 
     def docker(self) -> Any:
         if self._docker is None:
@@ -37,3 +48,26 @@ class LocalTransport:
         if self._docker is not None:
             self._docker.close()
             self._docker = None
+
+
+def _run_streaming(argv: list[str], stdin: bytes | None, timeout: float, on_line: LineSink) -> CommandResult:
+    """Like subprocess.run, but stderr reaches `on_line` while the command runs."""
+    process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stderr = bytearray()
+    splitter = LineSplitter(on_line)
+
+    def pump() -> None:
+        assert process.stderr is not None
+        while data := os.read(process.stderr.fileno(), 65536):
+            stderr.extend(data)
+            splitter.feed(data)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        stdout, _ = process.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    reader.join(timeout=5)
+    return CommandResult(process.returncode, stdout, bytes(stderr))

@@ -1,7 +1,8 @@
 """A node reached over SSH with paramiko: host keys checked, never added; one connection reused.
 
 The Docker API travels over the same connection: a local unix socket forwards each Docker
-connection to `docker system dial-stdio` on the node (what docker-py's own `ssh://` does).
+connection to a tiny stdlib relay to the node's Docker socket (nodeside/dockerrelay.py; what
+docker-py's `ssh://` does with `docker system dial-stdio`, without its lingering sessions).
 Doing it here, rather than through docker-py's `ssh://`, keeps the spec's known_hosts,
 identity and port in force (docker-py reads only ~/.ssh/config; docker/docker-py#3062) and
 avoids a second SSH login per pass.
@@ -19,17 +20,20 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import docker
 import paramiko
 
-from reconciler.errors import NodeUnreachableError
+from reconciler import nodeside
+from reconciler.errors import NodeUnreachableError, ReconcilerError
 from reconciler.spec import SshTarget
-from reconciler.transport.base import CommandResult
+from reconciler.transport.base import CommandResult, LineSink, LineSplitter
 
 _CHUNK = 65536
+_RELAY = (Path(nodeside.__file__).parent / "dockerrelay.py").read_text(encoding="utf-8")
 
 
 class SshTransport:
@@ -102,7 +106,14 @@ class SshTransport:
             ) from None
         return client
 
-    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 120.0) -> CommandResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float = 120.0,
+        on_line: LineSink | None = None,
+    ) -> CommandResult:
         self.round_trips += 1
         channel = self._transport().open_session(timeout=timeout)
         try:
@@ -110,15 +121,19 @@ class SshTransport:
             if stdin is not None:
                 channel.sendall(stdin)
             channel.shutdown_write()
-            stdout, stderr = _drain(channel, timeout, self.node)
+            stdout, stderr = _drain(channel, timeout, self.node, LineSplitter(on_line) if on_line else None)
             return CommandResult(channel.recv_exit_status(), stdout, stderr)
         finally:
             channel.close()
 
     def docker(self) -> Any:
         if self._docker is None:
-            self._forward = _DockerForward(self._transport())
-            self._docker = docker.DockerClient(base_url=f"unix://{self._forward.path}", timeout=120)
+            # Its own SSH connection: Docker's pooled and streaming connections each hold a
+            # session, and must never starve the commands of sshd's MaxSessions (10).
+            self._forward = _DockerForward(self._connect)
+            # Every pooled Docker connection is an SSH channel; sshd allows 10 per connection
+            # (MaxSessions), shared with commands and the loop's event stream.
+            self._docker = docker.DockerClient(base_url=f"unix://{self._forward.path}", timeout=120, max_pool_size=3)
         return self._docker
 
     def close(self) -> None:
@@ -133,7 +148,9 @@ class SshTransport:
             self._client = None
 
 
-def _drain(channel: paramiko.Channel, timeout: float, node: str) -> tuple[bytes, bytes]:
+def _drain(
+    channel: paramiko.Channel, timeout: float, node: str, splitter: LineSplitter | None = None
+) -> tuple[bytes, bytes]:
     """Read stdout and stderr until the command exits, without deadlocking on either."""
     stdout, stderr = bytearray(), bytearray()
     deadline = time.monotonic() + timeout
@@ -141,7 +158,10 @@ def _drain(channel: paramiko.Channel, timeout: float, node: str) -> tuple[bytes,
         if channel.recv_ready():
             stdout += channel.recv(_CHUNK)
         elif channel.recv_stderr_ready():
-            stderr += channel.recv_stderr(_CHUNK)
+            data = channel.recv_stderr(_CHUNK)
+            stderr += data
+            if splitter is not None:
+                splitter.feed(data)
         elif channel.exit_status_ready():
             break
         else:
@@ -159,10 +179,11 @@ def _drain(channel: paramiko.Channel, timeout: float, node: str) -> tuple[bytes,
 
 
 class _DockerForward:
-    """A local unix socket whose connections are piped to `docker system dial-stdio` on the node."""
+    """A local unix socket whose connections are piped to the Docker socket relay on the node."""
 
-    def __init__(self, transport: paramiko.Transport) -> None:
-        self._transport = transport
+    def __init__(self, connect: Callable[[], paramiko.SSHClient]) -> None:
+        self._connect = connect
+        self._client = connect()
         self._dir = tempfile.mkdtemp(prefix="reconciler-docker-")
         self.path = os.path.join(self._dir, "docker.sock")
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -178,27 +199,49 @@ class _DockerForward:
             except OSError:
                 return
             try:
-                channel = self._transport.open_session(timeout=30)
-                channel.exec_command("docker system dial-stdio")
-            except (paramiko.SSHException, OSError):
+                channel = self._open_relay()
+            except (paramiko.SSHException, OSError, ReconcilerError):
                 connection.close()
                 continue
             threading.Thread(target=_pipe_to_channel, args=(connection, channel), daemon=True).start()
             threading.Thread(target=_pipe_to_socket, args=(channel, connection), daemon=True).start()
 
+    def _open_relay(self) -> paramiko.Channel:
+        """A session running the relay; when sessions run out or the link dropped, reconnect once
+        (closing the old connection ends every lingering relay with it)."""
+        for attempt in range(2):
+            transport = self._client.get_transport()
+            try:
+                if transport is None or not transport.is_active():
+                    raise paramiko.SSHException("connection lost")
+                channel = transport.open_session(timeout=30)
+                channel.exec_command(shlex.join(["python3", "-c", _RELAY]))
+                return channel
+            except (paramiko.SSHException, OSError):
+                if attempt == 1:
+                    raise
+                self._client.close()
+                self._client = self._connect()
+        raise AssertionError("unreachable")
+
     def close(self) -> None:
         self._closed = True
         with contextlib.suppress(OSError):
             self._server.close()
+        self._client.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def _pipe_to_channel(connection: socket.socket, channel: paramiko.Channel) -> None:
+    """Client -> node. When the Docker client closes its connection, close the channel too:
+    `dial-stdio` would otherwise wait on dockerd's keep-alive forever and hold one of the
+    connection's sessions (sshd's MaxSessions is 10)."""
     try:
         while data := connection.recv(_CHUNK):
             channel.sendall(data)
-        channel.shutdown_write()
     except OSError:
+        pass
+    finally:
         channel.close()
 
 

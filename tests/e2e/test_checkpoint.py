@@ -107,3 +107,21 @@ def test_a_missing_reassembled_shard_is_fetched_as_parts_and_reassembled(bed: Be
     assert fetched
     assert all(name.startswith(f"{shard}.part") for name in fetched)
     assert bed.plan_exit() == 0
+
+
+def test_a_hub_sourced_worker_fetches_its_own_missing_file(bed: Bed) -> None:
+    original = bed.spec.read_text(encoding="utf-8")
+    bed.spec.write_text(original.replace("    model_source: peer\n", "    model_source: hub\n"), encoding="utf-8")
+    try:
+        bed.node(WORKER, "rm", f"{MODEL}/{SHARD}")
+        head_before = stat(bed, HEAD)
+        planned = bed.reconciler("plan").stdout
+        assert "checkpoint on spark-worker: download 1 files" in planned
+        since = len(hub_log())
+        result = bed.reconciler("apply")
+        assert "1 files fetched by spark-worker itself" in result.stderr
+        assert fetched_files(since) == [SHARD]
+        assert stat(bed, HEAD) == head_before
+        assert bed.plan_exit() == 0
+    finally:
+        bed.spec.write_text(original, encoding="utf-8")

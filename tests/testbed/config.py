@@ -22,6 +22,8 @@ MGMT_IF = "enP7s7"
 FABRIC_IF = "enp1s0f1np1"
 FABRIC_MTU = 9000
 SHM_SIZE = "2g"
+# Each node's Spark-shaped RDMA sysfs tree (tests/testbed/fakesys.py), named by RECONCILER_SYSFS_ROOT.
+FAKE_SYSFS_DIR = "fake-sys"
 SRV_SPARK = Path("/srv/spark")
 # Hidden per node by a private tmpfs, so a host containerd can never be picked up by a node's dockerd.
 CONTAINERD_RUN = Path("/run/containerd")
@@ -133,6 +135,9 @@ class Layout:
 
     def docker_sock(self, node: Node) -> Path:
         return self.node_dir(node) / "docker.sock"
+
+    def sysfs_root(self, node: Node) -> Path:
+        return self.node_dir(node) / FAKE_SYSFS_DIR
 
     def init_pid(self, node: Node) -> Path:
         return self.node_dir(node) / "init.pid"

@@ -13,10 +13,11 @@ import os
 import shlex
 from pathlib import Path
 
-from tests.testbed import proc
+from tests.testbed import fakesys, proc
 from tests.testbed.config import (
     ALL_NODES,
     CONTAINERD_RUN,
+    FAKE_SYSFS_DIR,
     HOST_IP,
     REGISTRY,
     SHM_SIZE,
@@ -52,6 +53,8 @@ def node_env(layout: Layout, node: Node) -> dict[str, str]:
     return {
         "HOME": str(layout.home(node)),
         "DOCKER_HOST": f"unix://{layout.docker_sock(node)}",
+        # No RDMA in a namespace: fabric detection reads the node's Spark-shaped fixture tree.
+        "RECONCILER_SYSFS_ROOT": str(layout.sysfs_root(node)),
         "PATH": ":".join(d for d in dirs if d),
     }
 
@@ -94,6 +97,7 @@ def write_node_files(layout: Layout, node: Node, nodes: tuple[Node, ...]) -> Non
     (ndir / "ssh" / "authorized_keys").write_bytes(layout.client_key.with_suffix(".pub").read_bytes())
     layout.sshd_config(node).write_text(sshd_config(layout, node))
     (ndir / "daemon.json").write_text(json.dumps({"deprecated-key-path": str(ndir / "key.json")}) + "\n")
+    fakesys.write_node_sysfs(ndir, node.fabric_ip)
 
 
 def hosts_file(nodes: tuple[Node, ...]) -> str:
@@ -132,8 +136,9 @@ def sshd_config(layout: Layout, node: Node) -> str:
         "KbdInteractiveAuthentication no\n"
         "UsePAM no\n"
         "UseDNS no\n"
-        # docker-py ssh:// runs `docker system dial-stdio`, which must reach this node's dockerd (pitfall 5/6).
-        f"SetEnv DOCKER_HOST=unix://{layout.docker_sock(node)}\n"
+        # docker-py ssh:// runs `docker system dial-stdio`, which must reach this node's dockerd (pitfall 5/6);
+        # the reconciler's probe over SSH must read this node's RDMA fixture tree, like node-exec does.
+        f"SetEnv DOCKER_HOST=unix://{layout.docker_sock(node)} RECONCILER_SYSFS_ROOT={layout.sysfs_root(node)}\n"
         "Subsystem sftp /usr/lib/openssh/sftp-server\n"
     )
 
@@ -274,7 +279,8 @@ if [ -z "$pid" ] || [ "$(cat /proc/$pid/comm 2>/dev/null)" != tini ]; then
     echo "node-exec: $node is not running" >&2; exit 125
 fi
 exec nsenter --target="$pid" --net --mount --uts --pid --wd="$PWD" env HOME="$TB_ROOT/$node/home" \\
-    DOCKER_HOST="unix://$TB_ROOT/$node/docker.sock" PATH="$TB_ROOT/bin:$PATH:{sys_path}" "$@"
+    DOCKER_HOST="unix://$TB_ROOT/$node/docker.sock" RECONCILER_SYSFS_ROOT="$TB_ROOT/$node/{FAKE_SYSFS_DIR}" \\
+    PATH="$TB_ROOT/bin:$PATH:{sys_path}" "$@"
 """
 
 

@@ -79,10 +79,11 @@ def test_converged_facts_give_no_changes() -> None:
 def test_bring_up_from_empty_is_complete_and_ordered() -> None:
     result = plan_of(empty_facts())
     assert_dependencies_come_first(result)
-    assert ids(result)[-3:] == [
+    assert ids(result)[-4:] == [
         "ranks.start-dsv41-r1@spark-worker",
         "ranks.start-dsv41-r0@spark-head",
         "ranks.wait-ready@spark-head",
+        "ranks.smoke@spark-head",
     ]
     rank1 = by_id(result, "ranks.start-dsv41-r1@spark-worker")
     rank0 = by_id(result, "ranks.start-dsv41-r0@spark-head")
@@ -97,7 +98,7 @@ def test_bring_up_from_empty_is_complete_and_ordered() -> None:
     copy = by_id(result, "checkpoint.copy@spark-worker")
     assert copy.depends_on == ("checkpoint.verify@spark-head",)
     assert position(result, "memguard.start@spark-worker") < position(result, "memguard.start@spark-head")
-    assert result.summary() == {"add": 12, "change": 0, "replace": 0, "destroy": 1, "stop": 0, "run": 3}
+    assert result.summary() == {"add": 12, "change": 0, "replace": 0, "destroy": 1, "stop": 0, "run": 4}
 
 
 def test_every_action_has_node_component_verb_and_cause() -> None:
@@ -115,6 +116,7 @@ def test_a_rank_exit_with_code_zero_restarts_the_whole_group_in_order() -> None:
         ("stop", "dsv41-r0"),
         ("replace", "dsv41-r1"),
         ("replace", "dsv41-r0"),
+        ("run", ""),
         ("run", ""),
     ]
     assert "exited with code 0" in by_id(result, "ranks.start-dsv41-r1@spark-worker").cause

@@ -35,7 +35,9 @@ What it imitates, from shared/REFERENCE.md:
   with tools, a call of the first (or the named) tool whose arguments come from the parameter
   names (`city` = the capitalised word after " in " of the last user message, e.g. "Warsaw");
   a PNG data URL is decoded (8-bit grey/RGB/RGBA, non-interlaced) and the answer names the
-  dominant colour of its left half, then its right half. Anything else gets a fixed sentence.
+  dominant colour of its left half, then its right half. A pass-key question ("What is the pass
+  key?" after "The pass key is 12345" somewhere in the same message, the long-context recall test
+  of `reconciler bench --ctx`) answers the number. Anything else gets a fixed sentence.
   Sampling parameters (temperature, stop, n, ...) are accepted and ignored. Image URLs other
   than base64 data URLs are never fetched: they get the 500 vLLM gives for an unreachable URL.
   Once the engine died, /health answers 503 for the second before the process exits.
@@ -59,6 +61,12 @@ Environment:
   ENGINE_SHUTDOWN_S (12)              pause between SIGTERM/SIGINT and exit 0
   VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (300)  how long a step waits for the peers' acks
   ENGINE_TOKEN_DELAY_S (0.005)        pause per generated token, so streams have a measurable rate
+  ENGINE_PREFILL_TOKEN_DELAY_S (0)    pause per prompt token before the first token, so TTFT and prefill
+                                      tok/s have a known ground truth (requests prefill in parallel)
+  ENGINE_REQUEST_LOG (unset)          a file: one JSON line per HTTP request, appended before auth and
+                                      routing: {"method", "path", "authorization" (the header's value,
+                                      key included: test-only, so tests can assert which bearer key a
+                                      client sent), "body" (the parsed JSON object, else null)}
 
 Fault switches (env; or a JSON object in the file named by ENGINE_FAULT_FILE, re-read once per
 second, whose keys override the environment's; a missing file means "environment only"):
@@ -266,6 +274,8 @@ class Settings:
     shutdown_s: float = 12.0
     execute_timeout_s: float = 300.0
     token_delay_s: float = 0.005
+    prefill_token_delay_s: float = 0.0
+    request_log: str | None = None
 
 
 @dataclass(frozen=True)
@@ -310,6 +320,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         shutdown_s=env_seconds(env, "ENGINE_SHUTDOWN_S", 12.0),
         execute_timeout_s=env_seconds(env, "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0),
         token_delay_s=env_seconds(env, "ENGINE_TOKEN_DELAY_S", 0.005),
+        prefill_token_delay_s=env_seconds(env, "ENGINE_PREFILL_TOKEN_DELAY_S", 0.0),
+        request_log=env.get("ENGINE_REQUEST_LOG") or None,
     )
 
 
@@ -881,6 +893,12 @@ class Engine:
         if self._settings.token_delay_s:
             time.sleep(self._settings.token_delay_s)
 
+    def prefill(self, prompt_tokens: int) -> None:
+        """The prompt's step, taking ENGINE_PREFILL_TOKEN_DELAY_S per prompt token."""
+        self.step()
+        if self._settings.prefill_token_delay_s:
+            time.sleep(self._settings.prefill_token_delay_s * prompt_tokens)
+
     def _die(self, cause: str) -> None:
         with self._lock:
             if self.dead:
@@ -987,6 +1005,8 @@ class Output:
 
 ARITHMETIC = re.compile(r"what\s+is\s+(-?\d+)\s*([-+*x\u00d7])\s*(-?\d+)", re.IGNORECASE)
 PLACE = re.compile(r"\bin\s+([A-Z][\w-]*)")
+PASS_KEY = re.compile(r"\bpass key is (\d+)", re.IGNORECASE)
+PASS_KEY_QUESTION = re.compile(r"what\s+is\s+the\s+pass\s+key", re.IGNORECASE)
 PLACE_PARAMETERS = {"city", "location", "place", "town"}
 JSON_TYPE_EXAMPLES: dict[str, object] = {
     "string": "example",
@@ -996,6 +1016,12 @@ JSON_TYPE_EXAMPLES: dict[str, object] = {
     "array": [],
     "object": {},
 }
+
+
+def pass_key(text: str) -> str | None:
+    """The long-context recall test: the key hidden in the text, when the text asks for it."""
+    found = PASS_KEY.search(text)
+    return found.group(1) if found is not None and PASS_KEY_QUESTION.search(text) else None
 
 
 def arithmetic(text: str) -> str | None:
@@ -1343,7 +1369,7 @@ def chat_answer(messages: list[JsonObject], plan: ToolPlan | None, images: list[
         return Answer(f"The tool returned: {message_text(messages[-1])[:200]}", REASONING)
     if images:
         return vision_answer(images[0])
-    return Answer(arithmetic(user_text) or FALLBACK_ANSWER, REASONING)
+    return Answer(pass_key(user_text) or arithmetic(user_text) or FALLBACK_ANSWER, REASONING)
 
 
 def completion_prompt(value: object) -> tuple[str | None, int]:
@@ -1577,7 +1603,7 @@ class Api:
     def _run(self, gen: Generation) -> Reply:
         self.metrics.started()
         try:
-            self.engine.step()  # prefill; hangs before any header when the group is stuck
+            self.engine.prefill(gen.prompt_tokens)  # hangs before any header when the group is stuck
         except EngineDeadError:
             self.metrics.finished(gen.prompt_tokens, None)
             raise
@@ -1664,6 +1690,25 @@ class Api:
         yield SSE_DONE
 
 
+_REQUEST_LOG_LOCK = threading.Lock()
+
+
+def record_request(log_path: str, method: str, path: str, authorization: str | None, body: bytes) -> None:
+    """ENGINE_REQUEST_LOG (test-only): what a client sent, so tests can check keys and payload fields."""
+    try:
+        parsed = json.loads(body) if body else None
+    except ValueError:
+        parsed = None
+    line = {
+        "method": method,
+        "path": path,
+        "authorization": authorization,
+        "body": parsed if isinstance(parsed, dict) else None,
+    }
+    with _REQUEST_LOG_LOCK, open(log_path, "a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
+
+
 class ApiServer(ThreadingHTTPServer):
     daemon_threads = True
     # A hung request (hang fault, silent peer) must never block closing the server.
@@ -1717,6 +1762,8 @@ class Handler(BaseHTTPRequestHandler):
         if body is None:
             return
         path = urlsplit(self.path).path
+        if api.cfg.settings.request_log:
+            record_request(api.cfg.settings.request_log, method, path, self.headers.get("Authorization"), body)
         # vLLM's auth middleware runs before routing: any keyed path without the key is a 401.
         if path.startswith(KEYED_PREFIXES) and not api.authorized(self.headers.get("Authorization")):
             self._send(json_reply({"error": "Unauthorized"}, HTTPStatus.UNAUTHORIZED))

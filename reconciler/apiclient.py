@@ -1,0 +1,176 @@
+"""Reaching the OpenAI-compatible API for `smoke` and `bench`: target, key, errors, SSE.
+
+The key comes from `--key-file`, else `$DSV41_API_KEY` (the reference smoke's variable), else
+the spec's key file on the head. It lives only in memory: it is sent in the Authorization
+header and nowhere else, never printed, never put in a subprocess's argv, and any text a
+server echoes back is passed through `ApiTarget.redact` before it is shown.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from reconciler.errors import ReconcilerError
+from reconciler.health import api_base
+from reconciler.spec import Deployment, expand_home
+
+KEY_ENV = "DSV41_API_KEY"
+# The reference smoke's timeout: without max_tokens a reasoning answer may take minutes.
+REQUEST_TIMEOUT_S = 3600.0
+CONNECT_TIMEOUT_S = 10.0
+SHOWN_BODY_CHARS = 200
+
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ApiTarget:
+    """Where the API is, the key it wants, and the model to ask (None: the first listed)."""
+
+    url: str
+    key: str = field(repr=False)
+    model: str | None = None
+
+    def redact(self, text: str) -> str:
+        return text.replace(self.key, "(redacted)") if self.key else text
+
+
+def base_url(url: str) -> str:
+    """'http://h:8000/v1/' -> 'http://h:8000': requests name their /v1 paths themselves."""
+    if not url.startswith(("http://", "https://")):
+        raise ReconcilerError(f"'{url}' is not an http(s) URL", "write it like http://127.0.0.1:8000")
+    return url.rstrip("/").removesuffix("/v1")
+
+
+def resolve_target(
+    url: str | None,
+    key_file: str | None,
+    model: str | None,
+    env: Mapping[str, str],
+    load_deployment: Callable[[], Deployment],
+) -> ApiTarget:
+    """Flags first; the spec is read only for what they leave open (URL or key), and then also
+    names the model. Without a spec the model is the first one /v1/models lists."""
+    key_given = key_file is not None or bool(env.get(KEY_ENV, "").strip())
+    if url is not None and key_given:
+        return ApiTarget(base_url(url), resolve_key(key_file, env, None), model)
+    deployment = load_deployment()
+    return ApiTarget(
+        base_url(url) if url is not None else api_base(deployment),
+        resolve_key(key_file, env, None if key_given else local_key_file(deployment)),
+        model or deployment.serving.served_model_name,
+    )
+
+
+def resolve_key(key_file: str | None, env: Mapping[str, str], spec_key_file: str | None) -> str:
+    """--key-file, else $DSV41_API_KEY, else the spec's key file."""
+    if key_file is not None:
+        return read_key_file(key_file)
+    if env.get(KEY_ENV, "").strip():
+        return env[KEY_ENV].strip()
+    if spec_key_file is None:
+        raise ReconcilerError("no API key", f"pass --key-file PATH or set ${KEY_ENV}")
+    return read_key_file(spec_key_file)
+
+
+def read_key_file(path: str) -> str:
+    try:
+        key = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ReconcilerError(
+            f"cannot read the API key file {path}: {reason}", f"pass --key-file PATH or set ${KEY_ENV}"
+        ) from None
+    if not key:
+        raise ReconcilerError(f"the API key file {path} is empty", "run `reconciler apply` to create it")
+    return key
+
+
+def local_key_file(deployment: Deployment) -> str:
+    """The spec's key file as a path on this machine, which must be the head."""
+    head = deployment.head
+    if head.ssh is not None:
+        raise ReconcilerError(
+            f"the API key file is on {head.name}, not on this machine", f"pass --key-file PATH or set ${KEY_ENV}"
+        )
+    return expand_home(deployment.key_file(), str(Path.home()))
+
+
+def client(target: ApiTarget, *, keyed: bool = True, timeout: float = REQUEST_TIMEOUT_S) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {target.key}"} if keyed else {}
+    return httpx.Client(base_url=target.url, headers=headers, timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S))
+
+
+def listed_models(body: object) -> list[str]:
+    """The ids in a /v1/models answer ([] when it has none or is not one)."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return []
+    return [str(card["id"]) for card in data if isinstance(card, dict) and "id" in card]
+
+
+def discover_model(http: httpx.Client) -> str:
+    """The reference scripts' choice: the first model /v1/models lists."""
+    try:
+        response = http.get("/v1/models")
+    except httpx.HTTPError as exc:
+        raise ReconcilerError(
+            f"no answer from {http.base_url}: {type(exc).__name__}: {exc}", "check the URL and `reconciler status`"
+        ) from None
+    if response.status_code != 200:
+        raise ReconcilerError(f"GET /v1/models: {error_text(response)}", _hint(response.status_code))
+    models = listed_models(response.json())
+    if not models:
+        raise ReconcilerError("GET /v1/models lists no model", "check `reconciler logs r0`")
+    return models[0]
+
+
+def error_text(response: httpx.Response) -> str:
+    """'HTTP 400: <the server's message>', short enough for one line."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        message = error["message"]
+    elif isinstance(error, str):
+        message = error
+    else:
+        message = response.text
+    return f"HTTP {response.status_code}: {shorten(message)}".rstrip(": ")
+
+
+def _hint(status: int) -> str:
+    if status == 401:
+        return f"the key was refused: pass the right --key-file or ${KEY_ENV}"
+    return "check `reconciler status` and `reconciler logs r0`"
+
+
+def shorten(text: str, limit: int = SHOWN_BODY_CHARS) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def sse_payloads(lines: Iterable[str]) -> Iterator[str]:
+    """The data of each `data:` line of a server-sent event stream, in order."""
+    for line in lines:
+        if line.startswith("data:"):
+            yield line[5:].strip()
+
+
+def chunk_json(payload: str) -> JsonObject:
+    """One SSE chunk as an object; anything else is a protocol error."""
+    try:
+        value = json.loads(payload)
+    except ValueError:
+        raise ValueError(f"a chunk is not JSON: {shorten(payload, 80)}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"a chunk is not a JSON object: {shorten(payload, 80)}")
+    return value

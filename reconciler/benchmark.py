@@ -1,0 +1,638 @@
+"""The bench's arithmetic, prompts, report, table, comparison and plot: pure, no I/O.
+
+Definitions follow `vllm bench serve` (vllm/benchmarks/serve.py) so numbers can be compared
+with what users measure there, and the reference bench (REFERENCE §1.8) for decode rates:
+
+- TTFT: request sent -> first streamed chunk carrying output (content, reasoning or a tool
+  call; for /v1/completions the first chunk with a choice, as vLLM counts it). A role-only
+  chunk is not output: vLLM sends it together with the first token, other servers may not.
+- TPOT, per request: (latency - TTFT) / (output tokens - 1), latency = sent -> last chunk.
+- ITL: the gaps between successive output chunks, pooled over requests. With speculative
+  decoding one chunk carries several tokens, and bursty delivery makes the median ITL ~0
+  (REFERENCE §2.4): compare means and TPOT.
+- Output tokens: `completion_tokens` of the final usage chunk; output chunks only when a
+  server sends no usage.
+- Prefill tok/s: prompt tokens / TTFT of a 1-token completion of a fresh random prompt
+  (prefix caching cannot serve it); TTFT also holds one decode step and the network, so this
+  is a slight underestimate.
+- Decode tok/s per stream: (output tokens - 1) / (last output chunk - first output chunk).
+  Aggregate at concurrency C, the C streams started together: (all streams' output tokens
+  - 1) / (last output chunk of any stream - first output chunk of any stream). The reference
+  bench counts all tokens; the first one arrives at the start of the span, not within it, and
+  without the -1 a single stream's aggregate would exceed its own rate by n/(n-1).
+- mean, median and p99 (linear interpolation, numpy's default) over the samples.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reconciler.apiclient import chunk_json, shorten, sse_payloads
+from reconciler.png import BLACK, Canvas, Colour, text_width
+
+FORMAT = "spark-reconciler-bench/1"
+PROMPT_ID_RANGE = (100, 1000)  # token ids every tokenizer has, far from special tokens
+CHARS_PER_TOKEN = 4  # English filler; the usage chunk reports the true count
+OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
+DECODE_PROMPTS = {
+    "prose": (
+        "Write a detailed essay of about 800 words on the history of the printing press and how it changed Europe."
+    ),
+    "code": (
+        "Write a complete, well-commented Python module implementing a thread-safe LRU cache with per-entry "
+        "expiry, followed by pytest unit tests for it."
+    ),
+}
+RECALL_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+RECALL_QUESTION = "What is the pass key? Answer with the number only."
+
+Report = dict[str, Any]
+Stats = dict[str, float]
+
+
+class StreamError(ValueError):
+    """A stream that cannot be measured: no output, or an error chunk mid-stream."""
+
+
+# --- one streamed request ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stream:
+    """What the client saw of one streamed request; times are seconds of one monotonic clock."""
+
+    sent: float
+    output_times: tuple[float, ...]
+    first_choice: float | None
+    end: float
+    completion_tokens: int | None
+    prompt_tokens: int | None
+    content: str
+
+
+def read_stream(sent: float, lines: Iterable[str], clock: Callable[[], float]) -> Stream:
+    """Time every chunk as it arrives (`clock` is read right after each line)."""
+    output_times: list[float] = []
+    first_choice: float | None = None
+    end = sent
+    usage: dict[str, Any] = {}
+    content: list[str] = []
+    for payload in sse_payloads(lines):
+        now = clock()
+        if payload == "[DONE]":
+            break
+        chunk = chunk_json(payload)
+        if "error" in chunk:
+            raise StreamError(f"the stream carried an error: {shorten(str(chunk['error']), 160)}")
+        end = now
+        if isinstance(chunk.get("usage"), dict):
+            usage = chunk["usage"]
+        choice = _first_choice(chunk)
+        if choice is None:
+            continue
+        first_choice = now if first_choice is None else first_choice
+        piece, carries = _output(choice)
+        content.append(piece)
+        if carries:
+            output_times.append(now)
+    return Stream(
+        sent,
+        tuple(output_times),
+        first_choice,
+        end,
+        _count(usage, "completion_tokens"),
+        _count(usage, "prompt_tokens"),
+        "".join(content),
+    )
+
+
+def _first_choice(chunk: dict[str, Any]) -> dict[str, Any] | None:
+    choices = chunk.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    return first if isinstance(first, dict) else None
+
+
+def _output(choice: dict[str, Any]) -> tuple[str, bool]:
+    """(answer text in this chunk, whether the chunk carries any output at all)."""
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        text = delta.get("content")
+        return (text if isinstance(text, str) else ""), any(delta.get(name) for name in OUTPUT_FIELDS)
+    text = choice.get("text")
+    return (text, bool(text)) if isinstance(text, str) else ("", False)
+
+
+def _count(usage: dict[str, Any], name: str) -> int | None:
+    value = usage.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# --- statistics -------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """numpy.percentile's default (linear interpolation between closest ranks)."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def stats(values: Iterable[float | None]) -> Stats | None:
+    present = [value for value in values if value is not None]
+    if not present:
+        return None
+    return {
+        "mean": statistics.fmean(present),
+        "median": statistics.median(present),
+        "p99": percentile(present, 99),
+        "n": len(present),
+    }
+
+
+# --- records of one step ----------------------------------------------------------------------
+
+
+def decode_stream_record(stream: Stream, origin: float) -> dict[str, Any]:
+    """One decode stream in vLLM's terms; `origin` is when the concurrent streams started."""
+    times = stream.output_times
+    if not times:
+        raise StreamError("the stream carried no output")
+    tokens = stream.completion_tokens if stream.completion_tokens is not None else len(times)
+    ttft = times[0] - stream.sent
+    latency = stream.end - stream.sent
+    decode = times[-1] - times[0]
+    return {
+        "ttft_s": _round(ttft),
+        "latency_s": _round(latency),
+        "completion_tokens": tokens,
+        "tokens_from_usage": stream.completion_tokens is not None,
+        "chunks": len(times),
+        "tok_s": _round((tokens - 1) / decode) if tokens > 1 and decode > 0 else None,
+        "tpot_s": _round((latency - ttft) / (tokens - 1)) if tokens > 1 else None,
+        "t_first_s": _round(times[0] - origin),
+        "t_last_s": _round(times[-1] - origin),
+        "itl_s": [_round(later - earlier) for earlier, later in itertools.pairwise(times)],
+    }
+
+
+def aggregate_tok_s(streams: list[dict[str, Any]]) -> float | None:
+    """The output tokens of concurrent streams delivered after the first one, over the span
+    from first output to last (at concurrency 1 this is the stream's own rate)."""
+    span = max(s["t_last_s"] for s in streams) - min(s["t_first_s"] for s in streams)
+    return _round((sum(s["completion_tokens"] for s in streams) - 1) / span) if span > 0 else None
+
+
+def decode_record(conc: int, kind: str, rep: int, streams: list[Stream]) -> dict[str, Any]:
+    origin = min(stream.sent for stream in streams)
+    records = [decode_stream_record(stream, origin) for stream in streams]
+    return {"conc": conc, "kind": kind, "rep": rep, "aggregate_tok_s": aggregate_tok_s(records), "streams": records}
+
+
+def prefill_record(target: int, rep: int, stream: Stream, sent_tokens: int) -> dict[str, Any]:
+    if stream.first_choice is None:
+        raise StreamError("the completion streamed no choice")
+    ttft = stream.first_choice - stream.sent
+    tokens = stream.prompt_tokens if stream.prompt_tokens is not None else sent_tokens
+    return {
+        "target": target,
+        "rep": rep,
+        "prompt_tokens": tokens,
+        "ttft_s": _round(ttft),
+        "tok_s": _round(tokens / ttft),
+    }
+
+
+def recall_record(length: int, depth: float, key: str, stream: Stream) -> dict[str, Any]:
+    ttft = stream.output_times[0] - stream.sent if stream.output_times else None
+    return {
+        "length": length,
+        "depth": depth,
+        "prompt_tokens": stream.prompt_tokens,
+        "ttft_s": _round(ttft) if ttft is not None else None,
+        "key": key,
+        "pass": key in stream.content,
+        "answer": shorten(stream.content, 120),
+    }
+
+
+def _round(value: float) -> float:
+    return round(value, 6)
+
+
+# --- prompts ----------------------------------------------------------------------------------
+
+
+def decode_prompt(kind: str, nonce: str) -> str:
+    """The kind's task after a unique first line, so no prompt is ever served from the prefix cache."""
+    return f"Request {nonce}.\n{DECODE_PROMPTS[kind]}"
+
+
+def prefill_ids(count: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(*PROMPT_ID_RANGE) for _ in range(count)]
+
+
+def recall_prompt(length: int, depth: float, key: str, nonce: str) -> str:
+    """The pass-key test: `key` hidden at `depth` (0 = start, 1 = end) of ~`length` tokens of filler."""
+    intro = f"Session {nonce}. A pass key is hidden in the long text below. Find it and remember it.\n\n"
+    needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
+    question = f"\n\n{RECALL_QUESTION}"
+    room = length * CHARS_PER_TOKEN - len(intro) - len(needle) - len(question)
+    units = max(1, room // len(RECALL_FILLER))
+    before = round(units * min(1.0, max(0.0, depth)))
+    return intro + RECALL_FILLER * before + needle + RECALL_FILLER * (units - before) + question
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def new_report(label: str, model: str, url: str, started: str, settings: dict[str, Any]) -> Report:
+    return {
+        "format": FORMAT,
+        "label": label,
+        "model": model,
+        "url": url,
+        "started": started,
+        "finished": None,
+        "complete": False,
+        "error": None,
+        "settings": settings,
+        "prefill": [],
+        "decode": [],
+        "recall": [],
+        "summary": {"prefill": [], "decode": [], "recall": []},
+    }
+
+
+def summarize(report: Report) -> dict[str, list[dict[str, Any]]]:
+    """Per prompt length, per (concurrency, kind), per recall length: the statistics."""
+    return {
+        "prefill": [_prefill_summary(target, runs) for target, runs in _groups(report["prefill"], ("target",))],
+        "decode": [_decode_summary(key, reps) for key, reps in _groups(report["decode"], ("conc", "kind"))],
+        "recall": [
+            {k: run[k] for k in ("length", "depth", "prompt_tokens", "ttft_s", "pass")} for run in report["recall"]
+        ],
+    }
+
+
+def _groups(records: list[dict[str, Any]], keys: tuple[str, ...]) -> list[tuple[tuple[Any, ...], list[Any]]]:
+    grouped: dict[tuple[Any, ...], list[Any]] = {}
+    for record in records:
+        grouped.setdefault(tuple(record[key] for key in keys), []).append(record)
+    return list(grouped.items())
+
+
+def _prefill_summary(key: tuple[Any, ...], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "target": key[0],
+        "runs": len(runs),
+        "prompt_tokens": statistics.median(run["prompt_tokens"] for run in runs),
+        "tok_s": stats(run["tok_s"] for run in runs),
+        "ttft_s": stats(run["ttft_s"] for run in runs),
+    }
+
+
+def _decode_summary(key: tuple[Any, ...], reps: list[dict[str, Any]]) -> dict[str, Any]:
+    streams = [stream for rep in reps for stream in rep["streams"]]
+    return {
+        "conc": key[0],
+        "kind": key[1],
+        "reps": len(reps),
+        "per_stream_tok_s": stats(stream["tok_s"] for stream in streams),
+        "aggregate_tok_s": stats(rep["aggregate_tok_s"] for rep in reps),
+        "ttft_s": stats(stream["ttft_s"] for stream in streams),
+        "tpot_s": stats(stream["tpot_s"] for stream in streams),
+        "itl_s": stats(gap for stream in streams for gap in stream["itl_s"]),
+        "completion_tokens": stats(stream["completion_tokens"] for stream in streams),
+    }
+
+
+# --- the terminal table -----------------------------------------------------------------------
+
+
+def render_table(report: Report) -> str:
+    summary = report["summary"]
+    parts = [f"bench {report['label'] or ''} model {report['model']} at {report['url']}".replace("  ", " ")]
+    if summary["prefill"]:
+        parts += ["", "Prefill (prompt tokens / TTFT, unique prompts)", _table(_PREFILL_HEAD, _prefill_rows(summary))]
+    if summary["decode"]:
+        cap = report["settings"].get("max_tokens")
+        title = f"Decode (output capped at {cap} tokens)" if cap else "Decode (no output cap)"
+        parts += ["", title, _table(_DECODE_HEAD, _decode_rows(summary))]
+    if summary["recall"]:
+        parts += ["", "Long-context recall (pass key)", _table(_RECALL_HEAD, _recall_rows(summary))]
+    if not report["complete"]:
+        parts += ["", f"INCOMPLETE: {report['error'] or 'interrupted'}"]
+    return "\n".join(parts) + "\n"
+
+
+_PREFILL_HEAD = ("target", "prompt tok", "tok/s median", "TTFT s median", "runs")
+_DECODE_HEAD = (
+    "conc",
+    "kind",
+    "tok/s/stream med",
+    "aggregate tok/s med",
+    "TTFT s mean/med/p99",
+    "TPOT ms mean/med/p99",
+    "ITL ms mean/med/p99",
+    "out tok mean",
+)
+_RECALL_HEAD = ("length", "depth", "prompt tok", "TTFT s", "result")
+
+
+def _prefill_rows(summary: dict[str, Any]) -> list[tuple[str, ...]]:
+    return [
+        (
+            str(s["target"]),
+            f"{s['prompt_tokens']:g}",
+            _fmt(s["tok_s"], "median"),
+            _fmt(s["ttft_s"], "median", 3),
+            str(s["runs"]),
+        )
+        for s in summary["prefill"]
+    ]
+
+
+def _decode_rows(summary: dict[str, Any]) -> list[tuple[str, ...]]:
+    return [
+        (
+            str(s["conc"]),
+            s["kind"],
+            _fmt(s["per_stream_tok_s"], "median"),
+            _fmt(s["aggregate_tok_s"], "median"),
+            _triple(s["ttft_s"], 1, 3),
+            _triple(s["tpot_s"], 1000, 1),
+            _triple(s["itl_s"], 1000, 1),
+            _fmt(s["completion_tokens"], "mean", 0),
+        )
+        for s in summary["decode"]
+    ]
+
+
+def _recall_rows(summary: dict[str, Any]) -> list[tuple[str, ...]]:
+    return [
+        (
+            str(r["length"]),
+            f"{r['depth']:g}",
+            str(r["prompt_tokens"] if r["prompt_tokens"] is not None else "?"),
+            f"{r['ttft_s']:.3f}" if r["ttft_s"] is not None else "-",
+            "PASS" if r["pass"] else "FAIL",
+        )
+        for r in summary["recall"]
+    ]
+
+
+def _fmt(values: Stats | None, which: str, digits: int = 1, scale: float = 1.0) -> str:
+    return "-" if values is None else f"{values[which] * scale:.{digits}f}"
+
+
+def _triple(values: Stats | None, scale: float, digits: int) -> str:
+    return "/".join(_fmt(values, which, digits, scale) for which in ("mean", "median", "p99"))
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]], left: int = 0) -> str:
+    """Columns right-aligned (numbers), except the first `left` ones (names)."""
+    widths = [max(len(cell) for cell in column) for column in zip(head, *rows, strict=True)]
+    lines = [
+        "  ".join(
+            cell.ljust(width) if index < left else cell.rjust(width)
+            for index, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [head, *rows]
+    ]
+    return "\n".join("  " + line for line in lines)
+
+
+# --- comparing two runs -----------------------------------------------------------------------
+
+
+def compare(a: Report, b: Report) -> list[dict[str, Any]]:
+    """Each metric both runs have (or either has), with B's change relative to A."""
+    left, right = _metrics(a), _metrics(b)
+    rows = []
+    for name in [*left, *(name for name in right if name not in left)]:
+        value_a, better = left.get(name, (None, ""))
+        value_b, better_b = right.get(name, (None, ""))
+        rows.append(
+            {
+                "metric": name,
+                "a": value_a,
+                "b": value_b,
+                "change_pct": _change(value_a, value_b),
+                "better": better or better_b,
+            }
+        )
+    return rows
+
+
+def _metrics(report: Report) -> dict[str, tuple[Any, str]]:
+    summary = report.get("summary") or summarize(report)
+    metrics: dict[str, tuple[Any, str]] = {}
+    for s in summary["prefill"]:
+        metrics[f"prefill {s['target']}: tok/s median"] = (_pick(s["tok_s"], "median"), "higher")
+        metrics[f"prefill {s['target']}: TTFT s median"] = (_pick(s["ttft_s"], "median"), "lower")
+    for s in summary["decode"]:
+        where = f"decode c{s['conc']} {s['kind']}"
+        metrics[f"{where}: tok/s per stream median"] = (_pick(s["per_stream_tok_s"], "median"), "higher")
+        metrics[f"{where}: aggregate tok/s median"] = (_pick(s["aggregate_tok_s"], "median"), "higher")
+        metrics[f"{where}: TTFT s mean"] = (_pick(s["ttft_s"], "mean"), "lower")
+        metrics[f"{where}: TPOT ms mean"] = (_pick(s["tpot_s"], "mean", 1000), "lower")
+        metrics[f"{where}: ITL ms mean"] = (_pick(s["itl_s"], "mean", 1000), "lower")
+    for r in summary["recall"]:
+        metrics[f"recall {r['length']} at depth {r['depth']:g}"] = ("PASS" if r["pass"] else "FAIL", "")
+    return metrics
+
+
+def _pick(values: Stats | None, which: str, scale: float = 1.0) -> float | None:
+    return None if values is None else round(values[which] * scale, 6)
+
+
+def _change(a: Any, b: Any) -> float | None:
+    if not isinstance(a, float | int) or not isinstance(b, float | int) or a == 0:
+        return None
+    return round(100 * (b - a) / a, 2)
+
+
+def render_compare(rows: list[dict[str, Any]], label_a: str, label_b: str) -> str:
+    table_rows = [(row["metric"], _cell(row["a"]), _cell(row["b"]), _verdict(row)) for row in rows]
+    return _table(("metric", f"A {label_a}", f"B {label_b}", "change"), table_rows, left=1) + "\n"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    change = row["change_pct"]
+    if change is None:
+        return "-" if row["a"] == row["b"] or not row["better"] else "n/a"
+    if change == 0:
+        return "0.0%"
+    improved = (change > 0) == (row["better"] == "higher")
+    return f"{change:+.1f}% ({'better' if improved else 'worse'})"
+
+
+# --- the plot ---------------------------------------------------------------------------------
+
+PLOT_WIDTH, PLOT_HEIGHT = 960, 420
+PANEL_WIDTH = PLOT_WIDTH // 2
+GREY: Colour = (200, 200, 200)
+PALETTE: tuple[tuple[Colour, Colour], ...] = (
+    ((31, 119, 180), (140, 190, 230)),
+    ((214, 39, 40), (240, 150, 150)),
+    ((44, 160, 44), (150, 220, 150)),
+    ((255, 127, 14), (255, 190, 130)),
+)
+PREFILL_COLOUR: Colour = (44, 160, 44)
+RECALL_COLOUR: Colour = (148, 103, 189)
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    colour: Colour
+    points: list[tuple[float, float]]
+    joined: bool = True
+
+
+def plot_png(report: Report) -> bytes:
+    """Left: decode tok/s vs concurrency (aggregate and per stream, per kind). Right: TTFT vs prompt tokens."""
+    canvas = Canvas(PLOT_WIDTH, PLOT_HEIGHT)
+    summary = report["summary"]
+    _panel(canvas, 0, "decode tok/s vs concurrency", _decode_series(summary), "concurrency")
+    _panel(canvas, PANEL_WIDTH, "TTFT s vs prompt tokens", _ttft_series(summary), "prompt tokens")
+    return canvas.encode()
+
+
+def _decode_series(summary: dict[str, Any]) -> list[Series]:
+    series: list[Series] = []
+    kinds = list(dict.fromkeys(s["kind"] for s in summary["decode"]))
+    for index, kind in enumerate(kinds):
+        strong, light = PALETTE[index % len(PALETTE)]
+        rows = [s for s in summary["decode"] if s["kind"] == kind]
+        series.append(Series(f"{kind} aggregate", strong, _points(rows, "conc", "aggregate_tok_s")))
+        series.append(Series(f"{kind} per stream", light, _points(rows, "conc", "per_stream_tok_s")))
+    return series
+
+
+def _ttft_series(summary: dict[str, Any]) -> list[Series]:
+    prefill = _points(summary["prefill"], "prompt_tokens", "ttft_s")
+    recall = [
+        (float(r["prompt_tokens"]), float(r["ttft_s"]))
+        for r in summary["recall"]
+        if r["prompt_tokens"] is not None and r["ttft_s"] is not None
+    ]
+    return [Series("prefill", PREFILL_COLOUR, prefill), Series("recall", RECALL_COLOUR, sorted(recall), joined=False)]
+
+
+def _points(rows: list[dict[str, Any]], x: str, y: str) -> list[tuple[float, float]]:
+    return sorted((float(row[x]), row[y]["median"]) for row in rows if row[y] is not None)
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """Data space -> pixel space for one panel's plotting area; y from 0 in `y_step` ticks."""
+
+    left: int
+    top: int
+    right: int
+    bottom: int
+    x_range: tuple[float, float]
+    y_step: float
+    y_ticks: int
+
+    @property
+    def y_max(self) -> float:
+        return self.y_step * self.y_ticks
+
+    def px(self, x: float) -> int:
+        low, high = self.x_range
+        return self.left + round((x - low) / (high - low) * (self.right - self.left))
+
+    def py(self, y: float) -> int:
+        return self.bottom - round(y / self.y_max * (self.bottom - self.top))
+
+
+def _panel(canvas: Canvas, origin: int, title: str, series: list[Series], x_label: str) -> None:
+    canvas.text(origin + 20, 12, title, scale=3)
+    points = [point for one in series for point in one.points]
+    if not points:
+        canvas.text(origin + 180, 180, "no data")
+        return
+    frame = _frame(origin, points)
+    _axes(canvas, frame, sorted({x for x, _ in points}), x_label)
+    for one in series:
+        _draw_series(canvas, frame, one)
+    _legend(canvas, origin + 20, origin + PANEL_WIDTH - 20, PLOT_HEIGHT - 48, [one for one in series if one.points])
+
+
+def _frame(origin: int, points: list[tuple[float, float]]) -> _Frame:
+    xs = [x for x, _ in points]
+    low, high = min(xs), max(xs)
+    pad = (high - low) * 0.08 or max(abs(low) * 0.5, 1.0)
+    top = max(y for _, y in points)
+    step = _nice(top / 4)
+    ticks = max(1, math.ceil(top / step))
+    return _Frame(origin + 70, 50, origin + PANEL_WIDTH - 30, PLOT_HEIGHT - 110, (low - pad, high + pad), step, ticks)
+
+
+def _nice(value: float) -> float:
+    """The smallest 1, 2, 2.5 or 5 x 10^k at or above `value`: a round tick step."""
+    if value <= 0:
+        return 1.0
+    power = 10.0 ** math.floor(math.log10(value))
+    return next(step * power for step in (1, 2, 2.5, 5, 10) if step * power >= value)
+
+
+def _axes(canvas: Canvas, frame: _Frame, xs: list[float], x_label: str) -> None:
+    for tick in range(frame.y_ticks + 1):
+        y = frame.py(frame.y_step * tick)
+        canvas.line(frame.left, y, frame.right, y, GREY)
+        label = _short(frame.y_step * tick)
+        canvas.text(frame.left - 8 - text_width(label), y - 5, label)
+    canvas.line(frame.left, frame.top, frame.left, frame.bottom, BLACK)
+    canvas.line(frame.left, frame.bottom, frame.right, frame.bottom, BLACK)
+    free_from = frame.left - 40
+    for x in xs:
+        label = _short(x)
+        canvas.line(frame.px(x), frame.bottom, frame.px(x), frame.bottom + 5, BLACK)
+        start = frame.px(x) - text_width(label) // 2
+        if start >= free_from:  # labels that would overlap the previous one are left out
+            free_from = start + canvas.text(start, frame.bottom + 10, label) + 8
+    canvas.text((frame.left + frame.right - text_width(x_label)) // 2, frame.bottom + 28, x_label)
+
+
+def _draw_series(canvas: Canvas, frame: _Frame, series: Series) -> None:
+    pixels = [(frame.px(x), frame.py(y)) for x, y in series.points]
+    if series.joined:
+        for (x0, y0), (x1, y1) in itertools.pairwise(pixels):
+            canvas.line(x0, y0, x1, y1, series.colour, thickness=2)
+    for x, y in pixels:
+        canvas.fill(x - 3, y - 3, x + 4, y + 4, series.colour)
+
+
+def _legend(canvas: Canvas, left: int, right: int, y: int, series: list[Series]) -> None:
+    """Colour swatch and name per series, wrapped within the panel."""
+    x = left
+    for one in series:
+        width = 16 + text_width(one.name) + 12
+        if x > left and x + width > right:
+            x, y = left, y + 18
+        canvas.fill(x, y, x + 10, y + 10, one.colour)
+        canvas.text(x + 16, y, one.name)
+        x += width
+
+
+def _short(value: float) -> str:
+    """Axis labels: 0.25, 12, 1.5K, 32.8K."""
+    if abs(value) >= 1000:
+        return f"{value / 1000:.3g}K"
+    return f"{value:.3g}"

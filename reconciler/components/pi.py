@@ -1,0 +1,131 @@
+"""The Pi coding agent provider on the machine running the reconciler (the spec's `pi:` section).
+
+`apply` configures a Pi that is already installed and never installs one: npm fetching software
+as a side effect of converging a deployment would surprise, and it needs a node version check and
+the network. When `pi` is not on PATH the plan says "run `reconciler pi install`" as an in-sync
+note. `pi.enabled: false` leaves Pi's config alone (`reconciler pi uninstall` removes it).
+
+The base URL is the reconciler's own view of the API (reconciler.health.api_base): on the head
+itself http://127.0.0.1:<port>/v1. The key variable is the one the last install chose (its
+install record), else DSV41_API_KEY. Pi's config is written after the rank group is ready, and is
+never a prerequisite of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from reconciler import picfg
+from reconciler.actions import Action, InSync, Outcome, action_id
+from reconciler.execution import ApplyContext, Executor
+from reconciler.facts.node import Facts
+from reconciler.facts.pi import PiFacts
+from reconciler.health import api_base
+from reconciler.spec import Deployment, Serving
+
+COMPONENT = "pi"
+MODEL_NAME = "DeepSeek-V4.1-Flash"
+LOCAL = "local"
+
+
+def target_for(
+    serving: Serving, provider: str, nodes: int, *, base_url: str, key_env: str, set_default: bool
+) -> picfg.PiTarget:
+    """The provider and model entry the spec implies (id, context window, images from `serving:`)."""
+    return picfg.PiTarget(
+        provider=provider,
+        base_url=picfg.normalise_base_url(base_url),
+        key_env=picfg.check_key_env(key_env),
+        model_id=serving.served_model_name,
+        context_window=serving.max_model_len,
+        images=serving.images_per_prompt > 0,
+        provider_name=f"{MODEL_NAME} ({nodes}x DGX Spark)",
+        model_name=MODEL_NAME,
+        set_default=set_default,
+    )
+
+
+def desired_target(deployment: Deployment, manifest: Mapping[str, Any] | None) -> picfg.PiTarget:
+    """What `apply` keeps Pi at: the spec, the local API address, the installed key variable."""
+    installed = (manifest or {}).get("key_env")
+    key_env = installed if isinstance(installed, str) and picfg.is_env_name(installed) else None
+    return target_for(
+        deployment.serving,
+        deployment.pi.provider,
+        len(deployment.nodes),
+        base_url=api_base(deployment),
+        key_env=key_env or picfg.DEFAULT_KEY_ENV,
+        set_default=deployment.pi.set_default,
+    )
+
+
+def local_node(deployment: Deployment) -> str:
+    """The spec's node that is this machine (no ssh:), where Pi is configured; else 'local'."""
+    return next((node.name for node in deployment.nodes if node.ssh is None), LOCAL)
+
+
+def plan_pi(deployment: Deployment, facts: Facts) -> Outcome:
+    node = local_node(deployment)
+    observed = facts.pi
+    if not deployment.pi.enabled:
+        return _in_sync(node, "pi.enabled is false: Pi's config is left as it is")
+    if observed is None:
+        return _in_sync(node, "no Pi facts in this snapshot")
+    if observed.pi_path is None:
+        return _in_sync(node, "Pi not installed: run `reconciler pi install`")
+    if observed.error is not None:
+        return Outcome(notes=[f"Pi config left alone: {observed.error} (Pi cannot read it either; fix it)"])
+    target = desired_target(deployment, observed.manifest)
+    causes = differences(observed, target)
+    if not causes:
+        return _in_sync(node, f"provider {target.provider} in {observed.directory} points at {target.base_url}")
+    action = Action(
+        action_id(COMPONENT, "configure", node),
+        COMPONENT,
+        "create" if observed.provider is None else "update",
+        node,
+        f"configure Pi in {observed.directory}: provider {target.provider} -> {target.base_url}",
+        "; ".join(causes),
+    )
+    return Outcome(actions=[action])
+
+
+def differences(observed: PiFacts, target: picfg.PiTarget) -> list[str]:
+    """Why the Pi config differs from what install would write (empty: in sync)."""
+    causes: list[str] = []
+    desired = picfg.provider_entry(target)
+    if observed.provider is None:
+        causes.append(f"provider {target.provider} missing from models.json")
+    elif observed.provider != desired:
+        causes.append(f"provider {target.provider} differs: {picfg.describe_change(observed.provider, desired)}")
+    extension = picfg.extension_text(target.provider, target.key_env)
+    if observed.extension_sha256 != picfg.sha256(extension):
+        state = "missing" if observed.extension_sha256 is None else "outdated"
+        causes.append(f"extension {picfg.extension_file(target.provider)} {state}")
+    enabled = observed.enabled_models
+    if enabled and target.model_ref not in enabled:
+        causes.append(f"{target.model_ref} not in enabledModels (Pi would start on {enabled[0]})")
+    defaults = (observed.default_provider, observed.default_model)
+    if target.set_default and defaults != (target.provider, target.model_id):
+        causes.append(f"pi.set_default: default model is {'/'.join(d or '-' for d in defaults)}")
+    return causes
+
+
+def _in_sync(node: str, reason: str) -> Outcome:
+    return Outcome(in_sync=[InSync(node, COMPONENT, reason)])
+
+
+def _configure(ctx: ApplyContext, action: Action) -> str:
+    """Re-read the files now (facts may be stale) and write only what differs, backups first."""
+    del action
+    provider = ctx.deployment.pi.provider
+    directory = picfg.agent_dir()
+    files = picfg.read_files(directory, provider)
+    target = desired_target(ctx.deployment, picfg.read_manifest(files, provider))
+    changes = picfg.install_changes(files, target)
+    picfg.write_changes(directory, changes, provider)
+    return "; ".join(changes.messages) or "unchanged"
+
+
+EXECUTORS: dict[str, Executor] = {"configure": _configure}

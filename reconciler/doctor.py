@@ -1,0 +1,526 @@
+"""`reconciler doctor`: every prerequisite on every node, PASS / WARN / FAIL, each with its fix.
+
+Most two-Spark failures are a missing prerequisite found twelve minutes into a boot (a wrong
+fabric port, no NVIDIA runtime, memory held by something else). The doctor checks them all up
+front. Its checks are pure functions of what `gather_doctor` collects in one probe round trip
+per node (the plan's probe plus host details: clock, tools, Docker runtimes, NVIDIA driver),
+so they are tested on fixtures. A check whose evidence could not be gathered says so; it never
+passes by default. Fabric checks use the plan's own resolution, so doctor and plan agree.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from reconciler import hub
+from reconciler.actions import Blocker
+from reconciler.components.checkpoint import (
+    FULL_SIZE_HEAD,
+    FULL_SIZE_WORKER,
+    GB,
+    assess,
+    expectation,
+    human_bytes,
+    is_part,
+)
+from reconciler.components.ranks import owned_containers, resolve_fabric
+from reconciler.errors import NodeUnreachableError, ReconcilerError
+from reconciler.facts.fabric import subnet_mismatches
+from reconciler.facts.gather import hub_facts, node_facts_from_probe, probe_args
+from reconciler.facts.memory import KIB_PER_GIB
+from reconciler.facts.node import Facts, NodeFacts
+from reconciler.serving import ResolvedFabric
+from reconciler.spec import Deployment, Node
+from reconciler.transport.base import Transport, run_program
+
+Status = Literal["PASS", "WARN", "FAIL"]
+ALL_NODES = "all nodes"
+# The Hub repo's size (REFERENCE, SEED-FACTS), assumed while no node holds a complete checkpoint.
+REFERENCE_CHECKPOINT_BYTES = 462 * GB
+# MiaAI-Lab's pre-boot rule: MemAvailable >= per-rank weight bytes + DSV41_BOOT_MARGIN_GIB (REFERENCE §4).
+BOOT_MARGIN_GIB = 12.0
+# Driver 580.126 capped the CX-7 at ~13 Gbps; fixed in 580.142 (REFERENCE §3).
+FIXED_DRIVER = (580, 142)
+CLOCK_SKEW_S = 1.0
+_DRIVER_RE = re.compile(r"\b(\d{3})\.(\d+)(?:\.\d+)?\b")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One prerequisite on one node (or across all nodes): its verdict, evidence and fix."""
+
+    node: str
+    name: str
+    status: Status
+    message: str
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"node": self.node, "check": self.name, "status": self.status, "message": self.message, "fix": self.fix}
+
+
+@dataclass(frozen=True)
+class NodeProbe:
+    """What one node answered, or why it did not; the send/receive times bound its clock."""
+
+    raw: dict[str, Any] | None = None
+    error: str | None = None
+    hint: str = ""
+    ssh_failed: bool = False
+    sent_at: float = 0.0
+    received_at: float = 0.0
+
+    @property
+    def host(self) -> dict[str, Any]:
+        return (self.raw or {}).get("host") or {}
+
+    @property
+    def docker_error(self) -> str | None:
+        docker = (self.raw or {}).get("docker") or {}
+        return str(docker["error"]) if "error" in docker else None
+
+
+@dataclass(frozen=True)
+class DoctorInput:
+    """Everything the checks look at: each node's probe and the facts built from it."""
+
+    probes: dict[str, NodeProbe]
+    facts: Facts
+
+
+@dataclass
+class Report:
+    deployment: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return any(check.status == "FAIL" for check in self.checks)
+
+    def counts(self) -> dict[str, int]:
+        return {status: sum(c.status == status for c in self.checks) for status in ("PASS", "WARN", "FAIL")}
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ok": not self.failed,
+            "deployment": self.deployment,
+            "summary": self.counts(),
+            "checks": [check.to_dict() for check in self.checks],
+        }
+
+
+# ---------------------------------------------------------------- gathering (the only I/O)
+
+
+def run(deployment: Deployment, transports: dict[str, Transport]) -> Report:
+    return check_all(deployment, gather_doctor(deployment, transports))
+
+
+def gather_doctor(deployment: Deployment, transports: dict[str, Transport]) -> DoctorInput:
+    """One doctor probe per node, in parallel; then the Hub listing, as a plan pass does."""
+    with ThreadPoolExecutor(max_workers=max(1, len(deployment.nodes))) as pool:
+        futures = {node.name: pool.submit(_probe, deployment, node, transports[node.name]) for node in deployment.nodes}
+        probes = {name: future.result() for name, future in futures.items()}
+    data = doctor_input(deployment, probes)
+    head = deployment.head.name
+    nodes = {**data.facts.nodes, head: _with_hub_listing(deployment, data.facts.nodes[head])}
+    return DoctorInput(probes, data.facts.model_copy(update={"nodes": nodes}))
+
+
+def doctor_input(deployment: Deployment, probes: dict[str, NodeProbe]) -> DoctorInput:
+    """Facts from each node's probe output (pure)."""
+    nodes = {node.name: _node_facts(node, probes[node.name]) for node in deployment.nodes}
+    return DoctorInput(probes, Facts(taken_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes))
+
+
+def _probe(deployment: Deployment, node: Node, transport: Transport) -> NodeProbe:
+    sent = time.time()
+    try:
+        raw = run_program(transport, "probe", "print_probe", {**probe_args(deployment, node), "doctor": True})
+    except NodeUnreachableError as exc:
+        return NodeProbe(error=exc.message, hint=exc.hint, ssh_failed=True)
+    except ReconcilerError as exc:
+        return NodeProbe(error=exc.message, hint=exc.hint)
+    except (OSError, json.JSONDecodeError) as exc:
+        return NodeProbe(error=f"{type(exc).__name__}: {exc}", hint="install python3 on the node")
+    return NodeProbe(raw=raw, sent_at=sent, received_at=time.time())
+
+
+def _node_facts(node: Node, probe: NodeProbe) -> NodeFacts:
+    if probe.raw is None:
+        return NodeFacts(reachable=False, error=probe.error)
+    # Everything but Docker is still worth checking when Docker does not answer.
+    raw = probe.raw if probe.docker_error is None else {**probe.raw, "docker": {"containers": [], "images": []}}
+    return node_facts_from_probe(node, raw)
+
+
+def _with_hub_listing(deployment: Deployment, head: NodeFacts) -> NodeFacts:
+    """The checkpoint's real size from the Hub while the head has no cached listing (as `gather`)."""
+    if not head.reachable or head.checkpoint.hub is not None:
+        return head
+    try:
+        listing = hub.list_files(deployment.model)
+    except ReconcilerError:
+        return head
+    return head.model_copy(update={"checkpoint": head.checkpoint.model_copy(update={"hub": hub_facts(listing)})})
+
+
+# ---------------------------------------------------------------- checks (pure)
+
+
+def check_all(deployment: Deployment, data: DoctorInput) -> Report:
+    report = Report(deployment.name)
+    for _, node in deployment.ranked_nodes:
+        report.checks += node_checks(deployment, node, data)
+    report.checks += cross_node_checks(deployment, data)
+    return report
+
+
+@dataclass(frozen=True)
+class _Subject:
+    """One node as the per-node checks see it."""
+
+    deployment: Deployment
+    node: Node
+    probe: NodeProbe
+    facts: Facts
+
+    @property
+    def observed(self) -> NodeFacts:
+        return self.facts.nodes[self.node.name]
+
+    def check(self, name: str, status: Status, message: str, fix: str = "") -> Check:
+        return Check(self.node.name, name, status, message, fix)
+
+
+def node_checks(deployment: Deployment, node: Node, data: DoctorInput) -> list[Check]:
+    subject = _Subject(deployment, node, data.probes[node.name], data.facts)
+    probe = subject.probe
+    if probe.ssh_failed:
+        skipped = subject.check("other checks", "WARN", "not checked: the node did not answer", "fix SSH first")
+        return [subject.check("ssh", "FAIL", probe.error or "no answer", probe.hint), skipped]
+    checks = [_ssh(subject)]
+    if probe.raw is None:
+        return [*checks, subject.check("python3", "FAIL", probe.error or "the probe failed", probe.hint)]
+    return checks + [check(subject) for check in _NODE_CHECKS]
+
+
+def _ssh(subject: _Subject) -> Check:
+    target = subject.node.ssh
+    if target is None:
+        return subject.check("ssh", "PASS", "the machine running the reconciler (no ssh: in the spec)")
+    where = f"{target.user + '@' if target.user else ''}{target.host}:{target.port}"
+    return subject.check("ssh", "PASS", f"{where} answered; host key matches {target.known_hosts}")
+
+
+def _python(subject: _Subject) -> Check:
+    return subject.check("python3", "PASS", f"python3 {subject.probe.host.get('python', '?')} ran the probe")
+
+
+def _rsync(subject: _Subject) -> Check:
+    found = (subject.probe.host.get("tools") or {}).get("rsync")
+    if found:
+        return subject.check("rsync", "PASS", str(found))
+    return subject.check("rsync", "FAIL", "rsync not found", "sudo apt install rsync (copying to peers uses it)")
+
+
+def _docker(subject: _Subject) -> Check:
+    error = subject.probe.docker_error
+    user = subject.probe.host.get("user", "the user")
+    if error is None:
+        version = (subject.probe.host.get("docker_info") or {}).get("server_version") or "?"
+        return subject.check("docker", "PASS", f"Docker {version} answers to {user}")
+    if "PermissionError" in error or "Permission denied" in error:
+        fix = f"sudo usermod -aG docker {user}, then log in again"
+        return subject.check("docker", "FAIL", f"{user} may not use Docker: {error}", fix)
+    return subject.check("docker", "FAIL", f"Docker does not answer: {error}", "sudo systemctl enable --now docker")
+
+
+def _nvidia_runtime(subject: _Subject) -> Check:
+    info = subject.probe.host.get("docker_info") or {}
+    if "error" in info or subject.probe.docker_error:
+        return subject.check("nvidia runtime", "WARN", "not checked: Docker does not answer", "fix Docker first")
+    runtimes = list(info.get("runtimes") or [])
+    if "nvidia" in runtimes:
+        return subject.check("nvidia runtime", "PASS", f"Docker runtimes: {', '.join(runtimes)}")
+    configure = "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker"
+    note = " (serving.gpus is none in this spec, so its ranks start without it)" if _no_gpus(subject) else ""
+    tools = subject.probe.host.get("tools") or {}
+    if tools.get("nvidia-ctk") or tools.get("nvidia-container-runtime-hook"):
+        message = f"nvidia-container-toolkit is installed but not a Docker runtime (runtimes: {', '.join(runtimes)})"
+        return subject.check("nvidia runtime", "WARN", message + note, configure)
+    message = (
+        f"Docker has no nvidia runtime (runtimes: {', '.join(runtimes) or 'none'}) and no nvidia-container-toolkit"
+    )
+    return subject.check(
+        "nvidia runtime", "FAIL", message + note, f"install nvidia-container-toolkit, then {configure}"
+    )
+
+
+def _no_gpus(subject: _Subject) -> bool:
+    return subject.deployment.serving.gpus == "none"
+
+
+def _gpu_driver(subject: _Subject) -> Check:
+    text = subject.probe.host.get("nvidia_driver")
+    if not text:
+        message = "no NVIDIA driver loaded (/proc/driver/nvidia/version is absent)"
+        return subject.check("gpu driver", "FAIL", message, "install the DGX OS NVIDIA driver, 580.142 or later")
+    match = _DRIVER_RE.search(str(text))
+    if match is None:
+        return subject.check("gpu driver", "WARN", f"unrecognised driver version: {str(text).strip()[:80]}")
+    version = (int(match.group(1)), int(match.group(2)))
+    if version < FIXED_DRIVER:
+        message = f"driver {match.group(0)} caps the CX-7 at ~13 Gbps (fixed in 580.142)"
+        return subject.check("gpu driver", "WARN", message, "upgrade the NVIDIA driver to 580.142 or later")
+    return subject.check("gpu driver", "PASS", f"NVIDIA driver {match.group(0)}")
+
+
+def _rdma_port(subject: _Subject) -> Check:
+    ports = subject.observed.fabric.ports
+    active = [f"{p.hca}/{p.port} ({', '.join(p.netdevs) or 'no netdev'})" for p in ports if p.active]
+    source = _sysfs_note(subject)
+    if active:
+        return subject.check("rdma port", "PASS", f"ACTIVE: {', '.join(active)}{source}")
+    if ports:
+        states = ", ".join(f"{p.hca}/{p.port} {p.state or 'unknown'}" for p in ports)
+        fix = "plug the QSFP cable into the same port on every node; `rdma link` must show state ACTIVE"
+        return subject.check("rdma port", "FAIL", f"no ACTIVE RDMA port: {states}{source}", fix)
+    fix = "load the CX-7 drivers (mlx5_core, mlx5_ib); `rdma link` lists the ports"
+    return subject.check("rdma port", "FAIL", f"no RDMA device{source}", fix)
+
+
+def _sysfs_note(subject: _Subject) -> str:
+    root = ((subject.probe.raw or {}).get("fabric") or {}).get("sysfs_root")
+    return f" (sysfs read from {root}, RECONCILER_SYSFS_ROOT)" if root and root != "/sys" else ""
+
+
+def _fabric_address(subject: _Subject) -> Check:
+    resolved = resolve_fabric(subject.node, subject.facts)
+    if isinstance(resolved, Blocker):
+        return subject.check("fabric address", "FAIL", resolved.message, resolved.hint)
+    prefix = subject.observed.fabric.prefixlen if subject.observed.fabric.ip == resolved.ip else None
+    where = f"{resolved.ip}/{prefix}" if prefix is not None else resolved.ip
+    origin = " (from the spec)" if subject.node.fabric.ip or subject.node.fabric.ifname else ""
+    return subject.check("fabric address", "PASS", f"{resolved.ifname} {where}{origin}")
+
+
+def _roce_gid(subject: _Subject) -> Check:
+    resolved = resolve_fabric(subject.node, subject.facts)
+    index = subject.node.fabric.gid_index
+    if isinstance(resolved, Blocker):
+        return subject.check("roce gid", "WARN", "not checked: no fabric address", "fix the fabric address first")
+    if subject.node.fabric.hcas is not None:
+        return subject.check("roce gid", "PASS", f"HCAs from the spec: {', '.join(resolved.hcas)}")
+    if not resolved.hcas:
+        message = f"no ACTIVE port's GID {index} holds ::ffff:{resolved.ip}: NCCL_IB_HCA stays unset (NCCL chooses)"
+        fix = (
+            f"`cat /sys/class/infiniband/*/ports/1/gids/{index}`; set nodes[{subject.node.name}].fabric.gid_index "
+            "to the index holding the IPv4-mapped address, or .hcas"
+        )
+        return subject.check("roce gid", "WARN", message, fix)
+    ports = [p for p in subject.observed.fabric.ports if p.hca in resolved.hcas]
+    odd = [f"{p.hca} ({p.gid_type})" for p in ports if p.gid_type and p.gid_type != "RoCE v2"]
+    if odd:
+        message = f"GID {index} is not RoCE v2 on {', '.join(odd)}"
+        return subject.check("roce gid", "WARN", message, "use the GID index whose type is RoCE v2 (fabric.gid_index)")
+    return subject.check(
+        "roce gid", "PASS", f"NCCL_IB_HCA {','.join(resolved.hcas)}: GID {index} = ::ffff:{resolved.ip}"
+    )
+
+
+def _disk(subject: _Subject) -> Check:
+    """Free space for what the checkpoint still needs, computed as the checkpoint plan's preflight."""
+    observed = subject.observed.checkpoint
+    if observed.disk_free is None:
+        return subject.check("disk", "WARN", f"free space in {subject.node.model_dir} unknown")
+    head = subject.facts.nodes[subject.deployment.head.name].checkpoint
+    state = assess(observed, expectation(subject.deployment, observed.manifest or head.manifest, head.hub))
+    free = human_bytes(observed.disk_free)
+    if not (state.missing or state.corrupt or state.assemblable):
+        return subject.check("disk", "PASS", f"checkpoint complete; {free} free")
+    full = FULL_SIZE_HEAD if subject.node.role == "head" else FULL_SIZE_WORKER
+    present = sum(info.size for info in observed.files.values())
+    need = state.missing_bytes if state.sizes_known else max(full - present, 0)
+    basis = " (Hub listing)" if state.sizes_known else f" (full size ~{human_bytes(full)} assumed: no Hub listing)"
+    message = f"{human_bytes(need)} needed{basis}, {free} free in {subject.node.model_dir}"
+    if need > observed.disk_free:
+        return subject.check("disk", "FAIL", message, "free space, or point nodes[].model_dir at a larger disk")
+    return subject.check("disk", "PASS", message)
+
+
+def _memory(subject: _Subject) -> Check:
+    memory = subject.observed.memory
+    if memory is None:
+        return subject.check("memory", "WARN", "MemAvailable unknown (/proc/meminfo unreadable)")
+    available = memory.available_gib
+    running = [
+        c.name for c in owned_containers(subject.deployment, subject.facts, subject.node.name) if c.status == "running"
+    ]
+    if running:
+        message = f"{', '.join(running)} running, weights loaded; MemAvailable {available:.1f} GiB"
+        return subject.check("memory", "PASS", message)
+    util = subject.deployment.serving.gpu_util
+    vllm_need = util * memory.total_kib / KIB_PER_GIB
+    weights, basis = checkpoint_weight_bytes(subject.deployment, subject.facts)
+    per_rank = weights / len(subject.deployment.nodes) / 1024**3
+    rule_need = per_rank + BOOT_MARGIN_GIB
+    message = (
+        f"MemAvailable {available:.1f} GiB; vLLM's start check needs gpu_util {util} x MemTotal = {vllm_need:.1f} GiB; "
+        f"per-rank weights {per_rank:.1f} GiB ({human_bytes(weights)} / {len(subject.deployment.nodes)} ranks, "
+        f"{basis}) + {BOOT_MARGIN_GIB:g} GiB margin = {rule_need:.1f} GiB"
+    )
+    if available < vllm_need:
+        fix = (
+            "stop what holds memory (`docker ps`, `free -h`), drop the page cache "
+            "(`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`), or lower serving.gpu_util"
+        )
+        return subject.check("memory", "FAIL", message, fix)
+    if available < rule_need:
+        fix = (
+            "free memory before the ranks start (stop other containers, drop the page cache); the estimate counts "
+            "every checkpoint byte as resident, lazy loading and disk-resident Engram tables keep part on disk"
+        )
+        return subject.check("memory", "WARN", message, fix)
+    return subject.check("memory", "PASS", message)
+
+
+def checkpoint_weight_bytes(deployment: Deployment, facts: Facts) -> tuple[int, str]:
+    """Bytes of a complete checkpoint found on a node (its own files), else the reference figure."""
+    head = facts.nodes[deployment.head.name].checkpoint
+    for _, node in deployment.ranked_nodes:
+        observed = facts.nodes[node.name].checkpoint
+        state = assess(observed, expectation(deployment, observed.manifest or head.manifest, head.hub))
+        if observed.files and state.complete:
+            size = sum(info.size for name, info in observed.files.items() if not is_part(name))
+            return size, f"the size of the checkpoint on {node.name}"
+    return REFERENCE_CHECKPOINT_BYTES, "the reference checkpoint size, assumed: no node holds a complete one yet"
+
+
+def _image(subject: _Subject) -> Check:
+    ref = subject.deployment.image.ref
+    if subject.probe.docker_error:
+        return subject.check("image", "WARN", "not checked: Docker does not answer", "fix Docker first")
+    if ref in subject.observed.images:
+        return subject.check("image", "PASS", f"{ref} present")
+    return subject.check(
+        "image", "WARN", f"{ref} not pulled yet", f"`reconciler apply` pulls it (or: docker pull {ref})"
+    )
+
+
+_NODE_CHECKS: list[Callable[[_Subject], Check]] = [
+    _python,
+    _rsync,
+    _docker,
+    _nvidia_runtime,
+    _gpu_driver,
+    _image,
+    _rdma_port,
+    _fabric_address,
+    _roce_gid,
+    _disk,
+    _memory,
+]
+
+
+# ---------------------------------------------------------------- across nodes
+
+
+def cross_node_checks(deployment: Deployment, data: DoctorInput) -> list[Check]:
+    resolved: dict[str, ResolvedFabric] = {}
+    for _, node in deployment.ranked_nodes:
+        if data.probes[node.name].raw is not None:
+            fabric = resolve_fabric(node, data.facts)
+            if not isinstance(fabric, Blocker):
+                resolved[node.name] = fabric
+    missing = [node.name for node in deployment.nodes if node.name not in resolved]
+    checks = [_same_subnet(resolved, data.facts, missing), _mtu(resolved, data.facts, missing)]
+    return [*checks, _clock(deployment, data)]
+
+
+def _not_checked(name: str, missing: list[str]) -> Check:
+    return Check(ALL_NODES, name, "WARN", f"not checked: no fabric address on {', '.join(missing)}")
+
+
+def _same_subnet(resolved: dict[str, ResolvedFabric], facts: Facts, missing: list[str]) -> Check:
+    if missing:
+        return _not_checked("same subnet", missing)
+    addresses = {name: (fabric.ip, _prefix(facts, name, fabric)) for name, fabric in resolved.items()}
+    problems = subnet_mismatches(addresses)
+    if problems:
+        fix = "give every node's QSFP port an address in one subnet (netplan), or fix nodes[].fabric.ip"
+        return Check(ALL_NODES, "same subnet", "FAIL", "; ".join(message for _, message in problems), fix)
+    listed = ", ".join(
+        f"{name} {ip}/{prefix if prefix is not None else '?'}" for name, (ip, prefix) in addresses.items()
+    )
+    return Check(ALL_NODES, "same subnet", "PASS", listed)
+
+
+def _prefix(facts: Facts, node: str, fabric: ResolvedFabric) -> int | None:
+    detected = facts.nodes[node].fabric
+    return detected.prefixlen if detected.ip == fabric.ip else None
+
+
+def _mtu(resolved: dict[str, ResolvedFabric], facts: Facts, missing: list[str]) -> Check:
+    if missing:
+        return _not_checked("mtu", missing)
+    mtus = {name: _mtu_of(facts, name, fabric) for name, fabric in resolved.items()}
+    listed = ", ".join(
+        f"{name} {resolved[name].ifname} {mtu if mtu is not None else '?'}" for name, mtu in mtus.items()
+    )
+    if None in mtus.values():
+        return Check(ALL_NODES, "mtu", "WARN", f"MTU unknown: {listed}", "check `ip link` on every node")
+    if len(set(mtus.values())) > 1:
+        fix = "set the same MTU on every fabric interface (netplan `mtu: 9000`)"
+        return Check(ALL_NODES, "mtu", "FAIL", f"MTU differs: {listed}", fix)
+    return Check(ALL_NODES, "mtu", "PASS", listed)
+
+
+def _mtu_of(facts: Facts, node: str, fabric: ResolvedFabric) -> int | None:
+    detected = facts.nodes[node].fabric
+    return detected.mtu if detected.ifname == fabric.ifname else None
+
+
+def _clock(deployment: Deployment, data: DoctorInput) -> Check:
+    """Each node's offset from this machine, bounded by half the round trip; skew = spread of offsets."""
+    offsets: dict[str, tuple[float, float]] = {}
+    for node in deployment.nodes:
+        probe = data.probes[node.name]
+        stamp = probe.host.get("time")
+        if isinstance(stamp, int | float):
+            middle = (probe.sent_at + probe.received_at) / 2
+            offsets[node.name] = (float(stamp) - middle, (probe.received_at - probe.sent_at) / 2)
+    if len(offsets) < len(deployment.nodes):
+        return Check(ALL_NODES, "clock skew", "WARN", "not checked: not every node answered")
+    skew = max(o for o, _ in offsets.values()) - min(o for o, _ in offsets.values())
+    uncertainty = sum(sorted(u for _, u in offsets.values())[-2:])
+    message = f"clocks differ by {skew:.2f} s (± {uncertainty:.2f} s)"
+    if skew - uncertainty > CLOCK_SKEW_S:
+        return Check(
+            ALL_NODES, "clock skew", "WARN", message, "enable NTP on every node: sudo timedatectl set-ntp true"
+        )
+    return Check(ALL_NODES, "clock skew", "PASS", message)
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def render_text(report: Report) -> str:
+    lines: list[str] = []
+    for node in dict.fromkeys(check.node for check in report.checks):
+        lines.append(node)
+        for check in (c for c in report.checks if c.node == node):
+            lines.append(f"  {check.status}  {check.name:<15} {check.message}")
+            if check.fix and check.status != "PASS":
+                lines.append(f"        {'':<15} fix: {check.fix}")
+    counts = report.counts()
+    lines.append("")
+    warnings = f"{counts['WARN']} warning" + ("" if counts["WARN"] == 1 else "s")
+    lines.append(f"Doctor: {counts['FAIL']} failed, {warnings}, {counts['PASS']} passed.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,542 @@
+"""The Pi coding agent's configuration for this deployment: what install adds, what uninstall removes.
+
+It follows the reference `pi/install.sh` (REFERENCE §1.9) and fixes its two weaknesses (§1.10, 12-13):
+
+- apiKey is `!printenv DSV41_API_KEY`. It is the only value that Pi 0.73.1 and 1.6.0 both resolve from
+  the environment on every request, and both refuse to send anything when the variable is unset
+  (exit 1); a bare name or `$NAME` makes one of the two send the variable's *name* as the key
+  (§9.1, §9.3, §9.6). So the key never lands under the Pi dir.
+- A non-empty `enabledModels` gets the model appended: otherwise Pi starts on the list's first model,
+  set-default or not (§9.3). An empty or missing list already offers every model and stays as it is.
+
+The core is pure (file texts in, new texts out) and edits through reconciler.jsonc, so comments, other
+providers and layout survive byte for byte. A manifest next to the extension records what install
+added (no secret in it), so uninstall removes exactly that and restores the defaults it replaced.
+The file edge at the bottom backs up the user's files first and writes each file atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from reconciler import jsonc
+from reconciler.errors import ReconcilerError
+
+DEFAULT_PROVIDER = "dsv41-sparks"
+DEFAULT_KEY_ENV = "DSV41_API_KEY"
+MODELS = "models.json"
+SETTINGS = "settings.json"
+USER_FILES = (MODELS, SETTINGS)
+MANIFEST_VERSION = 1
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_KEY_COMMAND = re.compile(r"^!printenv ([A-Za-z_][A-Za-z0-9_]*)$")
+_EMPTY_MODELS = '{\n  "providers": {}\n}\n'
+_EMPTY_SETTINGS = "{}\n"
+_DEFAULT_KEYS = ("defaultProvider", "defaultModel")
+_BROKEN_HINT = "fix the file (Pi cannot read it either), then run the command again; nothing was written"
+
+
+class PiConfigError(ReconcilerError):
+    """A Pi config file cannot be read or edited safely; nothing was written."""
+
+
+@dataclass(frozen=True)
+class PiTarget:
+    """Everything install writes, decided up front from the spec and the command line."""
+
+    provider: str
+    base_url: str
+    key_env: str
+    model_id: str
+    context_window: int
+    images: bool
+    provider_name: str
+    model_name: str
+    set_default: bool
+
+    @property
+    def model_ref(self) -> str:
+        """How Pi names the model: `--model dsv41-sparks/deepseek-v4.1-flash`, enabledModels entries."""
+        return f"{self.provider}/{self.model_id}"
+
+
+def extension_file(provider: str) -> str:
+    return f"extensions/{provider}.ts"
+
+
+def manifest_file(provider: str) -> str:
+    # Pi loads only extensions/*.ts, *.js and */index.ts, so a .json beside the extension is inert.
+    return f"extensions/{provider}.install.json"
+
+
+def normalise_base_url(url: str) -> str:
+    """The API's address as Pi needs it: http(s), no trailing slash, ending in /v1."""
+    text = url.strip().rstrip("/")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise PiConfigError(
+            f"base URL {url!r} is not an http(s) URL",
+            "give the API's address, e.g. http://10.10.10.10:8000 (/v1 is added when missing)",
+        )
+    return text if text.endswith("/v1") else f"{text}/v1"
+
+
+def is_env_name(name: object) -> bool:
+    return isinstance(name, str) and bool(_ENV_NAME.match(name))
+
+
+def check_key_env(name: str) -> str:
+    """The key variable's name; it ends up in a command Pi runs with /bin/sh, so only a plain name."""
+    if not is_env_name(name):
+        raise PiConfigError(
+            f"{name!r} is not an environment variable name", "use letters, digits and '_', e.g. DSV41_API_KEY"
+        )
+    return name
+
+
+def key_command(key_env: str) -> str:
+    return f"!printenv {check_key_env(key_env)}"
+
+
+def key_env_of(api_key: object) -> str | None:
+    """The variable an apiKey value reads, when it is our `!printenv NAME` form."""
+    match = _KEY_COMMAND.match(api_key) if isinstance(api_key, str) else None
+    return match.group(1) if match else None
+
+
+def model_entry(target: PiTarget) -> dict[str, Any]:
+    """The reference fragment's model, sized from the spec (REFERENCE §1.9)."""
+    return {
+        "id": target.model_id,
+        "name": target.model_name,
+        "reasoning": True,
+        "input": ["text", "image"] if target.images else ["text"],
+        "contextWindow": target.context_window,
+        "maxTokens": target.context_window,
+        "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+        "compat": {"supportsDeveloperRole": False, "supportsStore": False, "supportsUsageInStreaming": True},
+        "thinkingLevelMap": {
+            "minimal": "low",
+            "low": "low",
+            "medium": "high",
+            "high": "high",
+            "xhigh": "max",
+            "max": "max",
+        },
+    }
+
+
+def provider_entry(target: PiTarget) -> dict[str, Any]:
+    return {
+        "name": target.provider_name,
+        "baseUrl": target.base_url,
+        "api": "openai-completions",
+        "apiKey": key_command(target.key_env),
+        "models": [model_entry(target)],
+    }
+
+
+_EXTENSION = """\
+// Installed by spark-reconciler (`reconciler pi install`); `reconciler pi uninstall` removes it.
+// For provider __PROVIDER__ only: drops Pi's output-token cap (max_tokens / max_completion_tokens),
+// which models.json cannot lift, and says plainly when __KEY_ENV__ is unset. The key itself is read
+// per request by models.json's apiKey "!printenv __KEY_ENV__" and is never written under this
+// directory. The type-only import loads unchanged in Pi 0.73.1 and 1.6.0.
+import type { ExtensionAPI } from "@mariozechner/pi-coding-agent";
+
+const PROVIDER = __PROVIDER_JSON__;
+const KEY_ENV = __KEY_ENV_JSON__;
+
+export default function (pi: ExtensionAPI) {
+	pi.on("before_agent_start", (_event, ctx) => {
+		if (ctx.model?.provider !== PROVIDER || process.env[KEY_ENV]) return undefined;
+		const message =
+			`${PROVIDER}: ${KEY_ENV} is not set; ` +
+			`export ${KEY_ENV}=<the deployment's API key> and start pi again`;
+		if (ctx.hasUI) ctx.ui.notify(message, "error");
+		else console.error(message);
+		return undefined;
+	});
+
+	pi.on("before_provider_request", (event, ctx) => {
+		if (ctx.model?.provider !== PROVIDER) return undefined;
+		if (typeof event.payload !== "object" || event.payload === null) return undefined;
+		const payload = { ...(event.payload as Record<string, unknown>) };
+		delete payload.max_tokens;
+		delete payload.max_completion_tokens;
+		return payload;
+	});
+}
+"""
+
+
+def extension_text(provider: str, key_env: str) -> str:
+    """The extension's source for this provider and key variable (compared byte for byte by the plan)."""
+    replacements = {
+        "__PROVIDER_JSON__": json.dumps(provider),
+        "__KEY_ENV_JSON__": json.dumps(check_key_env(key_env)),
+        "__PROVIDER__": provider,
+        "__KEY_ENV__": key_env,
+    }
+    text = _EXTENSION
+    for marker, value in replacements.items():
+        text = text.replace(marker, value)
+    return text
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# --- the files, as text ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PiFiles:
+    """The files install reads and writes, by path relative to the Pi dir; a missing file is absent."""
+
+    directory: str
+    texts: Mapping[str, str] = field(default_factory=dict)
+
+    def text(self, name: str) -> str | None:
+        return self.texts.get(name)
+
+    def where(self, name: str) -> str:
+        return f"{self.directory.rstrip('/')}/{name}"
+
+
+@dataclass(frozen=True)
+class Changes:
+    """New texts by relative path (None: delete), in the order to write them, and what they mean."""
+
+    writes: dict[str, str | None] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def unchanged(self) -> bool:
+        return not self.writes
+
+
+def load_object(files: PiFiles, name: str) -> dict[str, Any] | None:
+    """A config file's top-level object (JSONC-tolerant), None when missing; errors name file and line."""
+    text = files.text(name)
+    if text is None:
+        return None
+    try:
+        data = jsonc.loads(text)
+    except jsonc.JsoncError as exc:
+        raise PiConfigError(f"{files.where(name)}:{exc.line}:{exc.column}: {exc.message}", _BROKEN_HINT) from None
+    if not isinstance(data, dict):
+        raise PiConfigError(f"{files.where(name)}: the top level is not a JSON object", _BROKEN_HINT)
+    return data
+
+
+def read_manifest(files: PiFiles, provider: str) -> dict[str, Any] | None:
+    """What an earlier install added; None when there is no record (never installed, or by the reference)."""
+    name = manifest_file(provider)
+    hint = "it is spark-reconciler's install record: remove it, then run `reconciler pi install` again"
+    try:
+        record = load_object(files, name)
+    except PiConfigError as exc:
+        raise PiConfigError(exc.message, hint) from None
+    if record is not None and record.get("version") != MANIFEST_VERSION:
+        raise PiConfigError(f"{files.where(name)}: unknown install record version {record.get('version')!r}", hint)
+    return record
+
+
+def providers_of(files: PiFiles) -> dict[str, Any] | None:
+    """models.json's `providers`, None when models.json is missing."""
+    data = load_object(files, MODELS)
+    if data is None:
+        return None
+    providers = data.get("providers", {})
+    if not isinstance(providers, dict):
+        raise PiConfigError(f'{files.where(MODELS)}: "providers" is not an object', _BROKEN_HINT)
+    return providers
+
+
+def enabled_models_of(settings: Mapping[str, Any], files: PiFiles) -> list[Any] | None:
+    enabled = settings.get("enabledModels")
+    if enabled is not None and not isinstance(enabled, list):
+        raise PiConfigError(f'{files.where(SETTINGS)}: "enabledModels" is not a list', _BROKEN_HINT)
+    return enabled
+
+
+# --- install ---------------------------------------------------------------------------------------
+
+
+def install_changes(files: PiFiles, target: PiTarget) -> Changes:
+    """What install writes for `target`; empty when everything is already as it would write it."""
+    record = read_manifest(files, target.provider) or {}
+    models_text, models_messages = _install_models(files, target)
+    settings = _install_settings(files, target, record)
+    extension = extension_text(target.provider, target.key_env)
+    writes: dict[str, str | None] = {}
+    messages = [*models_messages, *settings.messages]
+    if models_text is not None:
+        writes[MODELS] = models_text
+    if settings.text is not None:
+        writes[SETTINGS] = settings.text
+    name = extension_file(target.provider)
+    if files.text(name) != extension:
+        writes[name] = extension
+        messages.append(f"{name}: {'updated' if files.text(name) is not None else 'installed'}")
+    fresh = {name for name in USER_FILES if name in writes and files.text(name) is None}
+    created = set(record.get("created", [])) | fresh
+    manifest = _manifest_text(target, sorted(created), settings.enabled_model, settings.defaults)
+    name = manifest_file(target.provider)
+    if files.text(name) != manifest:
+        if not writes:
+            messages.append(f"{name}: install record written")
+        # First: the record of what is about to be added survives a crash halfway through.
+        writes = {name: manifest, **writes}
+    return Changes(writes, messages)
+
+
+def _install_models(files: PiFiles, target: PiTarget) -> tuple[str | None, list[str]]:
+    data = load_object(files, MODELS)
+    text = files.text(MODELS)
+    desired = provider_entry(target)
+    added = [f"{MODELS}: provider {target.provider} added"]
+    if text is None:
+        return jsonc.set_member(_EMPTY_MODELS, ("providers",), target.provider, desired), added
+    if "providers" not in (data or {}):
+        return jsonc.set_member(text, (), "providers", {target.provider: desired}), added
+    current = (providers_of(files) or {}).get(target.provider)
+    if current == desired:
+        return None, []
+    if current is None:
+        return jsonc.set_member(text, ("providers",), target.provider, desired), added
+    replaced = f"{MODELS}: provider {target.provider} replaced ({describe_change(current, desired)})"
+    return jsonc.set_member(text, ("providers",), target.provider, desired), [replaced]
+
+
+def describe_change(current: object, desired: dict[str, Any]) -> str:
+    """Which keys of an entry differ, for causes and messages ("apiKey, baseUrl changed")."""
+    if not isinstance(current, dict):
+        return "was not an object"
+    keys = sorted(key for key in {*current, *desired} if current.get(key) != desired.get(key))
+    return ", ".join(keys) + " changed"
+
+
+@dataclass
+class _SettingsOutcome:
+    text: str | None
+    messages: list[str]
+    enabled_model: str | None
+    defaults: dict[str, Any] | None
+
+
+def _install_settings(files: PiFiles, target: PiTarget, record: Mapping[str, Any]) -> _SettingsOutcome:
+    data = load_object(files, SETTINGS)
+    original = files.text(SETTINGS) or _EMPTY_SETTINGS
+    text, messages, enabled_model = _install_enabled(original, data or {}, files, target, record)
+    defaults = record.get("defaults")
+    current = tuple((data or {}).get(key) for key in _DEFAULT_KEYS)
+    if target.set_default and current != (target.provider, target.model_id):
+        if defaults is None:
+            defaults = {"previous": {key: (data or {})[key] for key in _DEFAULT_KEYS if key in (data or {})}}
+        text = jsonc.set_member(text, (), "defaultProvider", target.provider)
+        text = jsonc.set_member(text, (), "defaultModel", target.model_id)
+        messages.append(f"{SETTINGS}: default model set to {target.model_ref}")
+    return _SettingsOutcome(text if messages else None, messages, enabled_model, defaults)
+
+
+def _install_enabled(
+    text: str, data: Mapping[str, Any], files: PiFiles, target: PiTarget, record: Mapping[str, Any]
+) -> tuple[str, list[str], str | None]:
+    """Append to a non-empty enabledModels; drop an entry an earlier install added for another model id."""
+    enabled = enabled_models_of(data, files)
+    added = record.get("enabled_model")
+    ref = target.model_ref
+    if enabled is None:
+        return text, [], None
+    messages: list[str] = []
+    if isinstance(added, str) and added != ref and added in enabled:
+        text = jsonc.remove_item(text, ("enabledModels",), added)
+        enabled = [entry for entry in enabled if entry != added]
+        messages.append(f"{SETTINGS}: {added} removed from enabledModels")
+    if enabled and ref not in enabled:
+        messages.append(f"{SETTINGS}: {ref} appended to enabledModels")
+        return jsonc.append_item(text, ("enabledModels",), ref), messages, ref
+    return text, messages, ref if added == ref and ref in enabled else None
+
+
+def _manifest_text(
+    target: PiTarget, created: list[str], enabled_model: str | None, defaults: dict[str, Any] | None
+) -> str:
+    record = {
+        "version": MANIFEST_VERSION,
+        "written_by": "spark-reconciler `reconciler pi install`; read by `reconciler pi uninstall`; no secret",
+        "provider": target.provider,
+        "model": target.model_id,
+        "base_url": target.base_url,
+        "key_env": target.key_env,
+        "created": created,
+        "enabled_model": enabled_model,
+        "defaults": defaults,
+    }
+    return json.dumps(record, indent=2) + "\n"
+
+
+# --- uninstall -------------------------------------------------------------------------------------
+
+
+def uninstall_changes(files: PiFiles, provider: str) -> Changes:
+    """Remove exactly what install added: the provider, the extension, and what the record lists."""
+    record = read_manifest(files, provider)
+    created = set(record.get("created", [])) if record else set()
+    writes: dict[str, str | None] = {}
+    messages: list[str] = []
+    models = _uninstall_models(files, provider, MODELS in created)
+    if models is not None:
+        writes[MODELS], message = models
+        messages.append(message)
+    settings = _uninstall_settings(files, provider, record) if record else None
+    if settings is not None:
+        writes[SETTINGS], settings_messages = settings
+        messages += settings_messages
+    elif record is None and files.text(SETTINGS) is not None:
+        messages.append(f"{SETTINGS}: left as it is (no install record says what install changed there)")
+    if files.text(extension_file(provider)) is not None:
+        writes[extension_file(provider)] = None
+        messages.append(f"{extension_file(provider)}: removed")
+    if record is not None:
+        writes[manifest_file(provider)] = None  # last: the record outlives a crash halfway through
+    return Changes(writes, messages if writes else [])
+
+
+def _uninstall_models(files: PiFiles, provider: str, created: bool) -> tuple[str | None, str] | None:
+    providers = providers_of(files)
+    text = files.text(MODELS)
+    if providers is None or text is None or provider not in providers:
+        return None
+    text = jsonc.remove_member(text, ("providers",), provider)
+    if created and jsonc.loads(text) == {"providers": {}}:
+        return None, f"{MODELS}: removed (install created it for this provider alone)"
+    return text, f"{MODELS}: provider {provider} removed"
+
+
+def _uninstall_settings(
+    files: PiFiles, provider: str, record: Mapping[str, Any]
+) -> tuple[str | None, list[str]] | None:
+    data = load_object(files, SETTINGS)
+    text = files.text(SETTINGS)
+    if data is None or text is None:
+        return None
+    messages: list[str] = []
+    added = record.get("enabled_model")
+    enabled = enabled_models_of(data, files) or []
+    if isinstance(added, str) and added in enabled:
+        text = jsonc.remove_item(text, ("enabledModels",), added)
+        messages.append(f"{SETTINGS}: {added} removed from enabledModels")
+    defaults = record.get("defaults")
+    if defaults is not None and tuple(data.get(key) for key in _DEFAULT_KEYS) == (provider, record.get("model")):
+        text = _restore_defaults(text, defaults.get("previous") or {})
+        messages.append(f"{SETTINGS}: {_restored(defaults.get('previous') or {})}")
+    if not messages:
+        return None
+    if SETTINGS in record.get("created", []) and jsonc.loads(text) == {}:
+        return None, [f"{SETTINGS}: removed (install created it)"]
+    return text, messages
+
+
+def _restore_defaults(text: str, previous: Mapping[str, Any]) -> str:
+    for key in _DEFAULT_KEYS:
+        text = jsonc.set_member(text, (), key, previous[key]) if key in previous else jsonc.remove_member(text, (), key)
+    return text
+
+
+def _restored(previous: Mapping[str, Any]) -> str:
+    if not previous:
+        return "default model unset (there was none before install)"
+    return "default restored to " + "/".join(str(previous.get(key, "?")) for key in _DEFAULT_KEYS)
+
+
+# --- the file edge ---------------------------------------------------------------------------------
+
+
+def agent_dir() -> Path:
+    """Where Pi keeps its config: $PI_CODING_AGENT_DIR (with ~), else ~/.pi/agent, as Pi resolves it."""
+    configured = os.environ.get("PI_CODING_AGENT_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".pi" / "agent"
+
+
+def read_files(directory: Path, provider: str) -> PiFiles:
+    texts: dict[str, str] = {}
+    for name in (*USER_FILES, extension_file(provider), manifest_file(provider)):
+        try:
+            texts[name] = (directory / name).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise PiConfigError(
+                f"cannot read {directory / name}: {reason}", "check the file and its permissions"
+            ) from None
+    return PiFiles(str(directory), texts)
+
+
+def write_changes(directory: Path, changes: Changes, provider: str, stamp: str | None = None) -> list[str]:
+    """Back up the user's files that change (`<file>.bak-<provider>-<YYYYmmdd-HHMMSS>`), then write
+    each file atomically (temp file + rename) in the order given. Returns the backups' paths."""
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    backups = [
+        _backup(directory / name, provider, stamp)
+        for name in changes.writes
+        if name in USER_FILES and (directory / name).exists()
+    ]
+    for name, text in changes.writes.items():
+        path = _real(directory / name)
+        if text is None:
+            path.unlink(missing_ok=True)
+        else:
+            _atomic_write(path, text)
+    extensions = directory / "extensions"
+    if any(text is None for text in changes.writes.values()) and extensions.is_dir() and not any(extensions.iterdir()):
+        extensions.rmdir()  # install made it for our extension; an empty one has no other owner
+    return backups
+
+
+def _real(path: Path) -> Path:
+    """A symlinked config (dotfiles) is edited where it lives, not replaced by a regular file."""
+    return path.resolve() if path.is_symlink() else path
+
+
+def _backup(path: Path, provider: str, stamp: str) -> str:
+    target = path.with_name(f"{path.name}.bak-{provider}-{stamp}")
+    number = 1
+    while target.exists():  # two runs in one second: never overwrite the older backup
+        target = path.with_name(f"{path.name}.bak-{provider}-{stamp}-{number}")
+        number += 1
+    shutil.copy2(_real(path), target)
+    return str(target)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,380 @@
+"""The systemd unit that runs `reconciler run` at boot on the head, and its installation.
+
+The unit's text is a pure function of a few facts about this machine (the reconciler
+executable, the spec, the service user and the head's writable directories), so it is
+rendered and tested like a plan; `systemd/spark-reconciler.service` is that rendering for an
+example machine. Installing is the thin edge: an atomic write, `daemon-reload`, enable and
+start, each only when it changes something, so running `install-service` twice is a no-op.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reconciler.errors import ReconcilerError
+from reconciler.spec import Deployment, expand_home, load_spec
+
+UNIT_NAME = "spark-reconciler.service"
+UNIT_DIR = Path("/etc/systemd/system")
+# sd_booted(3): this directory exists only while systemd is the running init.
+SYSTEMD_RUNTIME_DIR = Path("/run/systemd/system")
+# Characters a unit file takes literally: anything else (space, %, $, quotes) needs escaping
+# that differs between directives, so such paths are refused with a clear error instead.
+_PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._@+,:=~/-]*$")
+
+Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
+
+
+@dataclass(frozen=True)
+class UnitSettings:
+    """Everything the unit depends on; the rest of its text is the same on every head."""
+
+    executable: str
+    spec: str
+    user: str
+    home: str
+    # Outside the home directory (which is always writable): the head's state and model dirs.
+    extra_writable: tuple[str, ...] = ()
+
+
+@dataclass
+class InstallReport:
+    """What install-service rendered, wrote and ran, as data for text or JSON output."""
+
+    unit_path: str
+    unit: str
+    dry_run: bool
+    changed: bool = False
+    written: bool = False
+    systemd_running: bool = False
+    created_dirs: list[str] = field(default_factory=list)
+    ran: list[str] = field(default_factory=list)
+    next_steps: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "unit_path": self.unit_path,
+            "dry_run": self.dry_run,
+            "changed": self.changed,
+            "written": self.written,
+            "systemd_running": self.systemd_running,
+            "created_dirs": self.created_dirs,
+            "ran": self.ran,
+            "next": self.next_steps,
+            "warnings": self.warnings,
+            "unit": self.unit,
+        }
+
+
+def render_unit(settings: UnitSettings) -> str:
+    """The unit file. Comments say why each choice was made: `systemctl cat` shows them."""
+    writable = " ".join([settings.home, *(f"-{path}" for path in settings.extra_writable)])
+    mounts = " ".join([settings.home, *settings.extra_writable])
+    return _UNIT_TEMPLATE.format(
+        executable=settings.executable,
+        spec=settings.spec,
+        user=settings.user,
+        home=settings.home,
+        writable=writable,
+        mounts=mounts,
+    )
+
+
+_UNIT_TEMPLATE = """\
+# spark-reconciler: `reconciler run` keeps the deployment in the spec converged.
+# Written by `reconciler install-service`; run it again after moving the spec or the venv.
+[Unit]
+Description=spark-reconciler: keep the DeepSeek-V4.1-Flash deployment converged
+# The first pass needs the head's Docker and SSH to the workers.
+Wants=network-online.target docker.service
+After=network-online.target docker.service
+RequiresMountsFor={mounts}
+# Never give up: a fixed spec or a node that comes back must be picked up without a human.
+StartLimitIntervalSec=0
+
+[Service]
+Type=notify
+NotifyAccess=main
+User={user}
+WorkingDirectory={home}
+Environment=HOME={home} PYTHONUNBUFFERED=1
+ExecStart={executable} run --spec {spec}
+Restart=always
+RestartSec=15s
+# READY=1 follows the first pass, which can include hours of checkpoint download.
+TimeoutStartSec=infinity
+# The loop sends WATCHDOG=1 every 30 s; a loop stuck for 60 s is killed and restarted.
+WatchdogSec=60s
+# The head's memory guard is a detached child of the loop: stopping or restarting the
+# reconciler must not take the guard down while the ranks (Docker's, not ours) keep running.
+KillMode=process
+TimeoutStopSec=90s
+
+# Hardening: the OS is read-only; the user's home and the deployment's directories are not.
+# The Docker socket and SSH stay usable. Docker access is root-equivalent, so this guards
+# against accidents, not against the service itself.
+ProtectSystem=strict
+ReadWritePaths={writable}
+PrivateTmp=yes
+NoNewPrivileges=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+SystemCallErrorNumber=EPERM
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+# --- settings for this machine ------------------------------------------------------------
+
+
+def settings_for(spec_path: str, user: str | None) -> UnitSettings:
+    """The unit settings for this machine: this venv's reconciler, the spec, the service user."""
+    spec = str(Path(spec_path).absolute())
+    deployment = load_spec(spec).deployment
+    account = _account(user or invoking_user())
+    executable = reconciler_executable()
+    extra = _extra_writable(deployment, account.pw_dir)
+    for path, what in [(executable, "the reconciler"), (spec, "the spec"), (account.pw_dir, "the home"), *extra]:
+        _check_plain(path, what)
+    return UnitSettings(executable, spec, account.pw_name, account.pw_dir, tuple(path for path, _ in extra))
+
+
+def invoking_user() -> str:
+    """The user who ran the command: under sudo, the one who typed it, not root."""
+    sudo_user = os.environ.get("SUDO_USER")
+    if os.getuid() == 0 and sudo_user:
+        return sudo_user
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def reconciler_executable() -> str:
+    """This installation's `reconciler` script: the venv's when running from one, else PATH's."""
+    candidate = Path(sys.prefix) / "bin" / "reconciler"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate.absolute())
+    found = shutil.which("reconciler")
+    if found is None:
+        raise ReconcilerError(
+            f"cannot find the reconciler executable (not at {candidate}, not on PATH)",
+            "install spark-reconciler (pip install -e .) and run install-service with that installation's reconciler",
+        )
+    return str(Path(found).absolute())
+
+
+def _account(name: str) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        raise ReconcilerError(f"no user named '{name}' on this machine", "pass --user with an existing user") from None
+
+
+def _extra_writable(deployment: Deployment, home: str) -> list[tuple[str, str]]:
+    """The head's directories the loop writes that lie outside the home (which is writable)."""
+    head = deployment.head
+    wanted = [
+        (expand_home(deployment.state_dir, home), "state_dir"),
+        (expand_home(head.model_dir, home), f"nodes[{head.name}].model_dir"),
+        (str(Path(expand_home(deployment.key_file(), home)).parent), "api.key_file's directory"),
+    ]
+    unique = {os.path.normpath(path): what for path, what in reversed(wanted)}
+    return sorted((path, what) for path, what in unique.items() if not _is_within(path, home))
+
+
+def _is_within(path: str, directory: str) -> bool:
+    return os.path.commonpath([path, directory]) == os.path.normpath(directory)
+
+
+def _check_plain(path: str, what: str) -> None:
+    if not _PLAIN_PATH.match(path):
+        raise ReconcilerError(
+            f"{what} path '{path}' has characters a unit file would need escaped (space, %, $, quotes)",
+            "move it to a path of letters, digits and ._-/, or adapt systemd/spark-reconciler.service by hand",
+        )
+
+
+def access_problems(settings: UnitSettings) -> list[str]:
+    """Paths the service user could not reach: the unit would fail at its first start."""
+    if settings.user == "root":
+        return []
+    account = pwd.getpwnam(settings.user)
+    groups = set(os.getgrouplist(account.pw_name, account.pw_gid))
+    interpreter = os.path.realpath(sys.executable)
+    wanted = [(settings.executable, os.X_OK), (interpreter, os.X_OK), (settings.spec, os.R_OK)]
+    return [
+        f"{settings.user} cannot {'run' if mode == os.X_OK else 'read'} {path}"
+        for path, mode in wanted
+        if not _reachable(path, mode, account.pw_uid, groups)
+    ]
+
+
+def _reachable(path: str, mode: int, uid: int, groups: set[int]) -> bool:
+    """Whether a user with these ids can search every parent of `path` and use it with `mode`."""
+    target = Path(path)
+    steps = [(parent, os.X_OK) for parent in reversed(target.parents)] + [(target, mode)]
+    return all(_permits(step, want, uid, groups) for step, want in steps)
+
+
+def _permits(path: Path, want: int, uid: int, groups: set[int]) -> bool:
+    try:
+        stat = path.stat()
+    except OSError:
+        return False
+    shift = 6 if stat.st_uid == uid else 3 if stat.st_gid in groups else 0
+    return (stat.st_mode >> shift) & want == want
+
+
+def docker_warning(user: str) -> str | None:
+    """The service reaches Docker as its user: without the docker group it cannot."""
+    if user == "root":
+        return None
+    account = pwd.getpwnam(user)
+    try:
+        docker_gid = grp.getgrnam("docker").gr_gid
+    except KeyError:
+        return "there is no docker group on this machine: is Docker installed on the head?"
+    if docker_gid in os.getgrouplist(user, account.pw_gid):
+        return None
+    return f"{user} is not in the docker group, so the service cannot reach Docker: sudo usermod -aG docker {user}"
+
+
+# --- installation ---------------------------------------------------------------------------
+
+
+def install(
+    settings: UnitSettings,
+    *,
+    dry_run: bool,
+    unit_dir: Path = UNIT_DIR,
+    systemd_running: bool | None = None,
+    run: Runner | None = None,
+) -> InstallReport:
+    """Render the unit and, unless dry_run, write it, create its directories and start it."""
+    unit_path = unit_dir / UNIT_NAME
+    report = InstallReport(str(unit_path), render_unit(settings), dry_run)
+    problems = access_problems(settings)
+    if problems and not dry_run:
+        raise ReconcilerError(
+            "the service could not start: " + "; ".join(problems),
+            "install spark-reconciler where that user can read it (e.g. a venv in its home), or pass --user",
+        )
+    warning = docker_warning(settings.user)
+    report.warnings = problems + ([warning] if warning else [])
+    report.changed = _current(unit_path) != report.unit
+    if dry_run:
+        return report
+    report.created_dirs = _create_dirs(settings)
+    if report.changed:
+        _write_atomically(unit_path, report.unit)
+        report.written = True
+    report.systemd_running = SYSTEMD_RUNTIME_DIR.is_dir() if systemd_running is None else systemd_running
+    commands = activation_commands(report.changed)
+    if not report.systemd_running:
+        report.next_steps = [" ".join(command) for command in commands]
+        return report
+    for command in commands:
+        _systemctl(command, run or _run)
+        report.ran.append(" ".join(command))
+    return report
+
+
+def activation_commands(changed: bool) -> list[list[str]]:
+    """`enable --now`, except that a changed unit is reloaded and restarted, not just started.
+
+    --no-block: READY=1 follows the first pass, which can take hours; install must not wait.
+    """
+    commands = [["systemctl", "daemon-reload"]] if changed else []
+    commands.append(["systemctl", "enable", UNIT_NAME])
+    commands.append(["systemctl", "restart" if changed else "start", "--no-block", UNIT_NAME])
+    return commands
+
+
+def _current(unit_path: Path) -> str | None:
+    try:
+        return unit_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def _create_dirs(settings: UnitSettings) -> list[str]:
+    """ReadWritePaths must exist when the service starts, or the loop could never create them."""
+    account = pwd.getpwnam(settings.user)
+    created = []
+    for directory in map(Path, settings.extra_writable):
+        missing = [path for path in reversed([directory, *directory.parents]) if not path.exists()]
+        directory.mkdir(parents=True, exist_ok=True)
+        for path in missing:
+            os.chown(path, account.pw_uid, account.pw_gid)
+        created += [str(path) for path in missing]
+    return created
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    if not path.parent.is_dir():
+        raise ReconcilerError(f"{path.parent} does not exist", "is systemd installed? (apt-get install systemd)")
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        temporary.chmod(0o644)
+        temporary.replace(path)
+    except PermissionError:
+        temporary.unlink(missing_ok=True)
+        raise ReconcilerError(
+            f"cannot write {path}: permission denied", "run it with sudo, or --dry-run to print the unit"
+        ) from None
+
+
+def _systemctl(command: Sequence[str], run: Runner) -> None:
+    result = run(command)
+    if result.returncode != 0:
+        raise ReconcilerError(
+            f"`{' '.join(command)}` failed (exit {result.returncode}): {result.stderr.strip()}",
+            f"see `systemctl status {UNIT_NAME}` and `journalctl -u {UNIT_NAME}`; install-service is safe to rerun",
+        )
+
+
+def _run(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(command), capture_output=True, text=True, check=False)
+
+
+# --- text output ----------------------------------------------------------------------------
+
+
+def render_report(report: InstallReport) -> str:
+    """What happened and what to do next; the unit itself only for --dry-run."""
+    if report.dry_run:
+        return report.unit
+    state = "written" if report.written else "unchanged"
+    lines = [f"{report.unit_path}: {state}"]
+    lines += [f"created {path}" for path in report.created_dirs]
+    lines += [f"ran: {command}" for command in report.ran]
+    if report.next_steps:
+        lines.append("systemd is not running here; where it runs (or after a reboot into it), run:")
+        lines += [f"  {command}" for command in report.next_steps]
+    else:
+        lines.append(f"follow it: systemctl status {UNIT_NAME}; journalctl -u {UNIT_NAME} -f")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,371 @@
+"""`reconciler smoke`: does the deployment work? The reference checks plus the protocol.
+
+The reference smoke (REFERENCE §1.7) asks what a working DeepSeek-V4.1-Flash answers: 17 * 23
+(391), a get_weather call for Warsaw, and the colours of a red-left/blue-right image. Users
+also meet the protocol: the served model listed, 401 without the key (§2.3), reasoning split
+out by the reasoning parser, and streams framed as OpenAI clients parse them (role chunk, a
+finish_reason, a final usage chunk, [DONE]). Each check is one request (I/O) and a pure
+judgement, so every way a check fails is testable without a server.
+
+Protocol checks pass on any vLLM with any model; the content checks need a model that can
+answer, which the random-weights test lanes cannot: `startup.smoke: protocol` (or
+`--checks protocol`) runs only the protocol checks.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from reconciler.apiclient import (
+    ApiTarget,
+    JsonObject,
+    chunk_json,
+    client,
+    error_text,
+    listed_models,
+    shorten,
+    sse_payloads,
+)
+from reconciler.errors import ReconcilerError
+from reconciler.png import two_halves
+
+CheckSet = Literal["all", "protocol"]
+PROTOCOL_CHECKS = ("models", "unauthorized", "stream")
+CONTENT_CHECKS = ("text", "reasoning", "tools", "vision")
+
+TEXT_PROMPT = "What is 17 * 23? Answer with the number."
+TOOL_PROMPT = "What's the weather in Warsaw right now?"
+VISION_PROMPT = "This image has two halves. What colour is the left half, and what colour is the right half?"
+STREAM_PROMPT = "What is 40 - 2? Answer with the number."
+# Framing only: a cap keeps the check short even on a model that never stops (random weights).
+STREAM_MAX_TOKENS = 64
+RED, BLUE = (255, 0, 0), (0, 0, 255)
+IMAGE_SIZE = 128
+WEATHER_TOOL: JsonObject = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "City name"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+class CheckFailedError(Exception):
+    """A check's judgement: the reason it failed, shown after FAIL."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class SmokeFailedError(ReconcilerError):
+    """`apply`'s smoke step found failing checks."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    reason: str
+    seconds: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "ok": self.ok, "reason": self.reason, "seconds": round(self.seconds, 3)}
+
+
+@dataclass(frozen=True)
+class SmokeReport:
+    url: str
+    model: str
+    checks: tuple[CheckResult, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(check.ok for check in self.checks)
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return [check for check in self.checks if not check.ok]
+
+    def summary(self) -> str:
+        passed = len(self.checks) - len(self.failed)
+        return f"{passed}/{len(self.checks)} checks passed against {self.url} (model {self.model or 'unknown'})"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ok": self.ok,
+            "url": self.url,
+            "model": self.model,
+            "checks": [check.to_dict() for check in self.checks],
+        }
+
+
+def render(report: SmokeReport) -> str:
+    """One line per check: name, PASS or FAIL, the reason; then the count."""
+    width = max((len(check.name) for check in report.checks), default=0)
+    lines = [f"{check.name:<{width}}  {'PASS' if check.ok else 'FAIL'}  {check.reason}" for check in report.checks]
+    lines.append(f"smoke: {report.summary()}")
+    return "\n".join(lines) + "\n"
+
+
+def failure_text(report: SmokeReport) -> str:
+    return "; ".join(f"{check.name}: {check.reason}" for check in report.failed)
+
+
+# --- judgements (pure) ------------------------------------------------------------------------
+
+
+def judge_models(status: int, body: object, model: str | None) -> str:
+    if status != 200:
+        raise CheckFailedError(f"GET /v1/models answered HTTP {status}{' (wrong key?)' if status == 401 else ''}")
+    models = listed_models(body)
+    if not models:
+        raise CheckFailedError("GET /v1/models lists no model")
+    if model is not None and model not in models:
+        raise CheckFailedError(f"lists {', '.join(models)}, not {model}")
+    return f"lists {model or models[0]}"
+
+
+def judge_unauthorized(without_key: int, wrong_key: int) -> str:
+    for status, how in ((without_key, "without a key"), (wrong_key, "with a wrong key")):
+        if status != 401:
+            open_api = " (the API is open to anyone who reaches the port)" if status == 200 else ""
+            raise CheckFailedError(f"GET /v1/models {how} answered HTTP {status}, not 401{open_api}")
+    return "401 without a key and with a wrong key"
+
+
+def judge_text(body: object) -> str:
+    content = _content(_message(body))
+    if "391" not in content:
+        raise CheckFailedError(f"391 not in the answer: {_quoted(content, body)}")
+    return f"answered {_quoted(content, body)}"
+
+
+def judge_reasoning(body: object) -> str:
+    message = _message(body)
+    for name in ("reasoning_content", "reasoning"):
+        value = message.get(name)
+        if isinstance(value, str) and value.strip():
+            return f"{name} present ({len(value)} characters)"
+    raise CheckFailedError("no reasoning_content in the answer (is --reasoning-parser set?)")
+
+
+def judge_tools(body: object) -> str:
+    message = _message(body)
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        raise CheckFailedError(f"no tool call: {_quoted(_content(message), body)}")
+    function = calls[0].get("function") if isinstance(calls[0], dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if name != "get_weather":
+        raise CheckFailedError(f"called {name!r}, not get_weather")
+    raw = function.get("arguments") if isinstance(function, dict) else None
+    try:
+        arguments = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise CheckFailedError(f"the arguments are not a JSON object: {shorten(str(raw), 80)}")
+    shown = json.dumps(arguments, ensure_ascii=False)
+    if "warsaw" not in shown.lower():
+        raise CheckFailedError(f"the arguments do not name Warsaw: {shorten(shown, 80)}")
+    return f"get_weather({shorten(shown, 80)})"
+
+
+def judge_vision(body: object) -> str:
+    content = _content(_message(body))
+    lowered = content.lower()
+    red, blue = re.search(r"\bred\b", lowered), re.search(r"\bblue\b", lowered)
+    missing = [name for name, found in (("red", red), ("blue", blue)) if found is None]
+    if missing:
+        raise CheckFailedError(f"the answer does not name {' or '.join(missing)}: {_quoted(content, body)}")
+    if red is not None and blue is not None and blue.start() < red.start():
+        raise CheckFailedError(f"blue named before red (the left half is red): {_quoted(content, body)}")
+    return f"red named before blue: {_quoted(content, body)}"
+
+
+def judge_stream(content_type: str, payloads: list[str]) -> str:
+    """vLLM's framing: role chunk first, a finish_reason, a final usage chunk, then [DONE]."""
+    if not content_type.startswith("text/event-stream"):
+        raise CheckFailedError(f"content-type is {content_type or 'missing'}, not text/event-stream")
+    if not payloads or payloads[-1] != "[DONE]":
+        raise CheckFailedError("the stream does not end with data: [DONE]")
+    try:
+        chunks = [chunk_json(payload) for payload in payloads[:-1]]
+    except ValueError as exc:
+        raise CheckFailedError(str(exc)) from None
+    choices = [first for chunk in chunks if isinstance(first := _first_choice(chunk), dict)]
+    if not choices or (choices[0].get("delta") or {}).get("role") != "assistant":
+        raise CheckFailedError("the first chunk does not carry delta.role 'assistant'")
+    finishes = [choice["finish_reason"] for choice in choices if choice.get("finish_reason")]
+    if not finishes:
+        raise CheckFailedError("no chunk carries a finish_reason")
+    usage = chunks[-1].get("usage")
+    if chunks[-1].get("choices") != [] or not isinstance(usage, dict):
+        raise CheckFailedError("no final usage chunk (choices: [] with usage) before [DONE]")
+    tokens = usage.get("completion_tokens")
+    if not isinstance(tokens, int) or tokens < 1:
+        raise CheckFailedError(f"the usage chunk has no completion_tokens: {shorten(json.dumps(usage), 80)}")
+    return f"{len(chunks)} chunks, finish_reason {finishes[-1]}, usage chunk ({tokens} completion tokens), [DONE]"
+
+
+def _first_choice(chunk: JsonObject) -> object:
+    choices = chunk.get("choices")
+    return choices[0] if isinstance(choices, list) and choices else None
+
+
+def _message(body: object) -> JsonObject:
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise CheckFailedError("the answer has no choices")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise CheckFailedError("the answer has no message")
+    return message
+
+
+def _content(message: JsonObject) -> str:
+    content = message.get("content")
+    return content if isinstance(content, str) else ""
+
+
+def _quoted(content: str, body: object) -> str:
+    if content:
+        return repr(shorten(content, 120))
+    choices = body.get("choices") if isinstance(body, dict) else None
+    finish = choices[0].get("finish_reason") if isinstance(choices, list) and choices else None
+    return f"empty content (finish_reason {finish})"
+
+
+# --- requests (I/O) ---------------------------------------------------------------------------
+
+
+class _Probe:
+    """One smoke run's connection, model and the text answer the reasoning check reuses."""
+
+    def __init__(self, http: httpx.Client, target: ApiTarget) -> None:
+        self.http = http
+        self.target = target
+        self.model = target.model
+        self._text: Any = None
+
+    def chat(self, content: object, **extra: object) -> Any:
+        body: JsonObject = {"messages": [{"role": "user", "content": content}], "temperature": 0, **extra}
+        if self.model is not None:
+            body["model"] = self.model
+        response = self.http.post("/v1/chat/completions", json=body)
+        if response.status_code != 200:
+            raise CheckFailedError(f"POST /v1/chat/completions: {error_text(response)}")
+        return response.json()
+
+    def text_answer(self) -> Any:
+        if self._text is None:
+            self._text = self.chat(TEXT_PROMPT)
+        return self._text
+
+
+def _check_models(probe: _Probe) -> str:
+    response = probe.http.get("/v1/models")
+    body = response.json() if response.status_code == 200 else None
+    reason = judge_models(response.status_code, body, probe.model)
+    probe.model = probe.model or listed_models(body)[0]
+    return reason
+
+
+def _check_unauthorized(probe: _Probe) -> str:
+    with client(probe.target, keyed=False, timeout=30.0) as anonymous:
+        without_key = anonymous.get("/v1/models").status_code
+        wrong = {"Authorization": f"Bearer wrong-{uuid.uuid4().hex}"}
+        wrong_key = anonymous.get("/v1/models", headers=wrong).status_code
+    return judge_unauthorized(without_key, wrong_key)
+
+
+def _check_stream(probe: _Probe) -> str:
+    body: JsonObject = {
+        "messages": [{"role": "user", "content": STREAM_PROMPT}],
+        "temperature": 0,
+        "max_tokens": STREAM_MAX_TOKENS,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if probe.model is not None:
+        body["model"] = probe.model
+    with probe.http.stream("POST", "/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            response.read()
+            raise CheckFailedError(f"POST /v1/chat/completions (stream): {error_text(response)}")
+        payloads = list(sse_payloads(response.iter_lines()))
+        return judge_stream(response.headers.get("content-type", ""), payloads)
+
+
+def _check_text(probe: _Probe) -> str:
+    return judge_text(probe.text_answer())
+
+
+def _check_reasoning(probe: _Probe) -> str:
+    return judge_reasoning(probe.text_answer())
+
+
+def _check_tools(probe: _Probe) -> str:
+    return judge_tools(probe.chat(TOOL_PROMPT, tools=[WEATHER_TOOL]))
+
+
+def vision_image() -> str:
+    """The reference image: 128x128, left half red, right half blue, as a data URL."""
+    data = two_halves(IMAGE_SIZE, IMAGE_SIZE, RED, BLUE)
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def _check_vision(probe: _Probe) -> str:
+    content = [{"type": "text", "text": VISION_PROMPT}, {"type": "image_url", "image_url": {"url": vision_image()}}]
+    return judge_vision(probe.chat(content))
+
+
+CHECKS: dict[str, Callable[[_Probe], str]] = {
+    "models": _check_models,
+    "unauthorized": _check_unauthorized,
+    "stream": _check_stream,
+    "text": _check_text,
+    "reasoning": _check_reasoning,
+    "tools": _check_tools,
+    "vision": _check_vision,
+}
+
+
+def check_names(checks: CheckSet) -> tuple[str, ...]:
+    return PROTOCOL_CHECKS + (CONTENT_CHECKS if checks == "all" else ())
+
+
+def run_smoke(target: ApiTarget, checks: CheckSet = "all") -> SmokeReport:
+    """Every check of the set, each independent of the others' outcome."""
+    with client(target) as http:
+        probe = _Probe(http, target)
+        results = tuple(_run_check(probe, name) for name in check_names(checks))
+    return SmokeReport(target.url, probe.model or "", results)
+
+
+def _run_check(probe: _Probe, name: str) -> CheckResult:
+    started = time.monotonic()
+    try:
+        ok, reason = True, CHECKS[name](probe)
+    except CheckFailedError as failure:
+        ok, reason = False, failure.reason
+    except httpx.HTTPError as exc:
+        ok, reason = False, f"no answer from {probe.target.url}: {type(exc).__name__}: {exc}"
+    except ValueError as exc:  # a 200 whose body is not JSON
+        ok, reason = False, f"the answer is not JSON: {exc}"
+    return CheckResult(name, ok, probe.target.redact(reason), time.monotonic() - started)

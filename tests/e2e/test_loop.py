@@ -1,0 +1,205 @@
+"""`reconciler run` on the testbed: the deployment heals itself.
+
+The loop runs inside spark-head for the whole module. Each test injects one fault, waits for
+the loop to repair it (printing the time to converge), and then checks what must hold after
+any repair: `plan --detailed-exitcode` is 0, the API key is unchanged, and no checkpoint
+file was rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import RECONCILER, Bed
+
+pytestmark = pytest.mark.testbed
+
+HEAD, WORKER = "spark-head", "spark-worker"
+MODEL = "/srv/spark/models/DeepSeek-V4.1-Flash-Spark"
+FAULT_FILE = "/srv/spark/state/cache/engine-fault.json"
+LOOP_SETTINGS = """
+loop:
+  resync_s: 20
+  liveness_s: 2
+  liveness_timeout_s: 3
+  failure_threshold: 2
+  max_backoff_s: 20
+"""
+
+
+@pytest.fixture(scope="module")
+def looping(bed: Bed) -> Iterator[Bed]:
+    text = bed.spec.read_text(encoding="utf-8")
+    text = text.replace(
+        "  extra_env:\n", f"  extra_env:\n    ENGINE_FAULT_FILE: {FAULT_FILE.replace('/srv/spark/state', '')}\n"
+    )
+    bed.spec.write_text(text + LOOP_SETTINGS, encoding="utf-8")
+    argv = bed.testbed.exec_argv(HEAD, [RECONCILER, "run", "--spec", str(bed.spec)])
+    log_path = bed.spec.parent / "loop.log"
+    with log_path.open("w", encoding="utf-8") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(bed, lambda s: s["converged"] and s["health"] == 200, 180, "first convergence")
+            yield bed
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    print(log_path.read_text(encoding="utf-8")[-3000:])
+
+
+def status(bed: Bed) -> dict[str, Any]:
+    result = bed.reconciler("status", "--json", check=False)
+    loaded: dict[str, Any] = json.loads(result.stdout) if result.returncode == 0 else {}
+    return loaded
+
+
+def wait_for(bed: Bed, condition: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        current = status(bed)
+        if current and condition(current):
+            elapsed = time.monotonic() - started
+            print(f"{what}: {elapsed:.1f} s")
+            return elapsed
+        time.sleep(1)
+    raise AssertionError(f"{what}: not within {timeout} s; last status: {json.dumps(status(bed))[:2000]}")
+
+
+def loop_status(bed: Bed) -> dict[str, Any]:
+    """The loop's own status file: readable even while the spec file is invalid."""
+    text = bed.node(HEAD, "cat", "/srv/spark/state/loop-status.json", check=False).stdout
+    loaded: dict[str, Any] = json.loads(text) if text else {}
+    return loaded
+
+
+def container_id(bed: Bed, node: str, name: str) -> str:
+    return bed.node(node, "docker", "inspect", "--format", "{{.Id}}", name, check=False).stdout.strip()
+
+
+def serving_again(bed: Bed, old_r0: str, old_r1: str) -> Callable[[dict[str, Any]], bool]:
+    """Both ranks replaced (a group restart), running, and the API healthy."""
+
+    def check(current: dict[str, Any]) -> bool:
+        if not current["converged"] or current["health"] != 200:
+            return False
+        return container_id(bed, HEAD, "dsv41-r0") != old_r0 and container_id(bed, WORKER, "dsv41-r1") != old_r1
+
+    return check
+
+
+def model_state(bed: Bed) -> dict[str, str]:
+    script = f"cd {MODEL} && find . -path ./.cache -prune -o -type f -printf '%P %i %T@\\n' | sort"
+    return {node: bed.node(node, "sh", "-c", script).stdout for node in (HEAD, WORKER)}
+
+
+def assert_settled(bed: Bed, key: str, checkpoint: dict[str, str]) -> None:
+    assert bed.plan_exit() == 0
+    assert bed.api_key() == key
+    assert model_state(bed) == checkpoint
+
+
+def repaired_after(bed: Bed, fault: Callable[[], object], what: str, timeout: float = 180) -> None:
+    key, checkpoint = bed.api_key(), model_state(bed)
+    old_r0, old_r1 = container_id(bed, HEAD, "dsv41-r0"), container_id(bed, WORKER, "dsv41-r1")
+    fault()
+    wait_for(bed, serving_again(bed, old_r0, old_r1), timeout, f"time to converge after {what}")
+    assert_settled(bed, key, checkpoint)
+
+
+def test_kill_rank1(looping: Bed) -> None:
+    repaired_after(looping, lambda: looping.node(WORKER, "docker", "kill", "dsv41-r1"), "killing rank 1")
+
+
+def test_kill_rank0(looping: Bed) -> None:
+    repaired_after(looping, lambda: looping.node(HEAD, "docker", "kill", "dsv41-r0"), "killing rank 0")
+
+
+def test_engine_hang_with_the_api_up(looping: Bed) -> None:
+    def hang() -> None:
+        looping.node(
+            HEAD,
+            "sh",
+            "-c",
+            f'echo \'{{"ENGINE_FAULT_HANG": "1"}}\' > {FAULT_FILE}.tmp && mv {FAULT_FILE}.tmp {FAULT_FILE}',
+        )
+        health = looping.node(
+            HEAD, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:8000/health"
+        )
+        assert health.stdout == "200", "/health still answers while generation is dead"
+        old = container_id(looping, HEAD, "dsv41-r0")
+        deadline = time.monotonic() + 120
+        while container_id(looping, HEAD, "dsv41-r0") == old and time.monotonic() < deadline:
+            time.sleep(0.5)
+        looping.node(HEAD, "rm", "-f", FAULT_FILE)
+
+    repaired_after(looping, hang, "an engine hang (liveness probe)")
+
+
+def test_invalid_spec_edit_keeps_the_last_good_spec(looping: Bed) -> None:
+    good = looping.spec.read_text(encoding="utf-8")
+    r0 = container_id(looping, HEAD, "dsv41-r0")
+    looping.spec.write_text(good.replace("serving:\n", "serving:\n  port: 99999\n", 1), encoding="utf-8")
+    try:
+        started = time.monotonic()
+        while not loop_status(looping).get("spec_error") and time.monotonic() - started < 60:
+            time.sleep(1)
+        assert "serving.port" in str(loop_status(looping).get("spec_error"))
+        assert loop_status(looping)["condition"] == "converged"
+        assert container_id(looping, HEAD, "dsv41-r0") == r0, "the group keeps running on the last good spec"
+        invalid = looping.reconciler("status", check=False)
+        assert invalid.returncode == 1
+        assert "serving.port" in invalid.stderr
+    finally:
+        looping.spec.write_text(good, encoding="utf-8")
+    wait_for(looping, lambda s: not s["loop"]["spec_error"] and s["converged"], 60, "spec error cleared")
+    assert container_id(looping, HEAD, "dsv41-r0") == r0
+
+
+def test_kv_bytes_edit_restarts_the_group_through_the_loop(looping: Bed) -> None:
+    good = looping.spec.read_text(encoding="utf-8")
+
+    def edit() -> None:
+        looping.spec.write_text(good.replace("serving:\n", "serving:\n  kv_bytes: 2500000000\n", 1), encoding="utf-8")
+
+    try:
+        repaired_after(looping, edit, "a kv_bytes edit")
+        command = json.loads(
+            looping.node(HEAD, "docker", "inspect", "--format", "{{json .Config.Cmd}}", "dsv41-r0").stdout
+        )
+        assert command[command.index("--kv-cache-memory-bytes") + 1] == "2500000000"
+    finally:
+        looping.spec.write_text(good, encoding="utf-8")
+
+
+def test_guard_trip_holds_the_group_instead_of_restarting_it(looping: Bed) -> None:
+    good = looping.spec.read_text(encoding="utf-8")
+    available = status(looping)["nodes"][HEAD]["mem_available_gib"]
+    floor = max(available - 1.5, 0.5)
+    hold = 'echo \'{"ENGINE_FAULT_HOLD_MIB": "4096"}\' > ' + FAULT_FILE
+    looping.spec.write_text(
+        good.replace("memguard:\n  floor_gib: 0.5\n", f"memguard:\n  floor_gib: {floor:.2f}\n"), encoding="utf-8"
+    )
+    try:
+        wait_for(looping, lambda s: s["converged"], 120, "guard restarted with the higher floor")
+        looping.node(HEAD, "sh", "-c", hold)
+        wait_for(looping, lambda s: str(s["loop"]["condition"]).startswith("held"), 120, "guard trip -> held")
+        current = status(looping)
+        assert "lower serving.kv_bytes or serving.gpu_util" in current["loop"]["condition"].lower()
+        running = looping.node(HEAD, "docker", "inspect", "--format", "{{.State.Running}}", "dsv41-r0").stdout.strip()
+        assert running == "false", "held, not restarted"
+        time.sleep(5)
+        assert str(status(looping)["loop"]["condition"]).startswith("held")
+    finally:
+        looping.node(HEAD, "rm", "-f", FAULT_FILE)
+        looping.spec.write_text(good, encoding="utf-8")
+    wait_for(looping, lambda s: s["converged"] and s["health"] == 200, 180, "spec change clears the trip")
+    assert looping.plan_exit() == 0
