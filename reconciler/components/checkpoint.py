@@ -351,9 +351,17 @@ def forget(model_dir: str, names: list[str]) -> None:
 
 
 def _reassemble(ctx: ApplyContext, action: Action) -> str:
-    files = ctx.facts.nodes[action.node].checkpoint.files
-    shards = [name for name in PARTED_SHARDS if name not in files or name in _corrupt_on(ctx, action.node)]
-    built = ctx.ops(action.node, "reassemble", {"model_dir": ctx.model_dir(action.node), "shards": shards})
+    node = action.node
+    files = ctx.facts.nodes[node].checkpoint.files
+    shards = [name for name in PARTED_SHARDS if name not in files or name in _corrupt_on(ctx, node)]
+    args = {
+        "model_dir": ctx.model_dir(node),
+        "shards": shards,
+        "expected": _expected_hashes(ctx, node),
+        "keep_parts": ctx.deployment.model.keep_parts,
+        "cache": ctx.state_path(node, "hashcache.json"),
+    }
+    built = ctx.ops(node, "reassemble", args)
     return ", ".join(f"{name} ({human_bytes(size)})" for name, size in built.items())
 
 

@@ -150,8 +150,16 @@ def hash_files(args: dict[str, Any]) -> None:
 
 
 def reassemble(args: dict[str, Any]) -> None:
-    """Concatenate each shard's .partNN files into the shard, streaming; parts are kept."""
+    """Concatenate each shard's .partNN files into the shard, one shard at a time.
+
+    The shard is hashed as it is written; when it matches `expected` it goes into the hash
+    cache and, unless `keep_parts`, its parts are deleted before the next shard starts, so
+    the disk never holds more than one shard beyond the parts. A mismatch deletes the new
+    shard, keeps the parts, and fails.
+    """
     root = os.path.expanduser(args["model_dir"])
+    expected: dict[str, str] = args.get("expected") or {}
+    cache_path = os.path.expanduser(args["cache"]) if args.get("cache") else None
     names = sorted(os.listdir(root))
     built = {}
     for shard in args["shards"]:
@@ -159,19 +167,40 @@ def reassemble(args: dict[str, Any]) -> None:
         if not parts:
             raise SystemExit(f"no .partNN files for {shard} in {root}")
         target = os.path.join(root, shard)
-        temporary = f"{target}.assembling"
-        meter = _Meter(f"reassembling {shard}", sum(os.path.getsize(os.path.join(root, p)) for p in parts))
-        with open(temporary, "wb") as out:
+        digest = _assemble(root, shard, parts, f"{target}.assembling")
+        if shard in expected and digest != expected[shard]:
+            os.unlink(f"{target}.assembling")
+            raise SystemExit(f"{shard}: reassembled sha256 {digest} does not match the manifest; parts kept")
+        os.replace(f"{target}.assembling", target)
+        if cache_path is not None:
+            _remember(cache_path, target, digest)
+        if shard in expected and not args.get("keep_parts"):
             for part in parts:
-                with open(os.path.join(root, part), "rb") as source:
-                    while block := source.read(CHUNK):
-                        out.write(block)
-                        meter.add(len(block))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, target)
+                os.unlink(os.path.join(root, part))
         built[shard] = os.path.getsize(target)
     _reply(built)
+
+
+def _assemble(root: str, shard: str, parts: list[str], temporary: str) -> str:
+    digest = hashlib.sha256()
+    meter = _Meter(f"reassembling {shard}", sum(os.path.getsize(os.path.join(root, p)) for p in parts))
+    with open(temporary, "wb") as out:
+        for part in parts:
+            with open(os.path.join(root, part), "rb") as source:
+                while block := source.read(CHUNK):
+                    out.write(block)
+                    digest.update(block)
+                    meter.add(len(block))
+        out.flush()
+        os.fsync(out.fileno())
+    return digest.hexdigest()
+
+
+def _remember(cache_path: str, path: str, digest: str) -> None:
+    cache = _load_cache(cache_path)
+    info = os.stat(path)
+    cache[path] = [info.st_size, info.st_mtime_ns, info.st_ino, digest]
+    atomic_write(cache_path, json.dumps(cache, sort_keys=True).encode(), 0o644)
 
 
 def prune_parts(args: dict[str, Any]) -> None:

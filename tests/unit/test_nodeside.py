@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from reconciler.errors import NodeCommandError
 from reconciler.facts.gather import node_facts_from_probe, probe_args
 from reconciler.serving import rewrite_exl3_plan
 from reconciler.transport.base import run_program
@@ -91,3 +92,26 @@ def test_probe_reports_files_plan_key_and_a_docker_error(tmp_path: Path, monkeyp
     assert facts.api_key is not None
     assert (facts.api_key.present, facts.api_key.empty, facts.api_key.mode) == (True, False, 0o644)
     assert facts.images == ["img@sha256:1"]
+
+
+def test_reassembly_verifies_each_shard_and_frees_its_parts_before_the_next(tmp_path: Path) -> None:
+    shards = {"model-00005-of-00006.safetensors": [b"ab", b"cd"], "model-00006-of-00006.safetensors": [b"ef"]}
+    for shard, chunks in shards.items():
+        for index, chunk in enumerate(chunks):
+            (tmp_path / f"{shard}.part{index:02d}").write_bytes(chunk)
+    expected = {shard: hashlib.sha256(b"".join(chunks)).hexdigest() for shard, chunks in shards.items()}
+    cache = tmp_path / "cache.json"
+    args = {"model_dir": str(tmp_path), "shards": sorted(shards), "expected": expected, "cache": str(cache)}
+    ops("reassemble", **args)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.json", *sorted(shards)]
+    cached = json.loads(cache.read_text())
+    assert {Path(path).name: entry[3] for path, entry in cached.items()} == expected
+
+
+def test_a_reassembled_shard_that_does_not_match_keeps_its_parts(tmp_path: Path) -> None:
+    shard = "model-00005-of-00006.safetensors"
+    (tmp_path / f"{shard}.part00").write_bytes(b"abc")
+    with pytest.raises(NodeCommandError) as failed:
+        ops("reassemble", model_dir=str(tmp_path), shards=[shard], expected={shard: "0" * 64})
+    assert "does not match the manifest" in failed.value.message
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{shard}.part00"]
