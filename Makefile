@@ -69,6 +69,7 @@ e2e: setup testbed-install
 bench: setup testbed-install
 	$(BIN)/python bench/plan_bench.py
 	$(BIN)/python bench/checkpoint_bench.py --copy
+	$(BIN)/python bench/loop_bench.py
 
 .PHONY: service-check system-test
 

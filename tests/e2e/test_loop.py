@@ -107,12 +107,28 @@ def assert_settled(bed: Bed, key: str, checkpoint: dict[str, str]) -> None:
     assert model_state(bed) == checkpoint
 
 
-def repaired_after(bed: Bed, fault: Callable[[], object], what: str, timeout: float = 180) -> None:
+def repaired_after(
+    bed: Bed, fault: Callable[[], object], what: str, timeout: float = 180, *, restart: bool = True
+) -> None:
+    """Inject a fault, wait for the loop to serve again (after a group restart, if `restart`)."""
     key, checkpoint = bed.api_key(), model_state(bed)
     old_r0, old_r1 = container_id(bed, HEAD, "dsv41-r0"), container_id(bed, WORKER, "dsv41-r1")
     fault()
-    wait_for(bed, serving_again(bed, old_r0, old_r1), timeout, f"time to converge after {what}")
+    condition = serving_again(bed, old_r0, old_r1) if restart else healthy(bed)
+    wait_for(bed, condition, timeout, f"time to converge after {what}")
     assert_settled(bed, key, checkpoint)
+
+
+def healthy(bed: Bed) -> Callable[[dict[str, Any]], bool]:
+    """Converged, and a one-token completion answers (not just /health)."""
+
+    def check(current: dict[str, Any]) -> bool:
+        if not current["converged"] or current["health"] != 200:
+            return False
+        loop = loop_status(bed)
+        return loop.get("condition") == "converged" and loop.get("liveness_failures") == 0
+
+    return check
 
 
 def test_kill_rank1(looping: Bed) -> None:
@@ -203,3 +219,25 @@ def test_guard_trip_holds_the_group_instead_of_restarting_it(looping: Bed) -> No
         looping.spec.write_text(good, encoding="utf-8")
     wait_for(looping, lambda s: s["converged"] and s["health"] == 200, 180, "spec change clears the trip")
     assert looping.plan_exit() == 0
+
+
+def test_restart_of_the_workers_dockerd(looping: Bed) -> None:
+    repaired_after(looping, lambda: looping.testbed.restart_dockerd(WORKER), "restarting the worker's dockerd")
+
+
+def test_fabric_link_down_then_up(looping: Bed) -> None:
+    def pull_and_replug() -> None:
+        looping.testbed.link(WORKER, up=False)
+        try:
+            # With the cable out the worker cannot even be reached over SSH (its fabric address):
+            # the loop must notice (liveness), say so, and not tear anything down half-way.
+            wait_for(looping, lambda s: not s["converged"], 90, "link down noticed")
+        finally:
+            looping.testbed.link(WORKER, up=True)
+
+    # A short outage may heal without a restart (the ranks' connection survives); a long one
+    # ends in rank 0 exiting, which restarts the group. Either way the loop must get back to
+    # a converged, live deployment without a human, and never act while the worker is away.
+    repaired_after(looping, pull_and_replug, "a fabric link down and up", timeout=360, restart=False)
+    answer = looping.node(HEAD, "python3", "tests/testbed/ask.py", "What is 17 * 23?").stdout
+    assert "391" in answer

@@ -163,6 +163,11 @@ def init_script(layout: Layout, node: Node) -> str:
             f"mount -t tmpfs -o size={SHM_SIZE},mode=1777,nosuid,nodev tmpfs /dev/shm",
             f"mount -t tmpfs -o mode=0711 tmpfs {CONTAINERD_RUN}",
             f"mount --bind {shlex.quote(str(ndir / 'data'))} {SRV_SPARK}",
+            # sshd runs root's login shell, and Debian's bash sources ~/.bashrc for SSH commands:
+            # this host's .bashrc runs `pyenv init` (a rehash under a lock that a killed shell
+            # can leave behind, hanging every later SSH command). A node gets an empty one.
+            f": > {shlex.quote(str(ndir / 'bashrc'))}",
+            f"if [ -f /root/.bashrc ]; then mount --bind {shlex.quote(str(ndir / 'bashrc'))} /root/.bashrc; fi",
             f"hostname {node.name}",
             "exec tini -- sleep infinity",
         ]

@@ -225,6 +225,17 @@ class Testbed:
             raise subprocess.CalledProcessError(result.returncode, argv, out, err)
         return result
 
+    def restart_dockerd(self, node: str) -> None:
+        """Stop one node's dockerd (SIGTERM, as `systemctl restart docker` does) and start it again."""
+        target = node_named(node)
+        if target.name not in self.node_names:
+            raise TestbedError(f"{target.name} is not part of the running testbed")
+        pid_file = self.layout.node_dir(target) / "docker.pid"
+        stop = f"kill $(cat {pid_file}); while kill -0 $(cat {pid_file} 2>/dev/null) 2>/dev/null; do sleep 0.2; done"
+        self.exec(target.name, ["sh", "-c", stop], timeout=60)
+        node_ops.start_dockerd(self.layout, target)
+        node_ops.wait_dockerd(self.layout, target)
+
     def link(self, node: str, up: bool) -> None:
         """Plug (up=True) or pull (up=False) one node's fabric cable."""
         target = node_named(node)
