@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from reconciler import hub
 from reconciler.actions import Blocker
 from reconciler.components.checkpoint import (
     FULL_SIZE_HEAD,
@@ -32,7 +31,7 @@ from reconciler.components.checkpoint import (
 from reconciler.components.ranks import owned_containers, resolve_fabric
 from reconciler.errors import NodeUnreachableError, ReconcilerError
 from reconciler.facts.fabric import subnet_mismatches
-from reconciler.facts.gather import hub_facts, node_facts_from_probe, probe_args
+from reconciler.facts.gather import node_facts_from_probe, probe_args, with_hub_listing
 from reconciler.facts.memory import KIB_PER_GIB
 from reconciler.facts.node import Facts, NodeFacts
 from reconciler.serving import ResolvedFabric
@@ -129,7 +128,7 @@ def gather_doctor(deployment: Deployment, transports: dict[str, Transport]) -> D
         probes = {name: future.result() for name, future in futures.items()}
     data = doctor_input(deployment, probes)
     head = deployment.head.name
-    nodes = {**data.facts.nodes, head: _with_hub_listing(deployment, data.facts.nodes[head])}
+    nodes = {**data.facts.nodes, head: with_hub_listing(deployment, data.facts.nodes[head])}
     return DoctorInput(probes, data.facts.model_copy(update={"nodes": nodes}))
 
 
@@ -158,17 +157,6 @@ def _node_facts(node: Node, probe: NodeProbe) -> NodeFacts:
     # Everything but Docker is still worth checking when Docker does not answer.
     raw = probe.raw if probe.docker_error is None else {**probe.raw, "docker": {"containers": [], "images": []}}
     return node_facts_from_probe(node, raw)
-
-
-def _with_hub_listing(deployment: Deployment, head: NodeFacts) -> NodeFacts:
-    """The checkpoint's real size from the Hub while the head has no cached listing (as `gather`)."""
-    if not head.reachable or head.checkpoint.hub is not None:
-        return head
-    try:
-        listing = hub.list_files(deployment.model)
-    except ReconcilerError:
-        return head
-    return head.model_copy(update={"checkpoint": head.checkpoint.model_copy(update={"hub": hub_facts(listing)})})
 
 
 # ---------------------------------------------------------------- checks (pure)

@@ -2,7 +2,7 @@
 
 The unit's text is a pure function of a few facts about this machine (the reconciler
 executable, the spec, the service user and the head's writable directories), so it is
-rendered and tested like a plan; `systemd/spark-reconciler.service` is that rendering for an
+rendered and tested like a plan; `systemd/reconciler.service` is that rendering for an
 example machine. Installing is the thin edge: an atomic write, `daemon-reload`, enable and
 start, each only when it changes something, so running `install-service` twice is a no-op.
 """
@@ -213,7 +213,7 @@ def _check_plain(path: str, what: str) -> None:
     if not _PLAIN_PATH.match(path):
         raise ReconcilerError(
             f"{what} path '{path}' has characters a unit file would need escaped (space, %, $, quotes)",
-            "move it to a path of letters, digits and ._-/, or adapt systemd/spark-reconciler.service by hand",
+            "move it to a path of letters, digits and ._-/, or adapt systemd/reconciler.service by hand",
         )
 
 

@@ -116,12 +116,12 @@ def gather(deployment: Deployment, transports: dict[str, Transport]) -> Facts:
         }
         nodes = {name: future.result() for name, future in futures.items()}
     head = deployment.head.name
-    nodes[head] = _with_hub_listing(deployment, nodes[head])
+    nodes[head] = with_hub_listing(deployment, nodes[head])
     pi = gather_pi(deployment.pi.provider) if deployment.pi.enabled else None  # this machine's Pi, local files
     return Facts(taken_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes, pi=pi)
 
 
-def _with_hub_listing(deployment: Deployment, head: NodeFacts) -> NodeFacts:
+def with_hub_listing(deployment: Deployment, head: NodeFacts) -> NodeFacts:
     """Ask the Hub what the checkpoint holds when the head has no listing cached yet.
 
     One request per pass, and only until the first download wrote the listing to STATE_DIR;

@@ -23,7 +23,8 @@ from reconciler.errors import ReconcilerError
 from reconciler.service import UNIT_NAME, UnitSettings, install, render_unit, settings_for
 from tests.scenarios import ROOT, SPEC_PATH
 
-EXAMPLE_PATH = ROOT / "systemd" / UNIT_NAME
+# The repository copy keeps the name; systemd installs it as UNIT_NAME.
+EXAMPLE_PATH = ROOT / "systemd" / "reconciler.service"
 EXAMPLE = UnitSettings(
     executable="/home/nvidia/spark-reconciler/.venv/bin/reconciler",
     spec="/home/nvidia/spark-reconciler/specs/deployment.yaml",
@@ -63,7 +64,7 @@ def write_spec(directory: Path, state_dir: str, model_dir: str) -> Path:
 
 def test_the_example_unit_in_systemd_is_current() -> None:
     assert EXAMPLE_PATH.read_text(encoding="utf-8") == render_unit(EXAMPLE), (
-        "systemd/spark-reconciler.service is stale: run `.venv/bin/python -m tests.unit.test_service`"
+        "systemd/reconciler.service is stale: run `.venv/bin/python -m tests.unit.test_service`"
     )
 
 
