@@ -165,6 +165,38 @@ def _engram_config(serving: Serving) -> str:
 
 
 def group_args(deployment: Deployment, master_addr: str) -> list[str]:
+    """Arguments every rank gets, as the serving profile renders them."""
+    if deployment.serving.profile == "upstream":
+        return upstream_group_args(deployment, master_addr)
+    return reference_group_args(deployment, master_addr)
+
+
+def upstream_group_args(deployment: Deployment, master_addr: str) -> list[str]:
+    """The reference's group arguments limited to flags stock vLLM accepts on any hardware.
+
+    Dropped: the fork's flags (--engram-config, --linear-backend, --moe-backend,
+    --swa-block-size, the dspark speculative config) and the GPU tuning that ties the
+    reference to GB10 (KV bytes and dtype, block size, CUDA graphs, attention backend).
+    """
+    s = deployment.serving
+    size = str(len(deployment.nodes))
+    args = [
+        "/model",
+        *("--served-model-name", s.served_model_name, "--dtype", s.dtype),
+        *("--tensor-parallel-size", size, "--nnodes", size),
+        *("--master-addr", master_addr, "--master-port", str(s.master_port)),
+        *("--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs)),
+        *("--max-num-batched-tokens", str(s.max_num_batched_tokens)),
+        "--enable-chunked-prefill",
+        "--enable-prefix-caching",
+        *("--generation-config", s.generation_config, "--tokenizer-mode", s.tokenizer_mode),
+    ]
+    if s.images_per_prompt > 0:
+        args += ["--limit-mm-per-prompt", _compact({"image": s.images_per_prompt})]
+    return args
+
+
+def reference_group_args(deployment: Deployment, master_addr: str) -> list[str]:
     """Arguments every rank gets, in the reference launcher's order."""
     s = deployment.serving
     size = str(len(deployment.nodes))
@@ -202,9 +234,11 @@ def rank_args(deployment: Deployment, rank: int) -> list[str]:
     if rank != 0:
         return ["--node-rank", str(rank), "--headless"]
     s = deployment.serving
+    reasoning = ["--reasoning-parser", s.reasoning_parser] if s.reasoning_parser is not None else []
     return [
         *("--node-rank", "0", "--host", deployment.api.bind, "--port", str(s.port)),
-        *("--reasoning-parser", s.reasoning_parser, "--tool-call-parser", s.tool_call_parser),
+        *reasoning,
+        *("--tool-call-parser", s.tool_call_parser),
         "--enable-auto-tool-choice",
         "--enable-prompt-tokens-details",
         "--enable-force-include-usage",

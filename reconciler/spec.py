@@ -363,9 +363,39 @@ class Backends(StrictModel):
     moe: str = "b12x"
 
 
+# Values that only the reference image's vLLM fork knows (REFERENCE §1.2, §11).
+REFERENCE_IMAGE_VALUES = {"deepseek_v41"}
+# Serving fields the upstream profile does not render: the reference image's GPU tuning and
+# its fork-only features. Setting one under `profile: upstream` earns a warning.
+REFERENCE_PROFILE_ONLY_FIELDS = (
+    "kv_cache_dtype",
+    "block_size",
+    "swa_block_size",
+    "kv_bytes",
+    "gpu_util",
+    "speculative",
+    "cudagraph",
+    "engram",
+    "backends",
+    "safetensors_load_strategy",
+)
+UPSTREAM_ALTERNATIVES = {
+    "tokenizer_mode": "auto",
+    "reasoning_parser": "null (no reasoning parser) or an upstream parser such as deepseek_r1",
+    "tool_call_parser": "an upstream parser such as hermes",
+}
+
+
 class Serving(StrictModel):
     """Everything both ranks are started with."""
 
+    profile: Literal["reference", "upstream"] = Field(
+        default="reference",
+        description=(
+            "Which `vllm serve` flags are rendered. reference: the reference launcher's, flag for flag "
+            "(needs the reference image). upstream: only flags upstream vLLM accepts (any stock vLLM build)."
+        ),
+    )
     served_model_name: str = Field(default="deepseek-v4.1-flash", min_length=1)
     dtype: str = "bfloat16"
     kv_cache_dtype: str = "fp8"
@@ -382,9 +412,11 @@ class Serving(StrictModel):
     backends: Backends = Backends()
     safetensors_load_strategy: str = "lazy"
     generation_config: str = "vllm"
-    tokenizer_mode: str = "deepseek_v41"
-    reasoning_parser: str = "deepseek_v41"
-    tool_call_parser: str = "deepseek_v41"
+    tokenizer_mode: str = Field(default="deepseek_v41", validate_default=True)
+    reasoning_parser: str | None = Field(
+        default="deepseek_v41", validate_default=True, description="null: no --reasoning-parser."
+    )
+    tool_call_parser: str = Field(default="deepseek_v41", validate_default=True)
     images_per_prompt: int = Field(default=1, ge=0)
     port: Port = 8000
     master_port: Port = 29655
@@ -417,6 +449,21 @@ class Serving(StrictModel):
                     name=name,
                     source=DERIVED_ENV[name],
                 )
+        return value
+
+    @field_validator("tokenizer_mode", "reasoning_parser", "tool_call_parser")
+    @classmethod
+    def _upstream_values(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("profile") == "upstream" and value in REFERENCE_IMAGE_VALUES:
+            field = info.field_name or ""
+            raise _problem(
+                "reference_only_value",
+                "'{value}' exists only in the reference image's vLLM; upstream vLLM rejects it",
+                "with profile: upstream set {field} to {alternative}",
+                value=value,
+                field=field,
+                alternative=UPSTREAM_ALTERNATIVES.get(field, "an upstream value"),
+            )
         return value
 
     @field_validator("extra_args")
@@ -697,7 +744,7 @@ def _check_ports(deployment: Deployment) -> list[Located]:
 
 
 def _warnings(deployment: Deployment, document: LocatedDocument, filename: str) -> list[SpecProblem]:
-    warnings: list[SpecProblem] = []
+    warnings: list[SpecProblem] = _profile_warnings(deployment.serving, document, filename)
     if not _COMMIT_RE.match(deployment.model.revision):
         warnings.append(
             _at(
@@ -709,6 +756,23 @@ def _warnings(deployment: Deployment, document: LocatedDocument, filename: str) 
             )
         )
     return warnings
+
+
+def _profile_warnings(serving: Serving, document: LocatedDocument, filename: str) -> list[SpecProblem]:
+    """Fields the chosen profile never renders: say so rather than ignore them silently."""
+    if serving.profile != "upstream":
+        return []
+    unused = [name for name in REFERENCE_PROFILE_ONLY_FIELDS if name in serving.model_fields_set]
+    return [
+        _at(
+            document,
+            filename,
+            ("serving", name),
+            f"serving.{name} has no effect with profile: upstream",
+            "remove it, or use profile: reference (the reference image) where it is rendered",
+        )
+        for name in unused
+    ]
 
 
 def _at(document: LocatedDocument, filename: str, loc: tuple[str | int, ...], message: str, hint: str) -> SpecProblem:

@@ -252,3 +252,48 @@ def test_exl3_plan_rewrite_points_banks_at_the_model_mount() -> None:
     assert rewritten["qdir"] == "/model/exl3/qn:/model/exl3/q31:/model/exl3/q31s"
     assert rewritten["layers"] == [1, 2]
     assert rewritten["bits"] == 2.77
+
+
+def upstream_deployment() -> Deployment:
+    return with_serving(
+        reference_deployment(),
+        profile="upstream",
+        tokenizer_mode="auto",
+        reasoning_parser=None,
+        tool_call_parser="hermes",
+        images_per_prompt=0,
+    )
+
+
+def test_upstream_profile_renders_only_stock_vllm_flags_in_group_order() -> None:
+    ranks = render(upstream_deployment())
+    group = [
+        *("/model", "--served-model-name", "deepseek-v4.1-flash", "--dtype", "bfloat16"),
+        *("--tensor-parallel-size", "2", "--nnodes", "2", "--master-addr", HEAD_IP, "--master-port", "29655"),
+        *("--max-model-len", "262144", "--max-num-seqs", "2", "--max-num-batched-tokens", "2048"),
+        *("--enable-chunked-prefill", "--enable-prefix-caching", "--generation-config", "vllm"),
+        *("--tokenizer-mode", "auto"),
+    ]
+    assert list(ranks[1].command) == ["vllm", "serve", *group, "--node-rank", "1", "--headless"]
+    rank0 = [
+        *("--node-rank", "0", "--host", "0.0.0.0", "--port", "8000", "--tool-call-parser", "hermes"),
+        *("--enable-auto-tool-choice", "--enable-prompt-tokens-details", "--enable-force-include-usage"),
+    ]
+    assert list(ranks[0].command) == ["vllm", "serve", *group, *rank0]
+
+
+def test_upstream_profile_never_renders_the_forks_flags() -> None:
+    fork_only = {"--engram-config", "--linear-backend", "--moe-backend", "--swa-block-size", "--speculative-config"}
+    for container in render(upstream_deployment()).values():
+        assert fork_only.isdisjoint(container.command)
+        assert not any("deepseek_v41" in word or "dspark" in word for word in container.command)
+
+
+def test_upstream_profile_keeps_images_per_prompt_when_set() -> None:
+    deployment = with_serving(upstream_deployment(), images_per_prompt=2)
+    command = list(render(deployment)[1].command)
+    assert command[command.index("--limit-mm-per-prompt") + 1] == '{"image":2}'
+
+
+def test_profile_is_part_of_the_config_hash() -> None:
+    assert render()[1].config_hash() != render(upstream_deployment())[1].config_hash()

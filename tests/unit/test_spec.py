@@ -212,3 +212,36 @@ def test_ranks_follow_the_node_list_with_the_head_as_rank_zero() -> None:
 )
 def test_home_expansion_uses_the_nodes_own_home(path: str, home: str, expanded: str) -> None:
     assert expand_home(path, home) == expanded
+
+
+UPSTREAM = MINIMAL + "serving:\n  profile: upstream\n  tokenizer_mode: auto\n  reasoning_parser: null\n  tool_call_parser: hermes\n"
+
+
+def test_the_default_profile_is_the_reference() -> None:
+    assert parse_spec(MINIMAL, "spec.yaml").deployment.serving.profile == "reference"
+
+
+def test_upstream_profile_refuses_the_reference_images_parser_values_even_as_defaults() -> None:
+    problems = problems_of(MINIMAL + "serving:\n  profile: upstream\n")
+    assert sorted(p.path for p in problems) == [
+        "serving.reasoning_parser",
+        "serving.tokenizer_mode",
+        "serving.tool_call_parser",
+    ]
+    tokenizer = next(p for p in problems if p.path == "serving.tokenizer_mode")
+    assert "deepseek_v41" in tokenizer.message
+    assert "auto" in tokenizer.hint
+
+
+def test_upstream_profile_with_upstream_values_is_valid_without_warnings() -> None:
+    loaded = parse_spec(UPSTREAM, "spec.yaml")
+    assert loaded.deployment.serving.profile == "upstream"
+    assert [w.path for w in loaded.warnings] == ["model.revision"]
+
+
+def test_upstream_profile_warns_about_reference_only_fields_it_never_renders() -> None:
+    loaded = parse_spec(UPSTREAM + "  kv_bytes: 1000\n  block_size: 16\n", "spec.yaml")
+    warned = {w.path: w for w in loaded.warnings}
+    assert {"serving.kv_bytes", "serving.block_size"} <= set(warned)
+    assert warned["serving.kv_bytes"].line == 11
+    assert "no effect" in warned["serving.kv_bytes"].message
