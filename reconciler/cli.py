@@ -405,6 +405,12 @@ def _add_smoke(commands: Any) -> None:
         default="all",
         help="protocol: only models, 401 and streaming (for models that cannot answer); default all",
     )
+    smoke_cmd.add_argument(
+        "--max-tokens",
+        type=_positive,
+        default=None,
+        help="cap each content answer; default none, as the reference (a model that never stops runs to max-model-len)",
+    )
     smoke_cmd.set_defaults(handler=_cmd_smoke)
 
 
@@ -455,7 +461,7 @@ def _api_target(args: argparse.Namespace) -> ApiTarget:
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
-    report = smoke.run_smoke(_api_target(args), args.checks)
+    report = smoke.run_smoke(_api_target(args), args.checks, args.max_tokens)
     if args.json:
         _emit_json(report.to_dict())
     else:

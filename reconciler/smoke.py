@@ -26,6 +26,7 @@ from typing import Any, Literal
 import httpx
 
 from reconciler.apiclient import (
+    REQUEST_TIMEOUT_S,
     ApiTarget,
     JsonObject,
     chunk_json,
@@ -257,14 +258,22 @@ def _quoted(content: str, body: object) -> str:
 class _Probe:
     """One smoke run's connection, model and the text answer the reasoning check reuses."""
 
-    def __init__(self, http: httpx.Client, target: ApiTarget) -> None:
+    def __init__(
+        self, http: httpx.Client, target: ApiTarget, max_tokens: int | None = None, timeout_s: float = 30.0
+    ) -> None:
         self.http = http
         self.target = target
         self.model = target.model
+        self.max_tokens = max_tokens
+        self.timeout_s = timeout_s
         self._text: Any = None
 
     def chat(self, content: object, **extra: object) -> Any:
         body: JsonObject = {"messages": [{"role": "user", "content": content}], "temperature": 0, **extra}
+        if self.max_tokens is not None:
+            # The reference sets no cap; a model that never emits EOS (random weights, a broken
+            # tokenizer) would then generate up to max-model-len tokens per content check.
+            body["max_tokens"] = self.max_tokens
         if self.model is not None:
             body["model"] = self.model
         response = self.http.post("/v1/chat/completions", json=body)
@@ -287,7 +296,7 @@ def _check_models(probe: _Probe) -> str:
 
 
 def _check_unauthorized(probe: _Probe) -> str:
-    with client(probe.target, keyed=False, timeout=30.0) as anonymous:
+    with client(probe.target, keyed=False, timeout=min(30.0, probe.timeout_s)) as anonymous:
         without_key = anonymous.get("/v1/models").status_code
         wrong = {"Authorization": f"Bearer wrong-{uuid.uuid4().hex}"}
         wrong_key = anonymous.get("/v1/models", headers=wrong).status_code
@@ -350,10 +359,19 @@ def check_names(checks: CheckSet) -> tuple[str, ...]:
     return PROTOCOL_CHECKS + (CONTENT_CHECKS if checks == "all" else ())
 
 
-def run_smoke(target: ApiTarget, checks: CheckSet = "all") -> SmokeReport:
-    """Every check of the set, each independent of the others' outcome."""
-    with client(target) as http:
-        probe = _Probe(http, target)
+def run_smoke(
+    target: ApiTarget,
+    checks: CheckSet = "all",
+    max_tokens: int | None = None,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+) -> SmokeReport:
+    """Every check of the set, each independent of the others' outcome.
+
+    max_tokens caps the content answers; timeout_s bounds each request (an engine that hangs
+    fails the check instead of holding the caller).
+    """
+    with client(target, timeout=timeout_s) as http:
+        probe = _Probe(http, target, max_tokens, timeout_s)
         results = tuple(_run_check(probe, name) for name in check_names(checks))
     return SmokeReport(target.url, probe.model or "", results)
 

@@ -511,6 +511,11 @@ class Startup(StrictModel):
         "protocol checks), protocol (models, 401, streaming only: for models that cannot answer, such as "
         "random weights), or off.",
     )
+    smoke_timeout_s: PositiveInt = Field(
+        default=600,
+        description="Longest wait for one smoke request after a start: an engine that hangs then fails the "
+        "smoke instead of holding `apply` and the loop for the reference's 3600 s.",
+    )
 
 
 class Loop(StrictModel):

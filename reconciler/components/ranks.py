@@ -522,7 +522,7 @@ def _await_ready(ctx: ApplyContext, _action: Action) -> str:
 def _run_smoke(ctx: ApplyContext, _action: Action) -> str:
     deployment = ctx.deployment
     target = ApiTarget(health.api_base(deployment), read_key(ctx), deployment.serving.served_model_name)
-    report = smoke.run_smoke(target, _smoke_checks(deployment))
+    report = smoke.run_smoke(target, _smoke_checks(deployment), timeout_s=deployment.startup.smoke_timeout_s)
     if not report.ok:
         raise smoke.SmokeFailedError(
             f"smoke failed: {smoke.failure_text(report)}",

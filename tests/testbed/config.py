@@ -145,9 +145,12 @@ class Layout:
     def sshd_config(self, node: Node) -> Path:
         return self.node_dir(node) / "ssh" / "sshd_config"
 
+    def hub_log(self, port: int) -> Path:
+        return self.root / ("hub.log" if port == HUB_PORT else f"hub-{port}.log")
+
     def state_paths(self) -> list[Path]:
         """Everything `down` deletes (caches, keys and the hub build are kept)."""
-        fixed = [self.bin, self.registry, self.images_json, self.state_json, self.root / "hub.log"]
+        fixed = [self.bin, self.registry, self.images_json, self.state_json, *self.root.glob("hub*.log")]
         return fixed + [self.node_dir(n) for n in ALL_NODES]
 
     def cache_paths(self) -> list[Path]:

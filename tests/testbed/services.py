@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import sys
+from pathlib import Path
 
 from tests.testbed import proc
 from tests.testbed.config import HOST_IP, HUB_PORT, PACKAGE_DIR, REGISTRY, REPO_ROOT, Layout, TestbedError
@@ -82,13 +83,14 @@ def build_hub(layout: Layout) -> bool:
     return True
 
 
-def start_hub(layout: Layout) -> None:
-    argv = [sys.executable, "-m", "tests.testbed.hub", "serve", "--root", str(layout.hub)]
-    argv += ["--host", HOST_IP, "--port", str(HUB_PORT)]
-    log = layout.root / "hub.log"
+def start_hub(layout: Layout, root: Path | None = None, port: int = HUB_PORT) -> None:
+    """A Hub stand-in serving one built repo (default: the synthetic checkpoint on :5080)."""
+    argv = [sys.executable, "-m", "tests.testbed.hub", "serve", "--root", str(root or layout.hub)]
+    argv += ["--host", HOST_IP, "--port", str(port)]
+    log = layout.hub_log(port)
     proc.spawn_detached(argv, log, cwd=REPO_ROOT)
-    if not proc.wait_for(lambda: http_status(HOST_IP, HUB_PORT, "/", 1.0) is not None, 20.0, interval=0.05):
-        raise TestbedError(f"hub not answering on {HOST_IP}:{HUB_PORT}\n{proc.tail(log)}")
+    if not proc.wait_for(lambda: http_status(HOST_IP, port, "/", 1.0) is not None, 20.0, interval=0.05):
+        raise TestbedError(f"hub not answering on {HOST_IP}:{port}\n{proc.tail(log)}")
 
 
 def is_hub_process(argv: list[str]) -> bool:

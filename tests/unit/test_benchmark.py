@@ -115,6 +115,26 @@ def test_the_report_is_written_after_every_step(url: str, tmp_path: Path) -> Non
     assert json.loads(out.read_text(encoding="utf-8"))["complete"] is True
 
 
+def test_the_warm_up_is_capped_so_a_model_that_never_stops_cannot_stall_it(tmp_path: Path) -> None:
+    sent: list[dict[str, Any]] = []
+
+    class Recording:
+        def post(self, path: str, json: dict[str, Any]) -> Any:
+            sent.append({"path": path, **json})
+            return type("Answer", (), {"status_code": 200})()
+
+    run = bench("http://127.0.0.1:9", tmp_path / "bench.json")
+    run._warm_up(Recording(), MODEL)  # type: ignore[arg-type]
+    assert sent == [
+        {
+            "path": "/v1/chat/completions",
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 32,
+        }
+    ]
+
+
 def test_an_interrupted_run_keeps_what_it_measured(url: str, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     run = bench(url, out, conc=(1,), prefill=(256,), kinds=("prose",), reps=3)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import struct
 import threading
 import zlib
@@ -250,6 +251,21 @@ def test_wrong_answers_fail_each_check_with_its_reason(serve: Callable[[Route], 
     }
 
 
+def test_max_tokens_caps_only_the_content_checks(serve: Callable[[Route], str]) -> None:
+    caps: dict[str, object] = {}
+
+    def record(method: str, path: str, body: dict[str, Any]) -> tuple[int, str, bytes]:
+        if method == "POST":
+            kind = "stream" if body.get("stream") else "tools" if body.get("tools") else "chat"
+            caps[kind] = body.get("max_tokens")
+        return wrong_answers(method, path, body)
+
+    run_smoke(ApiTarget(serve(record), KEY, MODEL))
+    assert caps == {"stream": 64, "tools": None, "chat": None}  # the reference sets no cap
+    run_smoke(ApiTarget(serve(record), KEY, MODEL), max_tokens=32)
+    assert caps == {"stream": 64, "tools": 32, "chat": 32}
+
+
 def test_server_errors_and_non_json_are_reasons(serve: Callable[[Route], str]) -> None:
     def broken(method: str, path: str, body: dict[str, Any]) -> tuple[int, str, bytes]:
         del body
@@ -473,3 +489,21 @@ def test_the_smoke_executor_fails_the_apply_with_the_failing_checks(
     assert failed.value.message.startswith(f"smoke failed: models: lists {MODEL}, not other-model; stream: ")
     assert "startup.smoke: protocol" in failed.value.hint
     assert KEY not in failed.value.message
+
+
+def test_a_hanging_engine_fails_the_smoke_step_within_its_timeout(
+    serve: Callable[[Route], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def hang(method: str, path: str, body: dict[str, Any]) -> tuple[int, str, bytes]:
+        time.sleep(3)  # longer than the spec's smoke_timeout_s below: a frozen engine
+        return wrong_answers(method, path, body)
+
+    port = int(serve(hang).rsplit(":", 1)[1])
+    monkeypatch.setattr(ranks, "read_key", lambda _ctx: KEY)
+    deployment = with_serving(smoke_setting("protocol"), port=port)
+    startup = deployment.startup.model_copy(update={"smoke_timeout_s": 1})
+    ctx = ApplyContext(deployment.model_copy(update={"startup": startup}), empty_facts(), {})
+    with pytest.raises(SmokeFailedError) as failed:
+        ranks.EXECUTORS["smoke"](ctx, plan(ctx.deployment, empty_facts()).actions[-1])
+    # Each check gave up after the spec's 1 s, not after the answer (3 s) or the reference's 3600 s.
+    assert failed.value.message.count("ReadTimeout") == 3, failed.value.message

@@ -214,7 +214,10 @@ def test_home_expansion_uses_the_nodes_own_home(path: str, home: str, expanded: 
     assert expand_home(path, home) == expanded
 
 
-UPSTREAM = MINIMAL + "serving:\n  profile: upstream\n  tokenizer_mode: auto\n  reasoning_parser: null\n  tool_call_parser: hermes\n"
+UPSTREAM = (
+    MINIMAL
+    + "serving:\n  profile: upstream\n  tokenizer_mode: auto\n  reasoning_parser: null\n  tool_call_parser: hermes\n"
+)
 
 
 def test_the_default_profile_is_the_reference() -> None:

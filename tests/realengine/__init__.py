@@ -1,0 +1,1 @@
+"""The real-engine lane: the reconciler drives real vLLM (CPU build) ranks on the testbed."""

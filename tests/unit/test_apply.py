@@ -1,0 +1,84 @@
+"""apply: order, the concurrent image pulls, and failures naming the action."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import pytest
+
+from reconciler import apply
+from reconciler.actions import Action
+from reconciler.errors import NodeCommandError
+from reconciler.execution import ApplyContext, Progress
+from reconciler.plan import Plan, plan
+from tests.scenarios import empty_facts, reference_deployment
+
+
+def action(component: str, step: str, node: str, *after: str) -> Action:
+    return Action(f"{component}.{step}@{node}", component, "create", node, f"{step} on {node}", "test", after)
+
+
+def test_neighbouring_pulls_on_distinct_nodes_form_one_batch_and_nothing_else_does() -> None:
+    pulls = [action("image", "pull", "a"), action("image", "pull", "b")]
+    guards = [action("memguard", "start", "a"), action("memguard", "start", "b")]
+    again = action("image", "pull", "a")
+    grouped = apply.batches([*pulls, *guards, again])
+    assert [[a.id for a in batch] for batch in grouped] == [
+        ["image.pull@a", "image.pull@b"],
+        ["memguard.start@a"],
+        ["memguard.start@b"],
+        ["image.pull@a"],
+    ]
+
+
+def test_a_pull_waiting_for_another_is_not_batched_with_it() -> None:
+    first, second = action("image", "pull", "a"), action("image", "pull", "b", "image.pull@a")
+    assert len(apply.batches([first, second])) == 2
+
+
+def test_the_fresh_bring_up_pulls_every_node_at_once() -> None:
+    actions = plan(reference_deployment(), empty_facts()).actions
+    pulls = [batch for batch in apply.batches(list(actions)) if batch[0].step == "pull"]
+    assert [[a.node for a in batch] for batch in pulls] == [["spark-head", "spark-worker"]]
+
+
+def run(monkeypatch: pytest.MonkeyPatch, actions: list[Action], executor: object) -> tuple[object, str]:
+    monkeypatch.setattr(apply, "executor_for", lambda _action: executor)
+    out = io.StringIO()
+    ctx = ApplyContext(reference_deployment(), empty_facts(), {}, Progress(out))
+    the_plan = Plan("dsv41", [], actions)
+    try:
+        return apply.apply_plan(ctx, the_plan), out.getvalue()
+    except apply.ApplyError as error:
+        return error, out.getvalue()
+
+
+def test_batched_pulls_really_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
+    both_running = threading.Barrier(2, timeout=10)
+
+    def pull(_ctx: ApplyContext, act: Action) -> str:
+        both_running.wait()  # raises BrokenBarrierError if the two never run at the same time
+        return f"pulled on {act.node}"
+
+    result, out = run(monkeypatch, [action("image", "pull", "a"), action("image", "pull", "b")], pull)
+    assert isinstance(result, apply.ApplyResult)
+    assert [message for _, message, _ in result.done] == ["pulled on a", "pulled on b"]
+    assert "[1/2] done in" in out
+    assert "[2/2] done in" in out
+
+
+def test_a_failed_pull_fails_the_apply_after_the_other_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    finished: list[str] = []
+
+    def pull(_ctx: ApplyContext, act: Action) -> str:
+        if act.node == "a":
+            raise NodeCommandError("manifest unknown", "check image.ref")
+        finished.append(act.node)
+        return "pulled"
+
+    error, _ = run(monkeypatch, [action("image", "pull", "a"), action("image", "pull", "b")], pull)
+    assert isinstance(error, apply.ApplyError)
+    assert error.message == "[1/2] image on a: pull on a: failed: manifest unknown"
+    assert error.action.node == "a"
+    assert finished == ["b"]
