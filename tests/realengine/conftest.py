@@ -17,12 +17,14 @@ from tests.testbed.realengine import lane as lane_setup
 from tests.testbed.testbed import Testbed
 
 LANE_START = time.monotonic()
+LANE_USED: list[bool] = []  # set by the fixture: only a run that brought the lane up reports its time
 
 
 @pytest.fixture(scope="session")
 def lane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     if not testbed_available():
         pytest.skip("the real-engine lane needs root, dockerd and sshd (run ./make.sh test-real-engine as root)")
+    LANE_USED.append(True)
     testbed = Testbed(TB_ROOT)
     started = time.monotonic()
     image = lane_setup.up(testbed)
@@ -37,4 +39,5 @@ def lane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     del session, exitstatus
-    print(f"\nreal-engine lane: tests took {time.monotonic() - LANE_START:.0f} s of wall time")
+    if LANE_USED:
+        print(f"\nreal-engine lane: tests took {time.monotonic() - LANE_START:.0f} s of wall time")

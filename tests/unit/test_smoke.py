@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
