@@ -71,7 +71,7 @@ e2e: setup testbed-install
 # `prepare` caches the venv, the tiny model and the image layers under $$TB_ROOT/cache.
 test-real-engine: setup testbed-install
 	@start=$$(date +%s); \
-	python3 -m tests.testbed.realengine prepare && \
+	python3 -m tests.testbed real-engine-prepare && \
 	$(BIN)/pytest -m realengine -v -s tests/realengine; rc=$$?; \
 	echo "real-engine lane: $$(( $$(date +%s) - start )) s wall time (prepare + tests)"; exit $$rc
 

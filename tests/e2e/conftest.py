@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,6 +66,31 @@ class Bed:
 
     def api_key(self) -> str:
         return self.node("spark-head", "cat", "/srv/spark/state/api_key").stdout.strip()
+
+
+def loop_status(bed: Bed) -> dict[str, Any]:
+    """The loop's own status file: readable even while the spec file is invalid."""
+    text = bed.node("spark-head", "cat", "/srv/spark/state/loop-status.json", check=False).stdout
+    loaded: dict[str, Any] = json.loads(text) if text else {}
+    return loaded
+
+
+@contextlib.contextmanager
+def running_loop(bed: Bed, *, stop_timeout_s: float = 30, log_tail: int = 3000) -> Iterator[Path]:
+    """`reconciler run` inside the head for the duration; yields its log file, printed at the end."""
+    argv = bed.testbed.exec_argv("spark-head", [RECONCILER, "run", "--spec", str(bed.spec)])
+    log_path = bed.spec.parent / "loop.log"
+    with log_path.open("w", encoding="utf-8") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield log_path
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    print(log_path.read_text(encoding="utf-8")[-log_tail:])
 
 
 THIRD_NODE = """\

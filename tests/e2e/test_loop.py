@@ -9,14 +9,13 @@ file was rewritten.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import RECONCILER, Bed
+from tests.e2e.conftest import Bed, loop_status, running_loop
 
 pytestmark = pytest.mark.testbed
 
@@ -40,20 +39,9 @@ def looping(bed: Bed) -> Iterator[Bed]:
         "  extra_env:\n", f"  extra_env:\n    ENGINE_FAULT_FILE: {FAULT_FILE.replace('/srv/spark/state', '')}\n"
     )
     bed.spec.write_text(text + LOOP_SETTINGS, encoding="utf-8")
-    argv = bed.testbed.exec_argv(HEAD, [RECONCILER, "run", "--spec", str(bed.spec)])
-    log_path = bed.spec.parent / "loop.log"
-    with log_path.open("w", encoding="utf-8") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_for(bed, lambda s: s["converged"] and s["health"] == 200, 180, "first convergence")
-            yield bed
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-    print(log_path.read_text(encoding="utf-8")[-3000:])
+    with running_loop(bed):
+        wait_for(bed, lambda s: s["converged"] and s["health"] == 200, 180, "first convergence")
+        yield bed
 
 
 def status(bed: Bed) -> dict[str, Any]:
@@ -72,13 +60,6 @@ def wait_for(bed: Bed, condition: Callable[[dict[str, Any]], bool], timeout: flo
             return elapsed
         time.sleep(1)
     raise AssertionError(f"{what}: not within {timeout} s; last status: {json.dumps(status(bed))[:2000]}")
-
-
-def loop_status(bed: Bed) -> dict[str, Any]:
-    """The loop's own status file: readable even while the spec file is invalid."""
-    text = bed.node(HEAD, "cat", "/srv/spark/state/loop-status.json", check=False).stdout
-    loaded: dict[str, Any] = json.loads(text) if text else {}
-    return loaded
 
 
 def container_id(bed: Bed, node: str, name: str) -> str:

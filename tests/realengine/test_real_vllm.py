@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import RECONCILER, Bed
+from tests.e2e.conftest import Bed, loop_status, running_loop
 
 pytestmark = pytest.mark.realengine
 
@@ -181,20 +181,9 @@ def test_rank1_killed_without_traffic_health_stays_200_until_a_request(lane: Bed
 
 @pytest.fixture(scope="module")
 def looping(lane: Bed) -> Iterator[Bed]:
-    argv = lane.testbed.exec_argv(HEAD, [RECONCILER, "run", "--spec", str(lane.spec)])
-    log_path = lane.spec.parent / "loop.log"
-    with log_path.open("w", encoding="utf-8") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_until(lambda: serving(lane), 120, "loop started, group serving")
-            yield lane
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-    print(log_path.read_text(encoding="utf-8")[-4000:])
+    with running_loop(lane, stop_timeout_s=60, log_tail=4000):
+        wait_until(lambda: serving(lane), 120, "loop started, group serving")
+        yield lane
 
 
 def serving(bed: Bed) -> bool:
@@ -210,12 +199,6 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> floa
             return elapsed
         time.sleep(2)
     raise AssertionError(f"{what}: not within {timeout} s")
-
-
-def loop_status(bed: Bed) -> dict[str, Any]:
-    text = bed.node(HEAD, "cat", "/srv/spark/state/loop-status.json", check=False).stdout
-    loaded: dict[str, Any] = json.loads(text) if text else {}
-    return loaded
 
 
 def utc_now() -> str:

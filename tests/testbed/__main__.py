@@ -1,4 +1,4 @@
-"""CLI: python3 -m tests.testbed {install,up,down,exec,link,image-ref,rebuild-engine}.
+"""CLI: python3 -m tests.testbed COMMAND (install, up, down, exec, link, image-ref, rebuild-engine, real-engine-*).
 
 Runs from the repository root with the system python3 (stdlib only), as root.
 $TB_ROOT (default /tmp/testbed) holds all testbed state and caches.
@@ -12,6 +12,7 @@ import sys
 
 from tests.testbed.config import TestbedError, node_named
 from tests.testbed.install import install
+from tests.testbed.realengine import lane
 from tests.testbed.testbed import Testbed
 
 
@@ -32,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("image-ref", help="print an image's digest reference")
     ref.add_argument("image", choices=("pybase", "engine"))
     sub.add_parser("rebuild-engine", help="push a new engine image from tests/testbed/engine and pull it on the nodes")
+    sub.add_parser(
+        "real-engine-prepare", help="the real-engine lane's vLLM CPU venv, tiny model and tb/vllm layers (cached)"
+    )
+    sub.add_parser("real-engine-up", help="real-engine-prepare, then the testbed with the tiny-model Hub and tb/vllm")
     return parser
 
 
@@ -56,6 +61,10 @@ def main(argv: list[str]) -> int:
         print(testbed.images()[args.image])
     elif args.command == "rebuild-engine":
         testbed.rebuild_engine()
+    elif args.command == "real-engine-prepare":
+        lane.prepare(testbed.layout)
+    elif args.command == "real-engine-up":
+        print(lane.up(testbed))
     return 0
 
 

@@ -1,6 +1,7 @@
 """Bring-up of the real-engine lane: the testbed, plus real vLLM and a real tiny model.
 
-TEST LANE, not part of the product. `prepare` needs no testbed and caches everything under
+TEST LANE, not part of the product. `python3 -m tests.testbed real-engine-prepare|real-engine-up`.
+`prepare` needs no testbed and caches everything under
 $TB_ROOT/cache (the vLLM venv, the tiny checkpoint, the tb/vllm layers); `up` brings the
 two-node testbed up, serves the tiny checkpoint from a second Hub stand-in on :5081 and
 pushes tb/vllm to the registry. The reconciler itself pulls the image onto the nodes.

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import time
 from collections.abc import Callable
@@ -213,14 +212,3 @@ def build_image(cache: Path) -> img.Image:
         flush=True,
     )
     return img.Image("tb/vllm", (base, *layers))
-
-
-def main() -> int:
-    """`python3 -m tests.testbed.realengine.vllmcpu CACHE`: venv and image layers, no testbed needed."""
-    image = build_image(Path(sys.argv[1]))
-    print(f"  tb/vllm: {image.ref}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
