@@ -102,6 +102,11 @@ def _parser() -> argparse.ArgumentParser:
     status_cmd = commands.add_parser("status", help="per node: containers, guard, memory; API health; pending changes")
     _spec_option(status_cmd)
     _json_option(status_cmd)
+    status_cmd.add_argument(
+        "--probe",
+        action="store_true",
+        help="also send the liveness probe (keyed one-token completion): /health says 200 while the engine is dead",
+    )
     status_cmd.set_defaults(handler=_cmd_status)
 
     doctor_cmd = commands.add_parser("doctor", help="every prerequisite on every node: PASS/WARN/FAIL with the fix")
@@ -281,7 +286,7 @@ def _cmd_facts(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec or default_spec_path())
     with commands.session(loaded.deployment) as transports:
-        report = commands.status(loaded.deployment, transports)
+        report = commands.status(loaded.deployment, transports, probe=args.probe)
     if args.json:
         _emit_json(report)
     else:
@@ -318,6 +323,9 @@ def _render_status(report: dict[str, Any]) -> str:
             lines.append(f"     held since {node['hold']['since']} ({node['hold']['reason']})")
         lines += [f"     {component}: {state}" for component, state in sorted(node["components"].items())]
     lines.append(f"  health: {report['health'] if report['health'] is not None else 'no answer'}")
+    if report.get("liveness") is not None:
+        verdict = "ok" if report["liveness"]["ok"] else "FAILED"
+        lines.append(f"  liveness: {verdict}: {report['liveness']['detail']}")
     lines += [f"  ! {condition}" for condition in report["conditions"]]
     lines += [f"  pending: {item['id']}: {item['cause']}" for item in report["pending"]]
     return "\n".join(lines) + "\n"

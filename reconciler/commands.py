@@ -12,11 +12,12 @@ import docker
 
 from reconciler.apply import ApplyResult, apply_plan
 from reconciler.components import memguard
+from reconciler.components.apikey import read_key
 from reconciler.errors import ReconcilerError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.gather import gather
 from reconciler.facts.node import Facts
-from reconciler.health import health_code
+from reconciler.health import health_code, liveness_problem
 from reconciler.loop import read_status
 from reconciler.plan import Plan, plan
 from reconciler.serving import container_name
@@ -90,7 +91,8 @@ def release(deployment: Deployment, transports: dict[str, Transport]) -> None:
             memguard.clear_trip(context, node.name)
 
 
-def status(deployment: Deployment, transports: dict[str, Transport]) -> dict[str, Any]:
+def status(deployment: Deployment, transports: dict[str, Transport], *, probe: bool = False) -> dict[str, Any]:
+    """Observed state per node, the keyless /health, and with `probe` the liveness probe too."""
     facts, current = live_plan(deployment, transports)
     nodes: dict[str, Any] = {}
     for rank, node in deployment.ranked_nodes:
@@ -115,12 +117,22 @@ def status(deployment: Deployment, transports: dict[str, Transport]) -> dict[str
         "deployment": deployment.name,
         "loop": read_status(deployment),
         "health": health_code(deployment),
+        "liveness": _liveness(deployment, facts, transports) if probe else None,
         "converged": not current.has_changes and not current.blockers,
         "nodes": nodes,
         "pending": pending,
         "conditions": conditions,
         "summary": current.summary(),
     }
+
+
+def _liveness(deployment: Deployment, facts: Facts, transports: dict[str, Transport]) -> dict[str, Any]:
+    try:
+        key = read_key(ApplyContext(deployment, facts, transports))
+    except ReconcilerError as exc:
+        return {"ok": False, "detail": exc.message}
+    problem = liveness_problem(deployment, key)
+    return {"ok": problem is None, "detail": problem or "keyed one-token completion answered"}
 
 
 def _components(current: Plan, node: str) -> dict[str, str]:

@@ -51,6 +51,28 @@ def models_code(deployment: Deployment, key: str, timeout: float = 5.0) -> int |
         return None
 
 
+def liveness_problem(deployment: Deployment, key: str) -> str | None:
+    """The liveness probe: keyed /v1/models, then a one-token completion; None when both work.
+
+    /health answers 200 while the engine is dead (REFERENCE §5); only a request that needs
+    every rank proves the group alive.
+    """
+    headers = {"Authorization": f"Bearer {key}"}
+    base = api_base(deployment)
+    timeout = deployment.loop.liveness_timeout_s
+    body: dict[str, Any] = {"model": deployment.serving.served_model_name, "prompt": "ping", "max_tokens": 1}
+    try:
+        models = httpx.get(f"{base}/v1/models", headers=headers, timeout=10)
+        if models.status_code != 200:
+            return f"GET /v1/models answered {models.status_code}"
+        answer = httpx.post(f"{base}/v1/completions", headers=headers, json=body, timeout=timeout)
+    except httpx.TimeoutException:
+        return f"no completion within {timeout} s (engine hung?)"
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if answer.status_code == 200 else f"POST /v1/completions answered {answer.status_code}"
+
+
 def rank_states(ctx: ApplyContext) -> dict[str, Any]:
     """Each rank container's Docker object (None when missing)."""
     states: dict[str, Any] = {}

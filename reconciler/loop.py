@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import watchfiles
 
 from reconciler import notify
@@ -34,7 +33,7 @@ from reconciler.errors import ReconcilerError, SpecError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.gather import gather
 from reconciler.facts.node import Facts, Liveness
-from reconciler.health import api_base
+from reconciler.health import liveness_problem
 from reconciler.lock import deployment_lock
 from reconciler.plan import Plan, plan, summary_line
 from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
@@ -283,27 +282,13 @@ class Loop:
                 self.triggers.fire("liveness probe failed")
 
     def _probe_once(self) -> str | None:
-        deployment = self.deployment
         if self.last_facts is None:
             return None
         try:
-            key = read_key(ApplyContext(deployment, self.last_facts, self.transports, self.progress))
+            key = read_key(ApplyContext(self.deployment, self.last_facts, self.transports, self.progress))
         except ReconcilerError as exc:
             return exc.message
-        headers = {"Authorization": f"Bearer {key}"}
-        base = api_base(deployment)
-        timeout = deployment.loop.liveness_timeout_s
-        body: dict[str, Any] = {"model": deployment.serving.served_model_name, "prompt": "ping", "max_tokens": 1}
-        try:
-            models = httpx.get(f"{base}/v1/models", headers=headers, timeout=10)
-            if models.status_code != 200:
-                return f"GET /v1/models answered {models.status_code}"
-            answer = httpx.post(f"{base}/v1/completions", headers=headers, json=body, timeout=timeout)
-        except httpx.TimeoutException:
-            return f"no completion within {timeout} s (engine hung?)"
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"
-        return None if answer.status_code == 200 else f"POST /v1/completions answered {answer.status_code}"
+        return liveness_problem(self.deployment, key)
 
     def _watchdog(self) -> None:
         interval = notify.watchdog_interval_s()

@@ -161,9 +161,11 @@ def test_rank1_killed_without_traffic_health_stays_200_until_a_request(lane: Bed
         samples.append((client(lane, "health")["status"], state(lane, HEAD, R0)[0]))
     print(f"rank 1 dead, no traffic, {time.monotonic() - killed:.0f} s: (/health, rank 0) = {samples}")
     assert samples == [(200, "running")] * 5
-    probe = client(lane, "complete", "1")  # what the loop's liveness probe sends
-    print(f"keyed one-token completion: {probe}")
-    assert probe["status"] == 500
+    # `status --probe` sends the loop's liveness probe: a keyed one-token completion.
+    report = json.loads(lane.reconciler("status", "--probe", "--json", check=False).stdout)
+    print(f"status --probe: health {report['health']}, liveness {report['liveness']}")
+    assert report["health"] == 200
+    assert report["liveness"] == {"ok": False, "detail": "POST /v1/completions answered 500"}
     wait_until(lambda: state(lane, HEAD, R0) == ("exited", 0), 30, "rank 0 exits after that request")
     planned = lane.reconciler("plan").stdout
     assert "any exit fails the group, code 0 included" in planned
