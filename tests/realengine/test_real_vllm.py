@@ -203,6 +203,10 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> floa
     raise AssertionError(f"{what}: not within {timeout} s")
 
 
+def loop_log(bed: Bed) -> str:
+    return (bed.spec.parent / "loop.log").read_text(encoding="utf-8")
+
+
 def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -250,6 +254,20 @@ def test_rank1_killed_during_a_request_restarts_the_group_in_order(looping: Bed)
     settled(bed, key)
 
 
+def test_rank1_killed_without_traffic_under_the_loop_is_repaired_at_once(looping: Bed) -> None:
+    """No request arrives, so rank 0 keeps serving /health (previous tests); the loop does not
+    wait for its liveness probe: the worker's Docker event of rank 1's exit starts the repair."""
+    bed, key = looping, looping.api_key()
+    old_r0, old_r1 = container_id(bed, HEAD, R0), container_id(bed, WORKER, R1)
+    seen = len(loop_log(bed))
+    killed = time.monotonic()
+    bed.node(WORKER, "docker", "kill", R1)
+    wait_until(group_replaced(bed, old_r0, old_r1), 400, "rank 1 killed, no traffic -> serving again")
+    print(f"kill -> serving again: {time.monotonic() - killed:.0f} s")
+    assert "pass: spark-worker: dsv41-r1 die" in loop_log(bed)[seen:]
+    settled(bed, key)
+
+
 def test_a_silent_rank1_is_caught_by_the_liveness_probe_although_health_stays_200(looping: Bed) -> None:
     """A rank 1 that stops answering without exiting (frozen worker process): Docker sees a
     running container and /health stays 200; only the keyed one-token completion notices."""
@@ -258,6 +276,7 @@ def test_a_silent_rank1_is_caught_by_the_liveness_probe_although_health_stays_20
     top = bed.node(WORKER, "docker", "top", R1, "-o", "pid,args").stdout.splitlines()[1:]
     worker_pids = [line.split()[0] for line in top if "Worker_TP" in line]
     assert worker_pids, top
+    seen = len(loop_log(bed))
     frozen = time.monotonic()
     bed.node(WORKER, "kill", "-STOP", *worker_pids)
     time.sleep(3)
@@ -265,7 +284,7 @@ def test_a_silent_rank1_is_caught_by_the_liveness_probe_although_health_stays_20
     assert state(bed, WORKER, R1)[0] == "running"
     wait_until(group_replaced(bed, old_r0, old_r1), 400, "rank 1 frozen -> serving again")
     print(f"freeze -> serving again: {time.monotonic() - frozen:.0f} s")
-    log = (bed.spec.parent / "loop.log").read_text(encoding="utf-8")
+    log = loop_log(bed)[seen:]
     assert "liveness probe failed (2x)" in log
     assert "pass: liveness probe failed" in log
     settled(bed, key)
