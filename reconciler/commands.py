@@ -12,12 +12,11 @@ import docker
 
 from reconciler.apply import ApplyResult, apply_plan
 from reconciler.components import memguard
-from reconciler.components.apikey import read_key
 from reconciler.errors import ReconcilerError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.gather import gather
 from reconciler.facts.node import Facts
-from reconciler.health import health_code, liveness_problem
+from reconciler.health import health_code, probe_liveness
 from reconciler.loop import read_status
 from reconciler.plan import Plan, plan
 from reconciler.serving import container_name
@@ -127,11 +126,7 @@ def status(deployment: Deployment, transports: dict[str, Transport], *, probe: b
 
 
 def _liveness(deployment: Deployment, facts: Facts, transports: dict[str, Transport]) -> dict[str, Any]:
-    try:
-        key = read_key(ApplyContext(deployment, facts, transports))
-    except ReconcilerError as exc:
-        return {"ok": False, "detail": exc.message}
-    problem = liveness_problem(deployment, key)
+    problem = probe_liveness(ApplyContext(deployment, facts, transports))
     return {"ok": problem is None, "detail": problem or "keyed one-token completion answered"}
 
 

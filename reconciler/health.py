@@ -73,6 +73,15 @@ def liveness_problem(deployment: Deployment, key: str) -> str | None:
     return None if answer.status_code == 200 else f"POST /v1/completions answered {answer.status_code}"
 
 
+def probe_liveness(ctx: ApplyContext) -> str | None:
+    """The liveness probe with the key from the head's key file; None when the group works."""
+    try:
+        key = read_key(ctx)
+    except ReconcilerError as exc:
+        return exc.message
+    return liveness_problem(ctx.deployment, key)
+
+
 def rank_states(ctx: ApplyContext) -> dict[str, Any]:
     """Each rank container's Docker object (None when missing)."""
     states: dict[str, Any] = {}

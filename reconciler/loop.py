@@ -28,12 +28,11 @@ import watchfiles
 from reconciler import notify
 from reconciler.apply import apply_plan
 from reconciler.components import memguard
-from reconciler.components.apikey import read_key
 from reconciler.errors import ReconcilerError, SpecError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.gather import gather
 from reconciler.facts.node import Facts, Liveness
-from reconciler.health import liveness_problem
+from reconciler.health import probe_liveness
 from reconciler.lock import deployment_lock
 from reconciler.plan import Plan, plan, summary_line
 from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
@@ -284,11 +283,7 @@ class Loop:
     def _probe_once(self) -> str | None:
         if self.last_facts is None:
             return None
-        try:
-            key = read_key(ApplyContext(self.deployment, self.last_facts, self.transports, self.progress))
-        except ReconcilerError as exc:
-            return exc.message
-        return liveness_problem(self.deployment, key)
+        return probe_liveness(ApplyContext(self.deployment, self.last_facts, self.transports, self.progress))
 
     def _watchdog(self) -> None:
         interval = notify.watchdog_interval_s()

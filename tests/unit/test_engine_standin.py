@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,23 +175,6 @@ def start_group(launcher: Launcher, env: dict[str, str] | None = None) -> Group:
     url = f"http://127.0.0.1:{port}"
     wait_healthy(rank0, url)
     return Group(rank0, rank1, url, port, master_port)
-
-
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[Launcher]:
-    launched = Launcher(tmp_path)
-    yield launched
-    launched.close()
-
-
-@pytest.fixture(scope="module")
-def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
-    """One healthy two-rank group, started from the rendered argv, for the read-only API tests."""
-    launched = Launcher(tmp_path_factory.mktemp("group"))
-    try:
-        yield start_group(launched)
-    finally:
-        launched.close()
 
 
 def chat(client: httpx.Client, content: object, **extra: object) -> httpx.Response:

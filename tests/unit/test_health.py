@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from reconciler.health import health_code, liveness_problem
 from tests.scenarios import reference_deployment, with_serving
 from tests.unit.test_engine_standin import KEY, Launcher, start_group
 
 
-def test_liveness_sees_a_dead_rank1_that_health_hides(tmp_path: Path) -> None:
-    launcher = Launcher(tmp_path)
-    try:
-        check_liveness_against(launcher)
-    finally:
-        launcher.close()
-
-
-def check_liveness_against(launcher: Launcher) -> None:
+def test_liveness_sees_a_dead_rank1_that_health_hides(launcher: Launcher) -> None:
     group = start_group(launcher)
     deployment = with_serving(reference_deployment(), port=group.port)
     assert liveness_problem(deployment, KEY) is None

@@ -33,22 +33,11 @@ from tests.unit.test_engine_standin import (
     Launcher,
     free_port,
     single_argv,
-    start_group,
     wait_healthy,
 )
 
 ALL = ["models", "unauthorized", "stream", "text", "reasoning", "tools", "vision"]
 Route = Callable[[str, str, dict[str, Any]], tuple[int, str, bytes]]
-
-
-@pytest.fixture(scope="module")
-def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
-    """Both ranks from the rendered argv (the reference flags), the key required."""
-    launcher = Launcher(tmp_path_factory.mktemp("smoke-group"))
-    try:
-        yield start_group(launcher)
-    finally:
-        launcher.close()
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ backend and vLLM disables it anyway (1 GB saved on every pull).
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -187,28 +188,28 @@ def build_image(cache: Path) -> img.Image:
         "\n".join([IMAGE_FORMAT, RECIPE, str(venv), *(e.fingerprint() for e in runtime)]).encode()
     ).hexdigest()
     meta_path = cache / "vllm" / "image.json"
+    layers = _cached_layers(meta_path, key)
+    if layers is None:
+        started = time.monotonic()
+        print("  writing the tb/vllm layers (runtime libraries, venv)", flush=True)
+        layers = (
+            img.write_layer(runtime, cache / "vllm" / "runtime.tar.gz"),
+            write_venv_layer(venv, cache / "vllm" / "venv.tar.gz"),
+        )
+        saved = [{**dataclasses.asdict(layer), "path": str(layer.path)} for layer in layers]
+        meta_path.write_text(json.dumps({"key": key, "layers": saved}, indent=1) + "\n")
+        size_gb = sum(layer.size for layer in layers) / 1e9
+        print(f"    done in {time.monotonic() - started:.0f} s ({size_gb:.2f} GB compressed)", flush=True)
+    return img.Image("tb/vllm", (base, *layers))
+
+
+def _cached_layers(meta_path: Path, key: str) -> tuple[img.Layer, ...] | None:
+    """The layers written for this key, if their files are still whole."""
     try:
         meta = json.loads(meta_path.read_text())
-        if meta["key"] == key and all(Path(layer["path"]).stat().st_size == layer["size"] for layer in meta["layers"]):
-            return img.Image(
-                "tb/vllm",
-                (base, *(img.Layer(Path(x["path"]), x["digest"], x["diff_id"], x["size"]) for x in meta["layers"])),
-            )
-    except (OSError, ValueError, KeyError):
+        layers = tuple(img.Layer(**{**saved, "path": Path(saved["path"])}) for saved in meta["layers"])
+        if meta["key"] == key and all(layer.path.stat().st_size == layer.size for layer in layers):
+            return layers
+    except (OSError, ValueError, KeyError, TypeError):
         pass
-    started = time.monotonic()
-    print("  writing the tb/vllm layers (runtime libraries, venv)", flush=True)
-    layers = (
-        img.write_layer(runtime, cache / "vllm" / "runtime.tar.gz"),
-        write_venv_layer(venv, cache / "vllm" / "venv.tar.gz"),
-    )
-    meta = {
-        "key": key,
-        "layers": [{"path": str(x.path), "digest": x.digest, "diff_id": x.diff_id, "size": x.size} for x in layers],
-    }
-    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
-    print(
-        f"    done in {time.monotonic() - started:.0f} s ({sum(x.size for x in layers) / 1e9:.2f} GB compressed)",
-        flush=True,
-    )
-    return img.Image("tb/vllm", (base, *layers))
+    return None
