@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Bed, loop_status, running_loop
+from tests.e2e.conftest import Bed, running_loop
 
 pytestmark = pytest.mark.realengine
 
@@ -184,7 +184,7 @@ def test_rank1_killed_without_traffic_health_stays_200_until_a_request(lane: Bed
 @pytest.fixture(scope="module")
 def looping(lane: Bed) -> Iterator[Bed]:
     with running_loop(lane, stop_timeout_s=60, log_tail=4000):
-        wait_until(lambda: serving(lane), 120, "loop started, group serving")
+        wait_until(lambda: loop_idle(lane) and serving(lane), 120, "loop's first pass done, group serving")
         yield lane
 
 
@@ -207,18 +207,22 @@ def loop_log(bed: Bed) -> str:
     return (bed.spec.parent / "loop.log").read_text(encoding="utf-8")
 
 
-def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+def loop_idle(bed: Bed) -> bool:
+    """The loop's last word is a published status (no pass running), and it says converged.
+
+    A pass that started before a fault can end after it with "converged"; the status file
+    alone cannot tell, its log can: every pass ends with a `status:` line.
+    """
+    lines = [line for line in loop_log(bed).splitlines() if line.startswith("[loop] ")]
+    return bool(lines) and lines[-1] == "[loop] status: converged"
 
 
 def group_replaced(bed: Bed, old_r0: str, old_r1: str) -> Callable[[], bool]:
-    """Both ranks are new containers, rank 1 started first, a completion works, and the loop's
-    repairing pass (its smoke step included) has finished."""
-    since = utc_now()
+    """Both ranks are new containers, rank 1 started first, a completion works, and the loop is
+    idle again (the repairing pass, its smoke step included, has finished)."""
 
     def check() -> bool:
-        current = loop_status(bed)
-        if current.get("condition") != "converged" or str(current.get("last_pass")) < since:
+        if not loop_idle(bed):
             return False
         r0, r1 = inspect(bed, HEAD, R0), inspect(bed, WORKER, R1)
         if not r0 or not r1 or r0["Id"] == old_r0 or r1["Id"] == old_r1:
