@@ -66,6 +66,10 @@ class Blocker:
     component: str
     message: str
     hint: str
+    # False when the rest of the deployment may still be planned: a checkpoint that cannot be
+    # checked against an unreachable Hub, but whose files on disk match the manifest, must not
+    # keep a dead rank from being restarted.
+    holds_ranks: bool = True
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -73,6 +77,7 @@ class Blocker:
             "component": self.component,
             "message": self.message,
             "hint": self.hint,
+            "holds_ranks": self.holds_ranks,
         }
 
 
@@ -96,12 +101,15 @@ class Outcome:
     blockers: list[Blocker] = field(default_factory=list)
     in_sync: list[InSync] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Why the rank group is held down (a `reconciler stop`, a guard trip); also among the notes.
+    held: list[str] = field(default_factory=list)
 
     def extend(self, other: Outcome) -> None:
         self.actions += other.actions
         self.blockers += other.blockers
         self.in_sync += other.in_sync
         self.notes += other.notes
+        self.held += other.held
 
 
 def action_id(component: str, step: str, node: str) -> str:

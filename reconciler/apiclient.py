@@ -17,7 +17,9 @@ from typing import Any
 import httpx
 
 from reconciler.errors import ReconcilerError
+from reconciler.fsutil import UntrustedFileError, read_bounded
 from reconciler.health import api_base
+from reconciler.redact import checked_secret
 from reconciler.spec import Deployment, expand_home
 
 KEY_ENV = "DSV41_API_KEY"
@@ -73,23 +75,26 @@ def resolve_key(key_file: str | None, env: Mapping[str, str], spec_key_file: str
     if key_file is not None:
         return read_key_file(key_file)
     if env.get(KEY_ENV, "").strip():
-        return env[KEY_ENV].strip()
+        return checked_secret(env[KEY_ENV], what="the API key", source=f"${KEY_ENV}", hint=_KEY_HINT)
     if spec_key_file is None:
         raise ReconcilerError("no API key", f"pass --key-file PATH or set ${KEY_ENV}")
     return read_key_file(spec_key_file)
 
 
+_KEY_HINT = "the key is printable ASCII on one line: check the file or the variable for stray bytes"
+KEY_FILE_LIMIT = 4096
+
+
 def read_key_file(path: str) -> str:
     try:
-        key = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
+        raw = read_bounded(path, limit=KEY_FILE_LIMIT)
+    except UntrustedFileError as exc:
         raise ReconcilerError(
-            f"cannot read the API key file {path}: {reason}", f"pass --key-file PATH or set ${KEY_ENV}"
+            f"cannot read the API key file {path}: {exc.reason}", f"pass --key-file PATH or set ${KEY_ENV}"
         ) from None
-    if not key:
+    if not raw.strip():
         raise ReconcilerError(f"the API key file {path} is empty", "run `reconciler apply` to create it")
-    return key
+    return checked_secret(raw.decode("utf-8", "surrogateescape"), what="the API key", source=path, hint=_KEY_HINT)
 
 
 def local_key_file(deployment: Deployment) -> str:

@@ -17,9 +17,11 @@ from reconciler.errors import ReconcilerError, SpecError
 from reconciler.execution import Progress
 from reconciler.facts.gather import gather
 from reconciler.facts.node import load_facts
+from reconciler.fsutil import atomic_write
 from reconciler.lock import deployment_lock
 from reconciler.loop import Loop
 from reconciler.plan import Plan, plan, render_text
+from reconciler.redact import RedactingStream
 from reconciler.spec import SCHEMA_PATH, Deployment, LoadedSpec, default_spec_path, load_spec, schema_text
 
 EXIT_OK = 0
@@ -29,6 +31,16 @@ EXIT_USAGE = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; whatever it prints passes through the secret redactor first."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
@@ -86,9 +98,7 @@ def _parser() -> argparse.ArgumentParser:
 
     apply_cmd = commands.add_parser("apply", help="converge: show the plan, execute it with progress, plan again")
     _spec_option(apply_cmd)
-    apply_cmd.add_argument(
-        "--wait", type=float, default=600, metavar="SECONDS", help="how long to wait for a running loop's pass (600)"
-    )
+    _wait_option(apply_cmd)
     apply_cmd.add_argument(
         "--deep-verify", action="store_true", help="rehash every checkpoint file, ignoring the cache"
     )
@@ -124,11 +134,13 @@ def _parser() -> argparse.ArgumentParser:
 
     stop_cmd = commands.add_parser("stop", help="stop the ranks in order and hold them down until `start`")
     _spec_option(stop_cmd)
+    _wait_option(stop_cmd)
     _json_option(stop_cmd)
     stop_cmd.set_defaults(handler=_cmd_stop)
 
     start_cmd = commands.add_parser("start", help="clear a hold or a memory-guard trip, then converge")
     _spec_option(start_cmd)
+    _wait_option(start_cmd)
     _json_option(start_cmd)
     start_cmd.set_defaults(handler=_cmd_start)
     _add_smoke(commands)
@@ -144,6 +156,12 @@ def _spec_option(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATH",
         help="spec file (default: $RECONCILER_SPEC or specs/deployment.yaml)",
+    )
+
+
+def _wait_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait", type=float, default=600, metavar="SECONDS", help="how long to wait for a running loop's pass (600)"
     )
 
 
@@ -194,10 +212,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
         elif not fresh:
             sys.stderr.write(f"error: {target} is stale\n  hint: run `reconciler schema` and commit the result\n")
         return EXIT_OK if fresh else EXIT_ERROR
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_suffix(target.suffix + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
-    temporary.replace(target)
+    atomic_write(str(target), text.encode("utf-8"), 0o644)
     if args.json:
         _emit_json({"ok": True, "path": str(target), "changed": current != text})
     else:
@@ -362,7 +377,9 @@ def _rank_of(which: str, count: int) -> int:
 
 def _cmd_stop(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec or default_spec_path())
-    with commands.session(loaded.deployment) as transports:
+    progress = Progress()
+    lock = deployment_lock(loaded.deployment, "reconciler stop", wait_s=args.wait, on_wait=progress.line)
+    with lock, commands.session(loaded.deployment) as transports:
         commands.hold(loaded.deployment, transports)
         outcome = commands.converge(loaded.deployment, transports, Progress())
     if args.json:
@@ -374,7 +391,9 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 def _cmd_start(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec or default_spec_path())
-    with commands.session(loaded.deployment) as transports:
+    progress = Progress()
+    lock = deployment_lock(loaded.deployment, "reconciler start", wait_s=args.wait, on_wait=progress.line)
+    with lock, commands.session(loaded.deployment) as transports:
         commands.release(loaded.deployment, transports)
         outcome = commands.converge(loaded.deployment, transports, Progress())
     converged = not outcome.after.has_changes

@@ -76,7 +76,7 @@ def hold(deployment: Deployment, transports: dict[str, Transport]) -> None:
     facts = gather(deployment, transports)
     context = ApplyContext(deployment, facts, transports)
     content = f'{{"since": "{time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}", "reason": "reconciler stop"}}\n'
-    context.ops(head, "write_file", {"path": context.state_path(head, "hold.json"), "content": content, "mode": 0o644})
+    context.ops(head, "write_file", {"path": context.state_path(head, "hold.json"), "content": content})
 
 
 def release(deployment: Deployment, transports: dict[str, Transport]) -> None:

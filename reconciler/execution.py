@@ -70,7 +70,8 @@ class ApplyContext:
 
     def ops(self, name: str, call: str, args: dict[str, Any], timeout: float = 3600.0) -> Any:
         """Run a node-side file operation; its progress lines appear as they are written."""
-        return run_program(self.transport(name), "ops", call, args, timeout=timeout, on_line=self.node_lines(name))
+        request = {"call": call, "args": args, "private_dir": self.state_path(name)}
+        return run_program(self.transport(name), "ops", "run", request, timeout=timeout, on_line=self.node_lines(name))
 
     def node_lines(self, name: str) -> Callable[[str], None]:
         return lambda line: self.progress.throttled(f"{name}:{line.split(':')[0]}", f"    {name}: {line}")

@@ -15,20 +15,35 @@ the file as done. Stale or duplicate partials are deleted; model files never are
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fnmatch
 import os
-from collections.abc import Callable
+import re
+import socket
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from huggingface_hub import HfApi, hf_hub_url, snapshot_download
+from huggingface_hub import HfApi, get_token, hf_hub_url, snapshot_download
 from huggingface_hub._local_folder import _short_hash, write_download_metadata
-from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 from huggingface_hub.file_download import http_get
 from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.utils import _http as hf_http
 from huggingface_hub.utils._headers import build_hf_headers
 
 from reconciler.errors import ReconcilerError
+from reconciler.facts.files import is_inside
+from reconciler.fsutil import UntrustedFileError, read_bounded
+from reconciler.redact import checked_secret, redact
 from reconciler.spec import Model
 
 DOWNLOAD_CACHE = ".cache/huggingface/download"
@@ -36,7 +51,11 @@ PART_PATTERN = "*.safetensors.part[0-9][0-9]"
 
 
 class HubError(ReconcilerError):
-    """The Hub refused or failed a request."""
+    """The Hub refused or failed a request; `kind` says how (network, http, not-found, ...)."""
+
+    def __init__(self, message: str, hint: str = "", *, kind: str = "hub") -> None:
+        super().__init__(message, hint)
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -54,58 +73,264 @@ class HubListing:
     commit: str
     files: list[HubFile]
 
-    def by_path(self) -> dict[str, HubFile]:
-        return {item.path: item for item in self.files}
+
+TOKEN_HINT = "write the token alone on one line (as the Hub shows it), or fix $HF_TOKEN"
 
 
-def token(model: Model) -> str | None:
+def token(model: Model) -> str | bool:
+    """The Hub token (model.token_file, else $HF_TOKEN, else the client's stored login), checked;
+    False when there is none, so the client sends no token instead of reading one unchecked."""
     if model.token_file:
         path = Path(os.path.expanduser(model.token_file))
-        try:
-            return path.read_text(encoding="utf-8").strip() or None
-        except OSError as exc:
-            raise HubError(
-                f"cannot read model.token_file {path}: {exc.strerror}", "fix the path or remove it"
-            ) from None
-    return os.environ.get("HF_TOKEN") or None
+        return checked_secret(_read_token_file(path), what="the Hub token", source=str(path), hint=TOKEN_HINT)
+    if os.environ.get("HF_TOKEN"):
+        return checked_secret(os.environ["HF_TOKEN"], what="the Hub token", source="$HF_TOKEN", hint=TOKEN_HINT)
+    try:
+        stored = get_token()
+    except Exception:  # the client's own lookup (a token file, OIDC): without it, no token
+        return False
+    if not stored:
+        return False
+    return checked_secret(stored, what="the Hub token", source="the Hub client's stored login", hint=TOKEN_HINT)
+
+
+def _read_token_file(path: Path) -> str:
+    try:
+        data = read_bounded(path, limit=4096)
+    except UntrustedFileError as exc:
+        raise HubError(f"cannot read model.token_file {path}: {exc.reason}", "fix the path or remove it") from None
+    return data.decode("utf-8", "surrogateescape")
 
 
 def endpoint(model: Model) -> str | None:
     return model.endpoint or os.environ.get("HF_ENDPOINT") or None
 
 
-def _translate(exc: Exception, model: Model) -> HubError:
-    where = endpoint(model) or "the Hub"
-    if isinstance(exc, RepositoryNotFoundError):
-        return HubError(
-            f"repository {model.repo} not found or not accessible at {where}",
-            "check model.repo, and set $HF_TOKEN or model.token_file if the repo is gated",
-        )
+# The Hub client's default HTTP client has no timeout at all: a Hub that accepts the connection
+# and never answers would hold a pass (and `status`) forever.
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 60.0
+_bounded = False
+
+
+def _bound_client_timeouts() -> None:
+    """Give the client's shared HTTP client timeouts (client versions that let us; once)."""
+    global _bounded
+    if _bounded:
+        return
+    _bounded = True
+    factory = getattr(hf_http, "default_client_factory", None)
+    setter = getattr(hf_http, "set_client_factory", None)
+    if factory is None or setter is None:
+        return
+
+    def bounded_client() -> Any:
+        client = factory()
+        client.timeout = type(client.timeout)(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        return client
+
+    setter(bounded_client)
+
+
+@contextlib.contextmanager
+def hub_call(model: Model, doing: str) -> Iterator[None]:
+    """Any failure of the Hub client inside becomes a HubError saying what failed and what to do.
+
+    The client is a library over an HTTP stack whose exceptions differ by version (requests,
+    httpx, httpx2), and the Hub (or a mirror) can be down, slow or wrong at any time; none of
+    that may end as an internal error, or keep commands that do not need the Hub from working.
+    """
+    _bound_client_timeouts()
+    try:
+        yield
+    except ReconcilerError:  # already says what failed (a bad token file, a refused listing)
+        raise
+    except Exception as exc:
+        raise translate(exc, model, doing) from None
+
+
+def translate(exc: BaseException, model: Model, doing: str) -> HubError:
+    where = endpoint(model) or "https://huggingface.co"
+    for kind, check in _CLASSIFIERS:
+        error = check(exc, model, where, doing)
+        if error is not None:
+            return HubError(redact(error[0]), error[1], kind=kind)
+    return HubError(
+        redact(f"{doing} at {where} failed: {type(exc).__name__}: {_first_line(exc)}"),
+        "retry later; if it persists, check model.endpoint and the Hub's status",
+        kind="unknown",
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else "no detail"
+
+
+Classified = tuple[str, str] | None
+
+
+def _not_found(exc: BaseException, model: Model, where: str, doing: str) -> Classified:
+    del doing
     if isinstance(exc, RevisionNotFoundError):
-        return HubError(f"revision {model.revision} not found in {model.repo}", "check model.revision")
-    if isinstance(exc, OSError) and exc.errno == 28:
-        return HubError(
-            f"the disk filled up while downloading: {exc}",
+        return f"revision {model.revision} not found in {model.repo} at {where}", "check model.revision"
+    if isinstance(exc, RepositoryNotFoundError):
+        return (
+            f"repository {model.repo} not found or not accessible at {where}",
+            "check model.repo, and set $HF_TOKEN or model.token_file if the repo is gated or private",
+        )
+    if isinstance(exc, LocalEntryNotFoundError):  # before its base class, EntryNotFoundError
+        return (
+            f"{where} does not answer like a Hugging Face Hub: {_first_line(exc)}",
+            "check model.endpoint (a mirror must serve the Hub's API and headers)",
+        )
+    if isinstance(exc, EntryNotFoundError):
+        return f"a file of {model.repo} is not at {where}: {_first_line(exc)}", "check model.revision"
+    return None
+
+
+def _http_status(exc: BaseException, model: Model, where: str, doing: str) -> Classified:
+    del model
+    if not isinstance(exc, HfHubHTTPError):
+        return None
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if status in (401, 403):
+        return (
+            f"{doing} at {where} was refused (HTTP {status})",
+            "check the token ($HF_TOKEN or model.token_file) and that it may read the repo (gated repos "
+            "need access granted on the Hub)",
+        )
+    if status == 429:
+        retry = _header(response, "Retry-After")
+        later = f"retry after {retry} s" if retry else "retry in a few minutes"
+        return f"{doing} at {where} was rate-limited (HTTP 429)", f"{later}; a token raises the Hub's limits"
+    if isinstance(status, int) and status >= 500:
+        return f"{doing} at {where} failed: the Hub answered HTTP {status}", "the Hub has trouble: retry later"
+    return f"{doing} at {where} failed: {_first_line(exc)}", "check model.repo, model.revision and the token"
+
+
+def _header(response: object, name: str) -> str | None:
+    headers = getattr(response, "headers", None)
+    try:
+        value = headers.get(name) if headers is not None else None
+    except Exception:  # a header mapping we do not know: no advice from it
+        return None
+    return str(value) if value else None
+
+
+def _network(exc: BaseException, model: Model, where: str, doing: str) -> Classified:
+    del model
+    if not _is_network_error(exc):
+        return None
+    names = {cls.__name__ for cls in _chain_types(exc)}
+    detail = _first_line(exc)
+    if any("Timeout" in name for name in names):
+        return f"{doing} at {where} timed out", "the Hub is slow or unreachable: retry later, check the network"
+    if any("SSL" in name or "Certificate" in name for name in names) or "CERTIFICATE" in detail.upper():
+        return f"{doing} at {where} failed: TLS: {detail}", "check the system clock and CA certificates, or the mirror"
+    if socket.gaierror in _chain_types(exc) or "name resolution" in detail.lower() or "not known" in detail:
+        return f"{doing}: cannot resolve the host of {where}", "check DNS and model.endpoint"
+    return (
+        f"{doing}: cannot reach {where}: {detail}",
+        "check the network and model.endpoint; commands that do not need the Hub keep working",
+    )
+
+
+def _is_network_error(exc: BaseException) -> bool:
+    for cls in _chain_types(exc):
+        module = cls.__module__.split(".")[0]
+        if module in _HTTP_STACKS or issubclass(cls, ConnectionError | TimeoutError | socket.gaierror):
+            return True
+    return False
+
+
+_HTTP_STACKS = {"httpx", "httpx2", "httpcore", "requests", "urllib3", "h11", "h2"}
+
+
+def _chain_types(exc: BaseException) -> list[type[BaseException]]:
+    """Every class of the exception and of its causes (the client wraps transport errors)."""
+    found: list[type[BaseException]] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        found += [cls for cls in type(current).__mro__ if issubclass(cls, BaseException)]
+        current = current.__cause__ or current.__context__
+    return found
+
+
+def _local(exc: BaseException, model: Model, where: str, doing: str) -> Classified:
+    del model, where
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return (
+            f"the disk filled up while {doing.lower()}",
             "free space (or point model_dir at a larger disk) and run apply again: the download resumes",
         )
-    return HubError(f"Hub request to {where} failed: {exc}", "retry; check the endpoint and your token")
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{doing} failed: {exc.strerror or exc} ({exc.filename})", "check the model dir's permissions and disk"
+    return None
+
+
+def _malformed(exc: BaseException, model: Model, where: str, doing: str) -> Classified:
+    del model
+    if isinstance(exc, ValueError | KeyError | TypeError | AttributeError | IndexError):
+        return (
+            f"{doing} at {where}: the answer is not what a Hub sends ({type(exc).__name__}: {_first_line(exc)})",
+            "check model.endpoint: a proxy or captive portal may answer instead of the Hub",
+        )
+    return None
+
+
+_CLASSIFIERS: tuple[tuple[str, Callable[[BaseException, Model, str, str], Classified]], ...] = (
+    ("not-found", _not_found),
+    ("http", _http_status),
+    ("network", _network),
+    ("local", _local),
+    ("malformed", _malformed),
+)
 
 
 def list_files(model: Model) -> HubListing:
     """The commit the revision points at and every file there, with sizes and LFS sha256."""
-    api = HfApi(endpoint=endpoint(model), token=token(model))
-    try:
-        commit = api.model_info(model.repo, revision=model.revision).sha or model.revision
+    with hub_call(model, f"listing {model.repo}@{model.revision}"):
+        api = HfApi(endpoint=endpoint(model), token=token(model))
+        commit = api.model_info(model.repo, revision=model.revision, timeout=READ_TIMEOUT_S).sha
+        if not isinstance(commit, str) or not _COMMIT_RE.match(commit):
+            raise HubError(
+                f"the Hub gave no commit for {model.repo}@{model.revision} (got {commit!r:.60})",
+                "check model.endpoint: a mirror must answer the revision call with the commit sha",
+                kind="malformed",
+            )
         entries = api.list_repo_tree(model.repo, revision=commit, recursive=True)
         files = [_hub_file(entry) for entry in entries if isinstance(entry, RepoFile)]
-    except (HfHubHTTPError, OSError) as exc:
-        raise _translate(exc, model) from None
     return HubListing(commit=commit, files=files)
 
 
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+# The Hub caps one file at 50 GB; anything far beyond is an answer not to trust.
+MAX_FILE_BYTES = 1000**4
+
+
 def _hub_file(entry: RepoFile) -> HubFile:
+    """One listed file, refused unless its path stays inside the model dir and its size is sane."""
+    path, size = entry.path, entry.size
+    if not isinstance(path, str) or not is_inside(path):
+        raise HubError(
+            f"the Hub lists a file with an unsafe path {path!r:.120}",
+            "refusing the listing: a repo path must be relative, without '..', and printable",
+            kind="malformed",
+        )
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_FILE_BYTES:
+        raise HubError(f"the Hub lists {path} with an impossible size {size!r:.40}", "retry later", kind="malformed")
     sha256 = entry.lfs.sha256 if entry.lfs is not None else None
-    return HubFile(path=entry.path, size=entry.size, etag=sha256 or entry.blob_id, sha256=sha256)
+    if sha256 is not None and not (isinstance(sha256, str) and _SHA256_RE.match(sha256)):
+        raise HubError(f"the Hub lists {path} with a malformed sha256", "retry later", kind="malformed")
+    etag = sha256 or entry.blob_id
+    if not isinstance(etag, str) or not re.match(r"^[0-9a-f]{1,64}$", etag):
+        raise HubError(f"the Hub lists {path} without a usable blob id", "retry later", kind="malformed")
+    return HubFile(path=path, size=size, etag=etag, sha256=sha256)
 
 
 def _partials(local_dir: Path, item: HubFile) -> list[Path]:
@@ -146,13 +371,9 @@ def resume_partials(
 
 def _finish(model: Model, root: Path, commit: str, item: HubFile, partial: Path) -> None:
     url = hf_hub_url(model.repo, item.path, revision=commit, endpoint=endpoint(model))
-    headers = build_hf_headers(token=token(model))
     have = partial.stat().st_size
-    try:
-        with partial.open("ab") as handle:
-            http_get(url, handle, resume_size=have, headers=headers, expected_size=item.size)
-    except (HfHubHTTPError, OSError) as exc:
-        raise _translate(exc, model) from None
+    with hub_call(model, f"resuming {item.path}"), partial.open("ab") as handle:
+        http_get(url, handle, resume_size=have, headers=build_hf_headers(token=token(model)), expected_size=item.size)
     if partial.stat().st_size != item.size:
         partial.unlink(missing_ok=True)
         raise HubError(f"{item.path}: resumed download has the wrong size", "run apply again to fetch it afresh")
@@ -166,8 +387,8 @@ def download_snapshot(
     model: Model, local_dir: str, *, exclude_parts: bool, listing: HubListing, only: list[str] | None = None
 ) -> str:
     """Fetch what is missing into local_dir at the listed commit (only `only`, if given)."""
-    try:
-        return snapshot_download(
+    with hub_call(model, f"downloading {model.repo}@{listing.commit[:12]}"):
+        path: str = snapshot_download(
             repo_id=model.repo,
             revision=listing.commit,
             local_dir=local_dir,
@@ -176,8 +397,7 @@ def download_snapshot(
             allow_patterns=only,
             ignore_patterns=[PART_PATTERN] if exclude_parts else None,
         )
-    except (HfHubHTTPError, OSError) as exc:
-        raise _translate(exc, model) from None
+    return path
 
 
 def fetch(

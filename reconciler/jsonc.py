@@ -1,12 +1,16 @@
 """JSON with `//` comments and trailing commas (what Pi reads), parsed and edited in place.
 
-Pi's models.json is JSONC (REFERENCE §9.2): Python's `json` fails on it, and writing it back through
-`json.dumps` would drop the user's comments and layout. So edits here are surgical: the parser records
-where every value sits in the text, and an edit inserts, replaces or deletes only those characters.
-Everything else (comments, key order, indentation, other providers) stays byte for byte, and an
-insertion followed by the matching removal gives back the original text.
+Pi strips `//` comments and trailing commas from models.json before JSON.parse, so Python's `json`
+fails on it, and writing it back through `json.dumps` would drop the user's comments and layout. So
+edits here are surgical: the parser records where every value sits in the text, and an edit inserts,
+replaces or deletes only those characters. Everything else (comments, key order, indentation, line
+endings, other providers) stays byte for byte, and an insertion followed by the matching removal
+gives back the original text. Inserted text takes the file's line ending, so a CRLF file stays CRLF.
 
-Block comments (`/* */`) are rejected: neither Pi 0.73.1 nor 1.6.0 accepts them.
+Block comments (`/* */`) are rejected: neither Pi 0.73.1 nor 1.6.0 accepts them. A leading UTF-8
+byte-order mark is skipped and kept, as Pi 1.6.0 does. Input that would trip Python where JSON.parse
+copes (nesting deep enough to exhaust the stack, integers past Python's digit limit) is a located
+JsoncError too, never a RecursionError or a bare ValueError.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ _STRING = re.compile(r'"(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*"'
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _LITERALS: dict[str, Any] = {"true": True, "false": False, "null": None}
 _WHITESPACE = " \t\r\n"
+_BOM = "\ufeff"
+# Far beyond any real config, and far below the recursion limit the parser's two frames per level meet.
+MAX_DEPTH = 200
 
 
 class JsoncError(ValueError):
@@ -61,6 +68,10 @@ class Node:
 def parse(text: str) -> Node:
     """The document's root value with positions; raises JsoncError naming line and column."""
     parser = _Parser(text)
+    nul = text.find("\x00")
+    if nul >= 0:
+        parser.pos = nul
+        raise parser.error("a NUL byte: this is not a text file (a binary, or damaged by a crash?)")
     root = parser.value()
     parser.skip()
     if parser.pos != len(text):
@@ -75,12 +86,15 @@ def loads(text: str) -> Any:
 class _Parser:
     def __init__(self, text: str) -> None:
         self.text = text
-        self.pos = 0
+        self.pos = 1 if text.startswith(_BOM) else 0
+        self.depth = 0
 
     def error(self, message: str) -> JsoncError:
         line = self.text.count("\n", 0, self.pos) + 1
-        column = self.pos - (self.text.rfind("\n", 0, self.pos) + 1) + 1
-        return JsoncError(message, line, column)
+        line_start = self.text.rfind("\n", 0, self.pos) + 1
+        if line_start == 0 and self.text.startswith(_BOM):
+            line_start = 1  # editors do not count the byte-order mark as a column
+        return JsoncError(message, line, self.pos - line_start + 1)
 
     def peek(self) -> str:
         return self.text[self.pos : self.pos + 1]
@@ -101,15 +115,21 @@ class _Parser:
     def value(self) -> Node:
         self.skip()
         char = self.peek()
-        if char == "{":
-            return self.object()
-        if char == "[":
-            return self.array()
+        if char in ("{", "["):
+            return self.container(char)
         if char == '"':
             start = self.pos
             data = self.string()
             return Node(start, self.pos, data)
         return self.scalar()
+
+    def container(self, opening: str) -> Node:
+        if self.depth >= MAX_DEPTH:
+            raise self.error(f"nested more than {MAX_DEPTH} levels deep")
+        self.depth += 1
+        node = self.object() if opening == "{" else self.array()
+        self.depth -= 1
+        return node
 
     def scalar(self) -> Node:
         start = self.pos
@@ -121,8 +141,16 @@ class _Parser:
         if not match:
             raise self.error("expected a value" if self.peek() else "unexpected end of the file")
         self.pos = match.end()
-        number = match.group()
-        return Node(start, self.pos, float(number) if any(c in number for c in ".eE") else int(number))
+        return Node(start, self.pos, self.number(match.group(), start))
+
+    def number(self, number: str, start: int) -> float | int:
+        if any(c in number for c in ".eE"):
+            return float(number)
+        try:
+            return int(number)
+        except ValueError:  # past sys.get_int_max_str_digits(), where JSON.parse would round to a float
+            self.pos = start
+            raise self.error(f"an integer of {len(number)} digits; no config needs one") from None
 
     def string(self) -> str:
         match = _STRING.match(self.text, self.pos)
@@ -239,7 +267,7 @@ def _insert(text: str, container: Node, prefix: str, value: Any) -> str:
     if "\n" not in text[container.start : container.end]:
         return _cut(text, last_end, last_end, f", {prefix}{_compact(value)}")
     indent = _line_indent(text, last_start)
-    element = f"\n{indent}{prefix}{_render(value, text, indent)}"
+    element = f"{_newline(text)}{indent}{prefix}{_render(value, text, indent)}"
     trailing = _comma_after(text, last_end)
     if trailing is not None:
         line_end = _line_end(text, trailing + 1)
@@ -261,10 +289,12 @@ def _insert_first(text: str, container: Node, prefix: str, value: Any) -> str:
     if line_start > opening and not text[line_start:closing].strip(" \t"):
         # The closing bracket has a line of its own (comments may come before it): go just above it.
         indent = _line_indent(text, closing) + _unit(text)
-        return _cut(text, line_start, line_start, f"{indent}{prefix}{_render(value, text, indent)}\n")
+        rendered = f"{indent}{prefix}{_render(value, text, indent)}{_newline(text)}"
+        return _cut(text, line_start, line_start, rendered)
     outer = _line_indent(text, container.start)
     indent = outer + _unit(text)
-    return _cut(text, opening, opening, f"\n{indent}{prefix}{_render(value, text, indent)}\n{outer}")
+    newline = _newline(text)
+    return _cut(text, opening, opening, f"{newline}{indent}{prefix}{_render(value, text, indent)}{newline}{outer}")
 
 
 def _remove(text: str, container: Node, index: int) -> str:
@@ -293,13 +323,18 @@ def _spans(container: Node) -> list[tuple[int, int]]:
 
 
 def _line_end(text: str, position: int) -> int | None:
-    """Where the line ends if only blanks and a `//` comment follow `position`, else None."""
+    """Where the line's break starts if only blanks and a `//` comment follow `position`, else None."""
     while text[position : position + 1] in (" ", "\t"):
         position += 1
     if text.startswith("//", position):
         newline = text.find("\n", position)
-        return len(text) if newline < 0 else newline
-    return position if text[position : position + 1] in ("\n", "") else None
+        return _break_start(text, len(text) if newline < 0 else newline)
+    return position if text.startswith("\r\n", position) or text[position : position + 1] in ("\n", "") else None
+
+
+def _break_start(text: str, newline: int) -> int:
+    """The start of the line break whose `\n` is at `newline`: its `\r` in a CRLF line."""
+    return newline - 1 if newline > 0 and text[newline - 1] == "\r" else newline
 
 
 def _comma_after(text: str, position: int) -> int | None:
@@ -317,7 +352,7 @@ def _cut_element(text: str, start: int, end: int) -> str:
     """Cut [start, end): with the line break before it when it starts its line, else with the blanks after."""
     line_start = text.rfind("\n", 0, start)
     if line_start >= 0 and not text[line_start + 1 : start].strip(" \t"):
-        return _cut(text, line_start, end)
+        return _cut(text, _break_start(text, line_start), end)
     while text[end : end + 1] in (" ", "\t"):
         end += 1
     return _cut(text, start, end)
@@ -336,10 +371,15 @@ def _unit(text: str) -> str:
     return " " * min((len(indent) for indent in indents), default=2)
 
 
+def _newline(text: str) -> str:
+    """The file's line ending: CRLF when most of its line breaks are, else LF."""
+    return "\r\n" if text.count("\r\n") * 2 > text.count("\n") else "\n"
+
+
 def _render(value: Any, text: str, indent: str) -> str:
     if "\n" not in text:
         return _compact(value)
-    return json.dumps(value, indent=_unit(text), ensure_ascii=False).replace("\n", "\n" + indent)
+    return json.dumps(value, indent=_unit(text), ensure_ascii=False).replace("\n", _newline(text) + indent)
 
 
 def _compact(value: Any) -> str:

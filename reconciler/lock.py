@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from reconciler.errors import ReconcilerError
+from reconciler.fsutil import private_dir
 from reconciler.spec import Deployment
 
 
@@ -43,8 +44,9 @@ def deployment_lock(
 ) -> Iterator[None]:
     """Hold the lock while acting; wait up to `wait_s` for it, then explain who holds it."""
     path = lock_path(deployment)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole block
+    private_dir(str(path.parent))
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    handle = os.fdopen(descriptor, "a+", encoding="utf-8")  # held for the whole block
     try:
         _acquire(handle, path, wait_s, on_wait)
         handle.seek(0)

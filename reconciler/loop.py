@@ -32,11 +32,13 @@ from reconciler.errors import ReconcilerError, SpecError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.gather import gather
 from reconciler.facts.node import Facts, Liveness
+from reconciler.fsutil import write_private
 from reconciler.health import probe_liveness
 from reconciler.lock import deployment_lock
 from reconciler.plan import Plan, plan, summary_line
+from reconciler.redact import redact
 from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
-from reconciler.spec import Deployment, LoadedSpec, load_spec
+from reconciler.spec import Deployment, LoadedSpec, parse_spec, read_spec_text
 from reconciler.transport import Transport, close_all, connect_all
 
 DEBOUNCE_S = 0.5
@@ -82,8 +84,8 @@ class Loop:
     def __init__(self, spec_path: str, progress: Progress | None = None) -> None:
         self.spec_path = spec_path
         self.progress = progress or Progress()
-        self.loaded: LoadedSpec = load_spec(spec_path)
-        self.spec_text = Path(spec_path).read_text(encoding="utf-8")
+        self.spec_text = read_spec_text(spec_path)
+        self.loaded: LoadedSpec = parse_spec(self.spec_text, spec_path)
         self.triggers = Triggers()
         self.stopping = threading.Event()
         self.status = LoopStatus()
@@ -92,6 +94,7 @@ class Loop:
         self.liveness = Liveness()
         self.serving = False
         self.last_facts: Facts | None = None
+        self.threads: list[threading.Thread] = []
 
     @property
     def deployment(self) -> Deployment:
@@ -159,10 +162,12 @@ class Loop:
         self.backoff_until = 0.0
         self.status.next_try = None
         self.status.notes = after.notes + [f"{b.node}: {b.message}" for b in after.blockers]
-        held = bool(after.notes)
-        self.serving = not after.has_changes and not after.blockers and not held
+        held = bool(after.held)
+        # A blocker that leaves the ranks alone (the Hub down under a complete checkpoint) does
+        # not stop the probes: the group still serves and must still be healed.
+        self.serving = not after.has_changes and not after.ranks_blocked and not held
         if held:
-            self.status.condition = "held: " + after.notes[0]
+            self.status.condition = "held: " + after.held[0]
         elif after.blockers:
             self.status.condition = f"blocked: {after.blockers[0].node}: {after.blockers[0].message}"
         else:
@@ -183,14 +188,14 @@ class Loop:
 
     def _reload_spec(self) -> None:
         try:
-            text = Path(self.spec_path).read_text(encoding="utf-8")
-        except OSError as exc:
-            self.status.spec_error = f"cannot read {self.spec_path}: {exc.strerror}; running the last good spec"
+            text = read_spec_text(self.spec_path)
+        except SpecError as error:
+            self.status.spec_error = f"{error.problems[0].render().splitlines()[0]}; running the last good spec"
             return
         if text == self.spec_text:
             return
         try:
-            loaded = load_spec(self.spec_path)
+            loaded = parse_spec(text, self.spec_path)
         except SpecError as error:
             first = error.problems[0].render().splitlines()[0]
             self.status.spec_error = f"{first} (running the last good spec)"
@@ -221,11 +226,7 @@ class Loop:
         status = self.status.condition + (f" | {self.status.spec_error}" if self.status.spec_error else "")
         notify.status(status)
         self._log(f"status: {status}")
-        path = status_path(self.deployment)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(asdict(self.status), indent=2) + "\n", encoding="utf-8")
-        temporary.replace(path)
+        write_private(status_path(self.deployment), redact(json.dumps(asdict(self.status), indent=2)) + "\n")
 
     def _log(self, message: str) -> None:
         self.progress.line(f"[loop] {message}")
@@ -233,10 +234,17 @@ class Loop:
     # ---- trigger threads -------------------------------------------------------------------
 
     def _start_threads(self) -> None:
-        for target in (self._watch_spec, self._probe, self._watchdog):
-            threading.Thread(target=target, daemon=True).start()
-        for node in self.transports:
-            threading.Thread(target=self._watch_events, args=(node,), daemon=True).start()
+        """The trigger threads; the watchdog pings systemd only while every one of them lives."""
+        self.threads = [
+            threading.Thread(target=self._watch_spec, name="spec watcher", daemon=True),
+            threading.Thread(target=self._probe, name="liveness probe", daemon=True),
+            *(
+                threading.Thread(target=self._watch_events, args=(node,), name=f"{node} events", daemon=True)
+                for node in self.transports
+            ),
+        ]
+        for thread in [*self.threads, threading.Thread(target=self._watchdog, name="watchdog", daemon=True)]:
+            thread.start()
 
     def _watch_spec(self) -> None:
         spec = Path(self.spec_path).resolve()
@@ -267,11 +275,18 @@ class Loop:
                     stream.close()
 
     def _probe(self) -> None:
-        """Readiness and liveness of a serving group; enough failures in a row trigger a pass."""
+        """Readiness and liveness of a serving group; enough failures in a row trigger a pass.
+
+        Whatever goes wrong inside one probe (a key that cannot be sent, a bug) counts as a
+        failed probe: a probe thread that died would leave a dead engine unhealed forever.
+        """
         while not self.stopping.wait(self.deployment.loop.liveness_s):
             if not self.serving:
                 continue
-            problem = self._probe_once()
+            try:
+                problem = self._probe_once()
+            except Exception as exc:  # see above: the thread must outlive any failure of a probe
+                problem = f"the probe itself failed: {type(exc).__name__}: {exc}"
             if problem is None:
                 self.liveness = Liveness()
                 continue
@@ -286,10 +301,15 @@ class Loop:
         return probe_liveness(ApplyContext(self.deployment, self.last_facts, self.transports, self.progress))
 
     def _watchdog(self) -> None:
+        """Ping systemd while every trigger thread lives; a dead one means a restart is due."""
         interval = notify.watchdog_interval_s()
         if interval is None:
             return
         while not self.stopping.wait(interval):
+            dead = [thread.name for thread in self.threads if not thread.is_alive()]
+            if dead:
+                self._log(f"the {', '.join(dead)} thread stopped; no more watchdog pings, so systemd restarts the loop")
+                return
             notify.watchdog()
 
 

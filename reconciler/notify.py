@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import socket
 
+from reconciler.redact import redact
+
 
 def _send(message: str) -> bool:
     address = os.environ.get("NOTIFY_SOCKET")
@@ -18,7 +20,8 @@ def _send(message: str) -> bool:
         address = "\0" + address[1:]
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
         sock.connect(address)
-        sock.sendall(message.encode())
+        # STATUS= is readable by every local user (`systemctl status`): never a secret in it.
+        sock.sendall(redact(message).encode("utf-8", "replace"))
     return True
 
 

@@ -1,11 +1,11 @@
 """The Pi coding agent on this machine: the flows behind `reconciler pi install|uninstall|status`.
 
-When `pi` is not on PATH, install runs `npm install -g`. Which package depends on node (REFERENCE
-§9.6): Pi 1.6.0 (`@earendil-works/pi-coding-agent`) needs node >= 22.19, and under node 20 npm
-installs it with a mere warning, after which every `pi` call crashes. So with node 20.6 to 22.18 the
-0.73.1 package (`@mariozechner/pi-coding-agent`, the same agent before it moved) is installed
-instead, and the report says so. Node itself is never installed: that is the system's business, and
-a private node would need a wrapper on PATH. Versions are pinned to the ones the real-Pi tests run
+When `pi` is not on PATH, install runs `npm install -g`. Which package depends on node: Pi 1.6.0
+(`@earendil-works/pi-coding-agent`) needs node >= 22.19, and under node 20 npm installs it with a mere
+warning, after which every `pi` call crashes. So with node 20.6 to 22.18 the 0.73.1 package
+(`@mariozechner/pi-coding-agent`, the same agent before it moved) is installed instead, and the
+report says so. Node itself is never installed: that is the system's business, and a private node
+would need a wrapper on PATH. Versions are pinned to the ones the real-Pi tests run
 (tests/integration/test_pi_real.py). An existing `pi` of either package is used as it is.
 
 Every flow returns data; cli.py renders it.
@@ -192,6 +192,7 @@ def install(target: picfg.PiTarget) -> dict[str, Any]:
     """Check the config can be edited, make sure Pi is there, then write what differs."""
     directory = picfg.agent_dir()
     changes = picfg.install_changes(picfg.read_files(directory, target.provider), target)
+    picfg.check_writable(directory, changes)  # before npm: a refusal then leaves the machine as it was
     agent = ensure_pi()
     backups = picfg.write_changes(directory, changes, target.provider)
     return {

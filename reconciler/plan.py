@@ -39,10 +39,16 @@ class Plan:
     blockers: list[Blocker] = field(default_factory=list)
     in_sync: list[InSync] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
 
     @property
     def has_changes(self) -> bool:
         return bool(self.actions)
+
+    @property
+    def ranks_blocked(self) -> bool:
+        """Whether a blocker keeps the rank group from being planned."""
+        return any(blocker.holds_ranks for blocker in self.blockers)
 
     def summary(self) -> dict[str, int]:
         """Terraform-style counts; a stop that precedes a replacement is part of that replace."""
@@ -79,8 +85,9 @@ def plan(deployment: Deployment, facts: Facts, *, deep_verify: bool = False) -> 
     outcome.extend(plan_checkpoint(deployment, facts, deep_verify=deep_verify))
     for component in (plan_image, plan_apikey, plan_memguard):
         outcome.extend(component(deployment, facts))
-    if outcome.blockers:
-        first = outcome.blockers[0]
+    holding = [blocker for blocker in outcome.blockers if blocker.holds_ranks]
+    if holding:
+        first = holding[0]
         message = f"ranks wait for {first.component} on {first.node}"
         outcome.blockers.append(Blocker(deployment.head.name, "ranks", message, first.hint))
     else:
@@ -93,6 +100,7 @@ def plan(deployment: Deployment, facts: Facts, *, deep_verify: bool = False) -> 
         blockers=outcome.blockers,
         in_sync=outcome.in_sync,
         notes=outcome.notes,
+        held=outcome.held,
     )
 
 

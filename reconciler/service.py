@@ -22,15 +22,24 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.errors import ReconcilerError
+from reconciler.fsutil import atomic_write
 from reconciler.spec import Deployment, expand_home, load_spec
 
 UNIT_NAME = "spark-reconciler.service"
 UNIT_DIR = Path("/etc/systemd/system")
 # sd_booted(3): this directory exists only while systemd is the running init.
 SYSTEMD_RUNTIME_DIR = Path("/run/systemd/system")
-# Characters a unit file takes literally: anything else (space, %, $, quotes) needs escaping
-# that differs between directives, so such paths are refused with a clear error instead.
-_PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._@+,:=~/-]*$")
+# Characters every directive the unit uses takes literally: anything else (a space, %, $, a quote,
+# a backslash, a newline, non-ASCII) is a specifier, an expansion, a separator or an escape in some
+# of them, each with its own rules, so such a value is refused with a clear error instead.
+_PLAIN_PATH_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._@+,:=~/-")
+# systemd's strict rule for user names: outside it User= warns (make service-check fails on any
+# warning), and a `%` or a quote in the name would be read as a specifier or quoting anyway.
+_USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,30}")
+_MOVE_HINT = (
+    "move or rename it to a path of letters, digits and ._-/ (or make a symlink without such characters "
+    "point at it and give that), then run install-service again"
+)
 
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
 
@@ -45,6 +54,20 @@ class UnitSettings:
     home: str
     # Outside the home directory (which is always writable): the head's state and model dirs.
     extra_writable: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        """Every value the unit holds is one systemd reads as written: no settings, no such unit."""
+        check_user_name(self.user)
+        check_plain(
+            self.executable,
+            "the reconciler executable",
+            "a venv's scripts keep the path it was made at: make a venv at a path of letters, digits and ._-/ "
+            "(python3 -m venv /opt/spark-reconciler), install into it and run its reconciler install-service",
+        )
+        check_plain(self.spec, "the spec")
+        check_plain(self.home, f"{self.user}'s home", "run the service as another user: pass --user")
+        for path in self.extra_writable:
+            check_plain(path, "a writable directory")
 
 
 @dataclass
@@ -157,11 +180,12 @@ def settings_for(spec_path: str, user: str | None) -> UnitSettings:
     spec = str(Path(spec_path).absolute())
     deployment = load_spec(spec).deployment
     account = _account(user or invoking_user())
-    executable = reconciler_executable()
     extra = _extra_writable(deployment, account.pw_dir)
-    for path, what in [(executable, "the reconciler"), (spec, "the spec"), (account.pw_dir, "the home"), *extra]:
-        _check_plain(path, what)
-    return UnitSettings(executable, spec, account.pw_name, account.pw_dir, tuple(path for path, _ in extra))
+    for path, what in extra:  # checked here to name the spec's field; UnitSettings checks the rest
+        check_plain(path, what)
+    return UnitSettings(
+        reconciler_executable(), spec, account.pw_name, account.pw_dir, tuple(path for path, _ in extra)
+    )
 
 
 def invoking_user() -> str:
@@ -187,10 +211,11 @@ def reconciler_executable() -> str:
 
 
 def _account(name: str) -> pwd.struct_passwd:
+    check_user_name(name)
     try:
         return pwd.getpwnam(name)
     except KeyError:
-        raise ReconcilerError(f"no user named '{name}' on this machine", "pass --user with an existing user") from None
+        raise ReconcilerError(f"no user named {name!r} on this machine", "pass --user with an existing user") from None
 
 
 def _extra_writable(deployment: Deployment, home: str) -> list[tuple[str, str]]:
@@ -209,11 +234,26 @@ def _is_within(path: str, directory: str) -> bool:
     return os.path.commonpath([path, directory]) == os.path.normpath(directory)
 
 
-def _check_plain(path: str, what: str) -> None:
-    if not _PLAIN_PATH.match(path):
+def check_plain(path: str, what: str, hint: str = _MOVE_HINT) -> None:
+    """Refuse a path the unit file would not hold as written; `what` names its role in the error."""
+    if not path.startswith("/"):
+        raise ReconcilerError(f"{what} path {path!r} is not absolute", "give an absolute path")
+    odd = sorted({char for char in path if char not in _PLAIN_PATH_CHARS})
+    if odd:
         raise ReconcilerError(
-            f"{what} path '{path}' has characters a unit file would need escaped (space, %, $, quotes)",
-            "move it to a path of letters, digits and ._-/, or adapt systemd/reconciler.service by hand",
+            f"{what} path {path!r} has characters a unit file would read differently: "
+            + " ".join(repr(char) for char in odd),
+            hint,
+        )
+
+
+def check_user_name(name: str) -> None:
+    """User= holds the name as written, so only a name systemd reads as such without a warning."""
+    if not _USER_NAME.fullmatch(name):
+        raise ReconcilerError(
+            f"the service user {name!r} is not a plain user name (a letter or '_', then letters, digits, "
+            "'_' or '-', at most 31 characters)",
+            "pass --user with such a user (create one with useradd if needed), then run install-service again",
         )
 
 
@@ -336,13 +376,9 @@ def _create_dirs(settings: UnitSettings) -> list[str]:
 def _write_atomically(path: Path, text: str) -> None:
     if not path.parent.is_dir():
         raise ReconcilerError(f"{path.parent} does not exist", "is systemd installed? (apt-get install systemd)")
-    temporary = path.with_name(f".{path.name}.tmp")
     try:
-        temporary.write_text(text, encoding="utf-8")
-        temporary.chmod(0o644)
-        temporary.replace(path)
+        atomic_write(str(path), text.encode("utf-8"), 0o644)  # systemd and `systemctl cat` read it
     except PermissionError:
-        temporary.unlink(missing_ok=True)
         raise ReconcilerError(
             f"cannot write {path}: permission denied", "run it with sudo, or --dry-run to print the unit"
         ) from None

@@ -16,7 +16,6 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
@@ -31,7 +30,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from reconciler.errors import SpecError, SpecProblem
-from reconciler.yamlpos import LocatedDocument, YamlSyntaxError, load_located
+from reconciler.safeio import UntrustedTextError, read_untrusted_text
+from reconciler.yamlpos import LocatedDocument, YamlError, load_located
 
 REFERENCE_IMAGE = (
     "ghcr.io/0xsero/deepseek-v4.1-flash-spark@sha256:5668e35e5ee021da4b9ce88a1964caf0e082e8ca01d81d1d64b6213a55c6add5"
@@ -93,7 +93,17 @@ _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$")
 _DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-_SIZE_RE = re.compile(r"^[1-9][0-9]*[bkmg]?$")
+_SIZE_RE = re.compile(r"^[1-9][0-9]{0,15}[bkmg]?$")
+_FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
+_REVISION_RE = re.compile(r"^[A-Za-z0-9._/-]{1,255}$")
+_IMAGE_RE = re.compile(r"^[a-z0-9][A-Za-z0-9._/:@-]{0,511}$")
+MAX_PATH = 1024
+MAX_ARG = 256
+MAX_TEXT = 4096
+# Sizes that make sense on a Spark: one node has 128 GB of memory; nobody runs 64 of them.
+MAX_NODES = 64
+GIB = 1024**3
 
 
 def _problem(kind: str, message: str, hint: str, **context: object) -> PydanticCustomError:
@@ -119,8 +129,84 @@ def _check_host_path(value: str) -> str:
             "write an absolute path (/data/models/...) or one under the node's home (~/...)",
             value=value,
         )
-    if "\x00" in value or "\n" in value:
-        raise _problem("path", "path contains a control character", "remove it", value=value)
+    if any(not char.isprintable() for char in value):
+        raise _problem("path", "the path holds a control character", "remove it", value=value)
+    if any(char in value for char in "'\"\\"):
+        raise _problem(
+            "path",
+            "'{value}' holds a quote or a backslash",
+            "rename the directory, or point the spec at a symlink without them (ssh and systemd read them differently)",
+            value=value,
+        )
+    if ":" in value:
+        raise _problem(
+            "path",
+            "'{value}' holds ':', which Docker reads as the end of a bind mount's source",
+            "rename the directory, or point the spec at a symlink without ':'",
+            value=value,
+        )
+    if ".." in value.split("/"):
+        raise _problem(
+            "path",
+            "'{value}' has a '..' component",
+            "write the path without '..' (where it leads depends on symlinks on each node)",
+            value=value,
+        )
+    if len(value) > MAX_PATH:
+        raise _problem("path", "the path is longer than {limit} characters", "shorten it", value=value, limit=MAX_PATH)
+    return value
+
+
+def _check_file_name(value: str) -> str:
+    """A plain file name inside the model dir: never a path that could lead out of it."""
+    if not _FILE_NAME_RE.match(value) or value in {".", ".."}:
+        raise _problem(
+            "file_name",
+            "'{value}' is not a plain file name",
+            "write the file's name alone (letters, digits, '.', '_', '-'), e.g. J268-ho-v31-K5n.json; "
+            "it is looked up inside the model dir",
+            value=value,
+        )
+    return value
+
+
+def _check_arg_value(value: str) -> str:
+    """A value rendered as one `vllm serve` argument: never mistaken for a flag, never split."""
+    if (
+        not value
+        or len(value) > MAX_ARG
+        or value.startswith("-")
+        or any(not c.isprintable() or c.isspace() for c in value)
+    ):
+        raise _problem(
+            "arg_value",
+            "'{value}' cannot be passed as a `vllm serve` value",
+            "use 1-{limit} printable characters without spaces, not starting with '-'",
+            value=value,
+            limit=MAX_ARG,
+        )
+    return value
+
+
+def _check_user(value: str) -> str:
+    if not _USER_RE.match(value):
+        raise _problem(
+            "user",
+            "'{value}' is not a user name",
+            "write the login name alone (letters, digits, '_', '.', '-'; up to 32); the host goes in host:",
+            value=value,
+        )
+    return value
+
+
+def _check_revision(value: str) -> str:
+    if not _REVISION_RE.match(value) or value.startswith("-") or ".." in value or value.endswith("/"):
+        raise _problem(
+            "revision",
+            "'{value}' is not a branch, tag or commit",
+            "write a 40-hex commit (best), or a branch or tag name such as main",
+            value=value,
+        )
     return value
 
 
@@ -210,8 +296,46 @@ def _check_host(value: str) -> str:
     return value
 
 
+def _check_text(value: str) -> str:
+    if len(value) > MAX_TEXT or any(not char.isprintable() for char in value):
+        raise _problem(
+            "text",
+            "the value is longer than {limit} characters or holds a control character",
+            "shorten it and remove line breaks, tabs and other control characters",
+            limit=MAX_TEXT,
+        )
+    return value
+
+
+def names_api_key(arg: str) -> bool:
+    """Whether a `vllm serve` argument sets the API key, in any spelling vLLM accepts.
+
+    vLLM's parser turns '_' into '-' in a flag's name (up to a '.'), takes `--flag=value`, and
+    argparse accepts an unambiguous prefix (`--api-k`).
+    """
+    if not arg.startswith("--"):
+        return False
+    name = arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-").lower()
+    return name == "api-key" or (len(name) >= len("api-k") and "api-key".startswith(name))
+
+
+def size_bytes(text: str) -> int:
+    """'32g' -> bytes (Docker's units are powers of 1024)."""
+    units = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+    lowered = text.lower()
+    if lowered[-1:] in units:
+        return int(lowered[:-1]) * units[lowered[-1]]
+    return int(lowered)
+
+
 Name = Annotated[str, AfterValidator(_check_name)]
+EnvValue = Annotated[str, AfterValidator(_check_text)]
+ExtraArg = Annotated[str, Field(min_length=1), AfterValidator(_check_text)]
 HostPath = Annotated[str, AfterValidator(_check_host_path)]
+FileName = Annotated[str, AfterValidator(_check_file_name)]
+ArgValue = Annotated[str, AfterValidator(_check_arg_value)]
+UserName = Annotated[str, AfterValidator(_check_user)]
+Revision = Annotated[str, AfterValidator(_check_revision)]
 FabricIPv4 = Annotated[str, AfterValidator(_check_fabric_ip)]
 BindIPv4 = Annotated[str, AfterValidator(_check_bind_ip)]
 IfName = Annotated[str, AfterValidator(_check_ifname)]
@@ -220,12 +344,18 @@ EnvName = Annotated[str, AfterValidator(_check_env_name)]
 HostName = Annotated[str, AfterValidator(_check_host)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 PositiveInt = Annotated[int, Field(ge=1)]
+Seconds = Annotated[int, Field(ge=1, le=86_400)]
+Tokens = Annotated[int, Field(ge=1, le=2**21)]
 
 
 class StrictModel(BaseModel):
-    """Unknown keys are errors; values are immutable once loaded."""
+    """Unknown keys are errors; values are immutable once loaded; no type is guessed.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Strict: a string is never read as a number or a boolean (`keep_parts: "yes"` is an error, not
+    True), so what YAML hands over is exactly what the field gets.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class SshTarget(StrictModel):
@@ -233,12 +363,12 @@ class SshTarget(StrictModel):
 
     host: HostName = Field(description="Address or name; use the node's fabric address.")
     port: Port = 22
-    user: str | None = Field(default=None, description="Login user; default: the current one.")
+    user: UserName | None = Field(default=None, description="Login user; default: the current one.")
     identity_file: HostPath | None = Field(default=None, description="Private key on the head.")
     known_hosts: HostPath = Field(
         default="~/.ssh/known_hosts", description="Host keys checked on connect; never auto-added."
     )
-    connect_timeout_s: float = Field(default=10.0, gt=0, description="Reference: ConnectTimeout=10.")
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=600, description="Reference: ConnectTimeout=10.")
 
 
 class Fabric(StrictModel):
@@ -246,7 +376,9 @@ class Fabric(StrictModel):
 
     ip: FabricIPv4 | None = Field(default=None, description="Reference HEAD_IP / WORKER_IP.")
     ifname: IfName | None = Field(default=None, description="Reference HEAD_IFNAME / WORKER_IFNAME.")
-    hcas: list[HcaName] | None = Field(default=None, min_length=1, description="Reference HEAD_HCAS / WORKER_HCAS.")
+    hcas: list[HcaName] | None = Field(
+        default=None, min_length=1, max_length=16, description="Reference HEAD_HCAS / WORKER_HCAS."
+    )
     gid_index: int = Field(default=3, ge=0, le=255, description="RoCE v2 GID index (NCCL_IB_GID_INDEX).")
 
 
@@ -273,8 +405,8 @@ class Node(StrictModel):
 class Model(StrictModel):
     """The checkpoint and where it comes from."""
 
-    repo: str = Field(default="0xSero/DeepSeek-V4.1-Flash-Spark", pattern=_REPO_RE.pattern)
-    revision: str = Field(default="main", min_length=1, description="Pin a 40-hex commit for reproducible bytes.")
+    repo: str = Field(default="0xSero/DeepSeek-V4.1-Flash-Spark", pattern=_REPO_RE.pattern, max_length=96)
+    revision: Revision = Field(default="main", description="Pin a 40-hex commit for reproducible bytes.")
     endpoint: str | None = Field(
         default=None,
         description="Hub endpoint or mirror (HF_ENDPOINT semantics); default: $HF_ENDPOINT or the Hub.",
@@ -282,15 +414,17 @@ class Model(StrictModel):
     token_file: HostPath | None = Field(
         default=None, description="HF token file; default: $HF_TOKEN or the client's token."
     )
-    manifest: str = Field(default="sha256-manifest.txt", min_length=1)
+    manifest: FileName = Field(default="sha256-manifest.txt", description="In the model dir.")
     keep_parts: bool = Field(default=False, description="Reference KEEP_PARTS: keep .partNN files after reassembly.")
-    exl3_plan: str = Field(default="J268-ho-v31-K5n.json", min_length=1, description="Reference PLAN_NAME.")
+    exl3_plan: FileName = Field(default="J268-ho-v31-K5n.json", description="Reference PLAN_NAME, in exl3/plan/.")
     worker_source: Literal["peer", "hub"] = Field(default="peer", description="Default for nodes[].model_source.")
 
     @field_validator("endpoint")
     @classmethod
     def _endpoint_is_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^\s/]+", value):
+        if value is not None and (
+            not re.match(r"^https?://[^\s/]+", value) or len(value) > 2048 or any(c.isspace() for c in value)
+        ):
             raise _problem(
                 "url",
                 "'{value}' is not an http(s) URL",
@@ -309,6 +443,13 @@ class Image(StrictModel):
     @field_validator("ref")
     @classmethod
     def _pinned(cls, value: str, info: ValidationInfo) -> str:
+        if not _IMAGE_RE.match(value):
+            raise _problem(
+                "image_ref",
+                "'{value}' is not an image reference",
+                "write registry/name@sha256:<digest>, e.g. the reference's ghcr.io/0xsero/...@sha256:...",
+                value=value,
+            )
         if not info.data.get("allow_unpinned", False) and not _DIGEST_RE.search(value):
             raise _problem(
                 "unpinned_image",
@@ -323,14 +464,14 @@ class Image(StrictModel):
 class Speculative(StrictModel):
     """DSpark speculative decoding (reference: 7 draft tokens, adaptive verification)."""
 
-    method: str = "dspark"
-    num_speculative_tokens: PositiveInt = 7
-    draft_tensor_parallel_size: PositiveInt | None = Field(
-        default=None, description="Default: the number of nodes (the reference's 2)."
+    method: ArgValue = "dspark"
+    num_speculative_tokens: int = Field(default=7, ge=1, le=32)
+    draft_tensor_parallel_size: int | None = Field(
+        default=None, ge=1, le=MAX_NODES, description="Default: the number of nodes (the reference's 2)."
     )
-    attention_backend: str = "B12X"
-    draft_sample_method: str = "greedy"
-    rejection_sample_method: str = "standard"
+    attention_backend: ArgValue = "B12X"
+    draft_sample_method: ArgValue = "greedy"
+    rejection_sample_method: ArgValue = "standard"
     enable_adaptive_verification: bool = True
 
 
@@ -338,9 +479,11 @@ class CudaGraph(StrictModel):
     """CUDA graph capture; capture sizes default to the reference rule."""
 
     mode: Literal["FULL_DECODE_ONLY", "FULL", "PIECEWISE", "FULL_AND_PIECEWISE", "NONE"] = "FULL_DECODE_ONLY"
-    custom_ops: list[str] = Field(default_factory=lambda: ["all"])
+    custom_ops: list[ArgValue] = Field(default_factory=lambda: ["all"], max_length=64)
     capture_sizes: list[PositiveInt] | None = Field(
         default=None,
+        min_length=1,
+        max_length=512,
         description="Reference CAPS. Default: 1..d, then every 4th up to max_num_seqs*d, with d = draft tokens + 1.",
     )
 
@@ -349,18 +492,18 @@ class Engram(StrictModel):
     """Engram tables (reference: kept on disk)."""
 
     cpu_offload: bool = False
-    table_memory: str = "disk"
+    table_memory: ArgValue = "disk"
     disk_resident_scales: bool = False
-    disk_prefetch_max_tokens: int = Field(default=0, ge=0)
+    disk_prefetch_max_tokens: int = Field(default=0, ge=0, le=2**21)
     projection_tp: bool = False
 
 
 class Backends(StrictModel):
     """B12X Spark kernels."""
 
-    attention: str = "B12X"
-    linear: str = "b12x"
-    moe: str = "b12x"
+    attention: ArgValue = "B12X"
+    linear: ArgValue = "b12x"
+    moe: ArgValue = "b12x"
 
 
 # Values that only the reference image's vLLM fork knows (REFERENCE §1.2, §11).
@@ -396,28 +539,30 @@ class Serving(StrictModel):
             "(needs the reference image). upstream: only flags upstream vLLM accepts (any stock vLLM build)."
         ),
     )
-    served_model_name: str = Field(default="deepseek-v4.1-flash", min_length=1)
-    dtype: str = "bfloat16"
-    kv_cache_dtype: str = "fp8"
-    block_size: PositiveInt = 256
-    swa_block_size: PositiveInt = 128
-    kv_bytes: PositiveInt = Field(default=2_700_000_000, description="Reference KV_BYTES (2,023,717 tokens).")
+    served_model_name: ArgValue = "deepseek-v4.1-flash"
+    dtype: ArgValue = "bfloat16"
+    kv_cache_dtype: ArgValue = "fp8"
+    block_size: int = Field(default=256, ge=1, le=4096)
+    swa_block_size: int = Field(default=128, ge=1, le=4096)
+    kv_bytes: int = Field(
+        default=2_700_000_000, ge=1, le=128 * GIB, description="Reference KV_BYTES (2,023,717 tokens)."
+    )
     gpu_util: float = Field(default=0.88, gt=0, le=1, description="Reference GPU_UTIL.")
-    max_model_len: PositiveInt = 262_144
-    max_num_seqs: PositiveInt = 2
-    max_num_batched_tokens: PositiveInt = 2048
+    max_model_len: Tokens = 262_144
+    max_num_seqs: int = Field(default=2, ge=1, le=1024)
+    max_num_batched_tokens: Tokens = 2048
     speculative: Speculative = Speculative()
     cudagraph: CudaGraph = CudaGraph()
     engram: Engram = Engram()
     backends: Backends = Backends()
-    safetensors_load_strategy: str = "lazy"
-    generation_config: str = "vllm"
-    tokenizer_mode: str = Field(default="deepseek_v41", validate_default=True)
-    reasoning_parser: str | None = Field(
+    safetensors_load_strategy: ArgValue = "lazy"
+    generation_config: ArgValue = "vllm"
+    tokenizer_mode: ArgValue = Field(default="deepseek_v41", validate_default=True)
+    reasoning_parser: ArgValue | None = Field(
         default="deepseek_v41", validate_default=True, description="null: no --reasoning-parser."
     )
-    tool_call_parser: str = Field(default="deepseek_v41", validate_default=True)
-    images_per_prompt: int = Field(default=1, ge=0)
+    tool_call_parser: ArgValue = Field(default="deepseek_v41", validate_default=True)
+    images_per_prompt: int = Field(default=1, ge=0, le=64)
     port: Port = 8000
     master_port: Port = 29655
     shm_size: str = Field(default="32g", description="Docker --shm-size.")
@@ -425,17 +570,21 @@ class Serving(StrictModel):
         default=True, description="Docker --privileged, as the reference; false needs RDMA devices passed explicitly."
     )
     memlock: int = Field(
-        default=-1, ge=-1, description="Docker --ulimit memlock in bytes; -1 = unlimited (RDMA needs it)."
+        default=-1, ge=-1, le=2**50, description="Docker --ulimit memlock in bytes; -1 = unlimited (RDMA needs it)."
     )
     gpus: Literal["all", "none"] = Field(
         default="all", description="Docker --gpus; 'none' only for test beds without the NVIDIA runtime."
     )
-    stop_timeout_s: PositiveInt = Field(
-        default=60, description="Grace before SIGKILL; vLLM needs more than Docker's 10 s."
+    stop_timeout_s: int = Field(
+        default=60, ge=1, le=3600, description="Grace before SIGKILL; vLLM needs more than Docker's 10 s."
     )
-    env: dict[EnvName, str] = Field(default_factory=lambda: dict(REFERENCE_ENV))
-    extra_env: dict[EnvName, str] = Field(default_factory=dict, description="Added over env on both ranks.")
-    extra_args: list[str] = Field(default_factory=list, description="Reference EXTRA: appended to rank 0's args.")
+    env: dict[EnvName, EnvValue] = Field(default_factory=lambda: dict(REFERENCE_ENV), max_length=512)
+    extra_env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict, max_length=512, description="Added over env on both ranks."
+    )
+    extra_args: list[ExtraArg] = Field(
+        default_factory=list, max_length=256, description="Reference EXTRA: appended to rank 0's args."
+    )
 
     @field_validator("env", "extra_env")
     @classmethod
@@ -469,19 +618,22 @@ class Serving(StrictModel):
     @field_validator("extra_args")
     @classmethod
     def _no_key_in_args(cls, value: list[str]) -> list[str]:
-        if any(arg == "--api-key" or arg.startswith("--api-key=") for arg in value):
+        if any(names_api_key(arg) for arg in value):
             raise _problem(
                 "secret_in_argv",
                 "--api-key would put the API key in the process list and `docker inspect`",
-                "remove it; the key is read from api.key_file through a read-only mount",
+                "remove it (in any spelling: vLLM reads --api_key and --api-k as --api-key); "
+                "the key is read from api.key_file through a read-only mount",
             )
         return value
 
     @field_validator("shm_size")
     @classmethod
     def _size(cls, value: str) -> str:
-        if not _SIZE_RE.match(value.lower()):
-            raise _problem("size", "'{value}' is not a size", "write e.g. 32g, 512m or 1073741824", value=value)
+        if not _SIZE_RE.match(value.lower()) or size_bytes(value) > 128 * GIB:
+            raise _problem(
+                "size", "'{value}' is not a size up to 128g", "write e.g. 32g, 512m or 1073741824", value=value
+            )
         return value
 
 
@@ -489,8 +641,8 @@ class MemGuard(StrictModel):
     """Stops the ranks before the shared CPU/GPU memory pool runs dry and wedges the host."""
 
     enabled: bool = True
-    floor_gib: float = Field(default=1.0, gt=0, description="Reference MEMGUARD_GIB; fractions allowed.")
-    interval_s: float = Field(default=1.0, gt=0)
+    floor_gib: float = Field(default=1.0, gt=0, le=64, description="Reference MEMGUARD_GIB; fractions allowed.")
+    interval_s: float = Field(default=1.0, ge=0.1, le=60)
 
 
 class Api(StrictModel):
@@ -503,15 +655,15 @@ class Api(StrictModel):
 class Startup(StrictModel):
     """How long a group start may take, and what it must pass, before it counts as failed."""
 
-    timeout_s: PositiveInt = Field(default=2700, description="Reference: 45 minutes.")
-    poll_s: PositiveInt = Field(default=15, description="Reference: every 15 s.")
+    timeout_s: Seconds = Field(default=2700, description="Reference: 45 minutes.")
+    poll_s: Seconds = Field(default=15, description="Reference: every 15 s.")
     smoke: Literal["all", "protocol", "off"] = Field(
         default="all",
         description="Smoke checks `apply` runs after (re)starting the group: all (the reference smoke plus the "
         "protocol checks), protocol (models, 401, streaming only: for models that cannot answer, such as "
         "random weights), or off.",
     )
-    smoke_timeout_s: PositiveInt = Field(
+    smoke_timeout_s: Seconds = Field(
         default=600,
         description="Longest wait for one smoke request after a start: an engine that hangs then fails the "
         "smoke instead of holding `apply` and the loop for the reference's 3600 s.",
@@ -521,13 +673,15 @@ class Startup(StrictModel):
 class Loop(StrictModel):
     """`reconciler run`: when it looks again, and how it probes that the engine still works."""
 
-    resync_s: PositiveInt = Field(default=300, description="Full pass at least this often, events or not.")
-    liveness_s: PositiveInt = Field(
+    resync_s: Seconds = Field(default=300, description="Full pass at least this often, events or not.")
+    liveness_s: Seconds = Field(
         default=60, description="One-token completion with the key this often (/health lies when the engine is dead)."
     )
-    liveness_timeout_s: PositiveInt = Field(default=60, description="A completion slower than this counts as failed.")
-    failure_threshold: PositiveInt = Field(default=3, description="Consecutive failed probes before a group restart.")
-    max_backoff_s: PositiveInt = Field(default=1800, description="Longest wait between failing group restarts.")
+    liveness_timeout_s: Seconds = Field(default=60, description="A completion slower than this counts as failed.")
+    failure_threshold: int = Field(
+        default=3, ge=1, le=100, description="Consecutive failed probes before a group restart."
+    )
+    max_backoff_s: Seconds = Field(default=1800, description="Longest wait between failing group restarts.")
 
 
 class Pi(StrictModel):
@@ -543,7 +697,9 @@ class Deployment(StrictModel):
 
     name: Name = Field(default="dsv41", description="Prefix of container names (<name>-r<rank>).")
     state_dir: HostPath = Field(default="~/.dsv41-two-sparks", description="Reference STATE_DIR, on every node.")
-    nodes: list[Node] = Field(min_length=2, description="Exactly one head; workers take ranks 1.. in order.")
+    nodes: list[Node] = Field(
+        min_length=2, max_length=MAX_NODES, description="Exactly one head; workers take ranks 1.. in order."
+    )
     model: Model = Model()
     image: Image = Image()
     serving: Serving = Serving()
@@ -597,36 +753,38 @@ def default_spec_path() -> str:
     return os.environ.get(SPEC_PATH_ENV) or DEFAULT_SPEC_PATH
 
 
+# A deployment spec is a few kilobytes: the cap keeps a wrong --spec (a log, a disk image)
+# from being parsed for minutes.
+MAX_SPEC_BYTES = 1024 * 1024
+
+
 def load_spec(path: str | os.PathLike[str]) -> LoadedSpec:
     """Read, parse and validate a spec file; raise SpecError listing every problem."""
-    filename = str(path)
+    return parse_spec(read_spec_text(path), str(path))
+
+
+def read_spec_text(path: str | os.PathLike[str]) -> str:
+    """The text of a spec file; a SpecError, located, if it is not a small UTF-8 text file."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        hint = f"pass --spec PATH or set ${SPEC_PATH_ENV}; the default is {DEFAULT_SPEC_PATH}"
-        raise SpecError([SpecProblem(filename, 1, 1, "", f"cannot read the spec: {reason}", hint)]) from None
-    return parse_spec(text, filename)
+        return read_untrusted_text(path, what="spec", limit=MAX_SPEC_BYTES)
+    except UntrustedTextError as exc:
+        hint = exc.hint or f"pass --spec PATH or set ${SPEC_PATH_ENV}; the default is {DEFAULT_SPEC_PATH}"
+        raise SpecError([SpecProblem(str(path), exc.line, exc.column, "", exc.message, hint)]) from None
 
 
 def parse_spec(text: str, filename: str) -> LoadedSpec:
+    """Parse and validate spec text; `filename` only labels the problems."""
     try:
         document = load_located(text)
-    except YamlSyntaxError as exc:
-        hint = "check indentation and quoting near that position"
-        raise SpecError([SpecProblem(filename, exc.mark.line, exc.mark.column, "", exc.message, hint)]) from None
+    except YamlError as exc:
+        path = _render_path(exc.path)
+        problem = SpecProblem(filename, exc.mark.line, exc.mark.column, path, exc.message, exc.hint)
+        raise SpecError([problem]) from None
     problems = _duplicate_problems(document, filename)
     if not isinstance(document.data, dict):
-        problems.append(
-            SpecProblem(
-                filename,
-                1,
-                1,
-                "",
-                "the spec must be a mapping of keys",
-                "start from specs/deployment.yaml",
-            )
-        )
+        mark = document.mark_for(())
+        message = "the spec is empty" if document.data is None else "the spec must be a mapping of keys"
+        problems.append(SpecProblem(filename, mark.line, mark.column, "", message, "start from specs/deployment.yaml"))
         raise SpecError(problems)
     try:
         deployment = Deployment.model_validate(document.data)
@@ -793,12 +951,12 @@ def _render_path(loc: tuple[str | int, ...]) -> str:
 
 
 def _locate(error: Any, document: LocatedDocument, filename: str) -> SpecProblem:
-    loc = tuple(part for part in error["loc"] if not _is_union_tag(part))
+    loc = _document_path(error["loc"], document)
     context = error.get("ctx") or {}
     message = error["msg"]
     hint = str(context.get("hint") or _generic_hint(error, loc))
     if error["type"] in _BOUND_ERRORS:
-        message = f"{error['input']!r} is out of range: {message[0].lower()}{message[1:]}"
+        message = f"{error['input']!r:.80} is out of range: {message[:1].lower()}{message[1:]}"
     elif error["type"] == "extra_forbidden":
         message = f"unknown key '{loc[-1]}'"
     elif error["type"] == "missing":
@@ -809,8 +967,17 @@ def _locate(error: Any, document: LocatedDocument, filename: str) -> SpecProblem
 _BOUND_ERRORS = {"greater_than_equal", "less_than_equal", "greater_than", "less_than"}
 
 
+def _document_path(loc: tuple[str | int, ...], document: LocatedDocument) -> tuple[str | int, ...]:
+    """Pydantic's location without the union member names it inserts ('str', 'function-after[...]');
+    a part that is a key of the document (`list:` typed by mistake) is kept, whatever it looks like."""
+    kept: tuple[str | int, ...] = ()
+    for part in loc:
+        if not _is_union_tag(part) or (*kept, part) in document.marks:
+            kept = (*kept, part)
+    return kept
+
+
 def _is_union_tag(part: object) -> bool:
-    # Pydantic inserts the member type ('str', 'function-after[...]') into union locations.
     return isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool", "list", "dict"})
 
 

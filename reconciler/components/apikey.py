@@ -12,6 +12,7 @@ from reconciler.actions import Action, InSync, Outcome, Verb, action_id
 from reconciler.errors import ReconcilerError
 from reconciler.execution import ApplyContext, Executor
 from reconciler.facts.node import Facts
+from reconciler.redact import checked_secret
 from reconciler.spec import Deployment
 
 COMPONENT = "apikey"
@@ -64,13 +65,24 @@ def _chmod(ctx: ApplyContext, action: Action) -> str:
     return "mode 0600"
 
 
+KEY_HINT = (
+    "the key file must hold the key alone on one line; to replace it, delete the file and run "
+    "`reconciler apply` (a new key is created; update every client)"
+)
+
+
 def read_key(ctx: ApplyContext) -> str:
-    """The key, for readiness probes only: never printed, logged or put in an error."""
+    """The key, for readiness probes only: checked, and never printed, logged or put in an error."""
     head = ctx.deployment.head.name
-    result = ctx.ops(head, "read_text", {"path": ctx.path(head, ctx.deployment.key_file())})
-    if not result.get("text"):
-        raise ReconcilerError("the API key file is missing or empty", "run `reconciler apply` to create it")
-    return str(result["text"]).strip()
+    path = ctx.path(head, ctx.deployment.key_file())
+    result = ctx.ops(head, "read_text", {"path": path, "errors": "surrogateescape", "limit": 4096})
+    text = result.get("text")
+    if not isinstance(text, str):
+        reason = result.get("error") or "missing"
+        raise ReconcilerError(
+            f"cannot read the API key file {path} on {head}: {reason}", "run `reconciler apply` to create it"
+        )
+    return checked_secret(text, what="the API key", source=f"{path} on {head}", hint=KEY_HINT)
 
 
 EXECUTORS: dict[str, Executor] = {"create": _create, "chmod": _chmod}

@@ -24,7 +24,7 @@ from reconciler.facts.files import CheckpointFacts, HubFacts, parse_manifest
 from reconciler.facts.gather import hub_facts
 from reconciler.facts.node import Facts
 from reconciler.serving import rewrite_exl3_plan
-from reconciler.spec import Deployment, Node
+from reconciler.spec import Deployment, Node, SshTarget
 from reconciler.transport.base import check, run_program
 
 COMPONENT = "checkpoint"
@@ -131,6 +131,8 @@ def plan_checkpoint(deployment: Deployment, facts: Facts, deep_verify: bool = Fa
     outcome = Outcome()
     head = deployment.head
     head_facts = facts.nodes[head.name].checkpoint
+    if head_facts.hub is None and head_facts.hub_error is not None:
+        return plan_without_hub(deployment, facts, head_facts.hub_error)
     head_done = ""
     if facts.nodes[head.name].reachable:
         expect = expectation(deployment, head_facts.manifest, head_facts.hub)
@@ -147,6 +149,38 @@ def plan_checkpoint(deployment: Deployment, facts: Facts, deep_verify: bool = Fa
             outcome.extend(_plan_hub_node(deployment, node, observed, expect, deep_verify))
         else:
             outcome.extend(_plan_peer_node(deployment, node, observed, expect, head, head_done, deep_verify))
+    return outcome
+
+
+def plan_without_hub(deployment: Deployment, facts: Facts, error: str) -> Outcome:
+    """The Hub was needed (no listing cached) and failed: nothing can be fetched or fully checked.
+
+    A node whose files match the manifest and whose plan is staged keeps serving: the blocker
+    then holds only the checkpoint. A node missing anything holds the ranks too, since they
+    cannot start on it; a group that already runs is left alone either way.
+    """
+    outcome = Outcome()
+    head_manifest = facts.nodes[deployment.head.name].checkpoint.manifest
+    incomplete: list[str] = []
+    for _, node in deployment.ranked_nodes:
+        observed = facts.nodes[node.name]
+        if not observed.reachable:
+            continue
+        checkpoint = observed.checkpoint
+        state = assess(checkpoint, expectation(deployment, checkpoint.manifest or head_manifest, None))
+        if state.complete and checkpoint.plan_staged:
+            reason = f"files on disk match {deployment.model.manifest}; not checked against the Hub"
+            outcome.in_sync.append(InSync(node.name, COMPONENT, reason))
+        else:
+            incomplete.append(node.name)
+    hint = "the next pass asks the Hub again; check model.endpoint, the network and the token"
+    for name in incomplete:
+        message = f"checkpoint incomplete and the Hub cannot be asked: {error}"
+        outcome.blockers.append(Blocker(name, COMPONENT, message, hint))
+    if not incomplete:
+        message = f"cannot check the checkpoint against the Hub: {error}"
+        hint = f"the files on disk match {deployment.model.manifest}, so the ranks keep serving; {hint}"
+        outcome.blockers.append(Blocker(deployment.head.name, COMPONENT, message, hint, holds_ranks=False))
     return outcome
 
 
@@ -340,7 +374,7 @@ def fetch_on_node(ctx: ApplyContext, node: str, patterns: list[str], force: list
 def _save_listing(ctx: ApplyContext, node: str, listing: hub.HubListing) -> None:
     """Keep the Hub's listing in STATE_DIR: later plans and verifies need no Hub request."""
     content = hub_facts(listing).model_dump_json() + "\n"
-    ctx.ops(node, "write_file", {"path": ctx.state_path(node, "hub-files.json"), "content": content, "mode": 0o644})
+    ctx.ops(node, "write_file", {"path": ctx.state_path(node, "hub-files.json"), "content": content})
 
 
 def forget(model_dir: str, names: list[str]) -> None:
@@ -451,23 +485,33 @@ def _rsync(ctx: ApplyContext, node: str, only: list[str] | None) -> str:
     target = worker.ssh
     destination = ctx.model_dir(node)
     ctx.ops(node, "mkdirs", {"paths": [destination]})
-    ssh = ["ssh", "-p", str(target.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
-    ssh += ["-o", f"UserKnownHostsFile={os.path.expanduser(target.known_hosts)}"]
-    if target.identity_file:
-        ssh += ["-i", os.path.expanduser(target.identity_file), "-o", "IdentitiesOnly=yes"]
-    remote = f"{target.user + '@' if target.user else ''}{target.host}:{destination}/"
-    argv = ["rsync", "-a", "--partial", "--info=progress2", "--exclude", "*.safetensors.part[0-9][0-9]"]
-    argv += ["--exclude", ".cache/", "-e", shlex.join(ssh)]
-    source = f"{ctx.model_dir(head.name).rstrip('/')}/"
-    argv += (
-        [source, remote] if only is None else ["-R", "--ignore-times", *(f"{source}./{name}" for name in only), remote]
-    )
+    argv = rsync_argv(target, ctx.model_dir(head.name), destination, only)
     ctx.progress.line(f"    {head.name} -> {node}: rsync over {target.host}")
     # rsync's progress goes to stdout; redirect it to stderr so it streams like ours.
     command = ["sh", "-c", 'exec "$@" 1>&2', "rsync", *argv]
     result = ctx.transport(head.name).run(command, timeout=24 * 3600, on_line=ctx.node_lines(f"{head.name}->{node}"))
     check(result, head.name, "rsync to " + node)
     return destination
+
+
+def rsync_argv(target: SshTarget, source_dir: str, destination: str, only: list[str] | None) -> list[str]:
+    """The copy's argv: remote paths stay data, whatever characters they hold.
+
+    `--protect-args` (rsync >= 3.0; `--secluded-args` since 3.2.7, which keeps the old name)
+    sends the remote paths inside rsync's protocol instead of through the remote shell, so a
+    model dir with spaces or `;` can never run anything on the worker.
+    """
+    ssh = ["ssh", "-p", str(target.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+    ssh += ["-o", f"UserKnownHostsFile={os.path.expanduser(target.known_hosts)}"]
+    if target.identity_file:
+        ssh += ["-i", os.path.expanduser(target.identity_file), "-o", "IdentitiesOnly=yes"]
+    remote = f"{target.user + '@' if target.user else ''}{target.host}:{destination.rstrip('/')}/"
+    argv = ["rsync", "-a", "--protect-args", "--partial", "--info=progress2"]
+    argv += ["--exclude", "*.safetensors.part[0-9][0-9]", "--exclude", ".cache/", "-e", shlex.join(ssh)]
+    source = f"{source_dir.rstrip('/')}/"
+    if only is None:
+        return [*argv, source, remote]
+    return [*argv, "-R", "--ignore-times", *(f"{source}./{name}" for name in only), remote]
 
 
 def _stage_plan(ctx: ApplyContext, action: Action) -> str:
@@ -479,6 +523,7 @@ def _stage_plan(ctx: ApplyContext, action: Action) -> str:
         raise NodeCommandError(f"{node}: {source} is missing; the checkpoint is incomplete", _INCOMPLETE_HINT)
     ctx.ops(node, "mkdirs", {"paths": [ctx.state_path(node, "plans"), ctx.state_path(node, "cache")]})
     target = ctx.state_path(node, "plans", plan_name)
+    # World-readable like the checkpoint it comes from: the engine in the container reads it.
     ctx.ops(node, "write_file", {"path": target, "content": rewrite_exl3_plan(text), "mode": 0o644})
     return f"staged {target}"
 

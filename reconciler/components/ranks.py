@@ -27,6 +27,7 @@ from reconciler.execution import ApplyContext, Executor
 from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.fabric import subnet_mismatches
 from reconciler.facts.node import Facts
+from reconciler.redact import redact
 from reconciler.serving import (
     LABEL_CONFIG_HASH,
     LABEL_DEPLOYMENT,
@@ -219,6 +220,7 @@ def plan_ranks(deployment: Deployment, facts: Facts, prerequisites: dict[str, li
     held = _hold_reasons(deployment, facts)
     if held:
         outcome.notes += held
+        outcome.held += held
         outcome.actions += _stop_running(deployment, facts, "ranks are held: " + held[0].split(";")[0])
         return outcome
     contexts, blockers = node_contexts(deployment, facts)
@@ -437,9 +439,10 @@ INTENT_FILE = "restart-intent.json"
 def _record_intent(ctx: ApplyContext, action: Action) -> None:
     """Written before the group's first stop, so a reconciler that dies mid-restart resumes it."""
     head = ctx.deployment.head.name
-    content = json.dumps({"since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cause": action.cause}) + "\n"
+    cause = redact(action.cause)
+    content = json.dumps({"since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cause": cause}) + "\n"
     path = ctx.state_path(head, INTENT_FILE)
-    ctx.ops(head, "write_file", {"path": path, "content": content, "mode": 0o644, "keep_existing": True})
+    ctx.ops(head, "write_file", {"path": path, "content": content, "keep_existing": True})
 
 
 def _clear_intent(ctx: ApplyContext) -> None:

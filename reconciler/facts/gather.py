@@ -7,16 +7,19 @@ is tested on recorded probe output; only `gather` touches the network.
 from __future__ import annotations
 
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from reconciler import hub
 from reconciler.errors import ReconcilerError
 from reconciler.facts.containers import container_from_inspect
 from reconciler.facts.fabric import fabric_from_probe
 from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, HubFileFacts, KeyFileFacts, parse_manifest
-from reconciler.facts.memory import GuardFacts, GuardTrip, parse_meminfo
+from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, parse_meminfo
 from reconciler.facts.node import Facts, Hold, NodeFacts, RestartIntent
 from reconciler.facts.pi import gather_pi
 from reconciler.serving import LABEL_OWNER, OWNER, rewrite_exl3_plan
@@ -37,39 +40,108 @@ def probe_args(deployment: Deployment, node: Node) -> dict[str, Any]:
 
 
 def node_facts_from_probe(node: Node, raw: dict[str, Any]) -> NodeFacts:
+    """The facts of one node from its probe's answer; any part that cannot be read is
+    reported as a problem of the node, never raised (the answer reflects files anyone can edit)."""
+    try:
+        return _node_facts(node, raw)
+    except (ValidationError, KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        return NodeFacts(reachable=False, error=f"the node's probe answer cannot be read: {_short(exc)}")
+
+
+def _short(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
+def _node_facts(node: Node, raw: dict[str, Any]) -> NodeFacts:
     docker_state = raw["docker"]
+    hostname, home = _text(raw.get("hostname")), _text(raw.get("home"))
     if "error" in docker_state:
-        return NodeFacts(
-            reachable=False, error=f"docker: {docker_state['error']}", hostname=raw["hostname"], home=raw["home"]
-        )
-    home = raw["home"]
+        return NodeFacts(reachable=False, error=f"docker: {docker_state['error']}", hostname=hostname, home=home)
+    if home is None or not home.startswith("/"):
+        return NodeFacts(reachable=False, error="the node did not say its home directory", hostname=hostname)
     return NodeFacts(
-        hostname=raw["hostname"],
+        hostname=hostname,
         home=home,
-        memory=parse_meminfo(raw["meminfo"]) if raw.get("meminfo") else None,
+        memory=_memory(raw.get("meminfo")),
         fabric=fabric_from_probe(raw.get("fabric"), ifname=node.fabric.ifname, ip=node.fabric.ip),
         checkpoint=_checkpoint(expand_home(node.model_dir, home), raw),
-        images=list(docker_state["images"]),
-        containers=[container_from_inspect(attrs) for attrs in docker_state["containers"]],
+        images=[ref for ref in docker_state["images"] if isinstance(ref, str)],
+        containers=[container_from_inspect(attrs) for attrs in docker_state["containers"] if isinstance(attrs, dict)],
         guard=_guard(raw),
-        api_key=_key_file(raw["key_file"]) if raw.get("key_file") is not None else None,
-        hold=Hold.model_validate(raw["hold"]) if raw.get("hold") else None,
-        restart_intent=RestartIntent.model_validate(raw["restart_intent"]) if raw.get("restart_intent") else None,
+        api_key=_key_file(raw["key_file"]) if isinstance(raw.get("key_file"), dict) else None,
+        hold=_state_file(Hold, raw.get("hold"), Hold(since="unknown (hold.json is unreadable)")),
+        restart_intent=_state_file(
+            RestartIntent,
+            raw.get("restart_intent"),
+            RestartIntent(since="unknown", cause="restart-intent.json is unreadable"),
+        ),
     )
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _memory(text: object) -> MemoryFacts | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return parse_meminfo(text)
+    except (KeyError, ValueError, ValidationError):
+        return None
+
+
+StateFile = TypeVar("StateFile", bound=BaseModel)
+
+
+def _state_file(model: type[StateFile], raw: object, unreadable: StateFile) -> StateFile | None:
+    """A small JSON state file the reconciler wrote (hold, restart intent): absent is None; a file
+    that exists but cannot be read counts as present, the cautious reading (held, restart due)."""
+    if raw is None:
+        return None
+    try:
+        return model.model_validate(raw)
+    except ValidationError:
+        return unreadable
 
 
 def _checkpoint(model_dir: str, raw: dict[str, Any]) -> CheckpointFacts:
-    cache: dict[str, list[Any]] = raw.get("hash_cache") or {}
+    cache = raw.get("hash_cache")
+    cache = cache if isinstance(cache, dict) else {}
     files: dict[str, FileFacts] = {}
     for relative, (size, mtime_ns, inode) in raw["model_files"].items():
         cached = cache.get(f"{model_dir.rstrip('/')}/{relative}")
-        fresh = cached is not None and cached[:3] == [size, mtime_ns, inode]
-        files[relative] = FileFacts(size=size, sha256=cached[3] if fresh and cached else None)
-    manifest = parse_manifest(raw["manifest"]) if raw.get("manifest") else None
-    listing = HubFacts.model_validate(raw["hub_files"]) if raw.get("hub_files") else None
+        files[relative] = FileFacts(size=size, sha256=_cached_digest(cached, [size, mtime_ns, inode]))
+    manifest = parse_manifest(raw["manifest"]) if isinstance(raw.get("manifest"), str) else None
     return CheckpointFacts(
-        files=files, manifest=manifest, plan_staged=_plan_staged(raw), disk_free=raw.get("disk_free"), hub=listing
+        files=files,
+        manifest=manifest,
+        plan_staged=_plan_staged(raw),
+        disk_free=raw.get("disk_free") if isinstance(raw.get("disk_free"), int) else None,
+        hub=_cached_listing(raw.get("hub_files")),
     )
+
+
+def _cached_digest(entry: object, key: list[int]) -> str | None:
+    """The cached sha256 when the cache entry is (size, mtime_ns, inode, digest) of this very file."""
+    if not isinstance(entry, list) or len(entry) != 4 or entry[:3] != key:
+        return None
+    digest = entry[3]
+    return digest if isinstance(digest, str) and _SHA256_RE.match(digest) else None
+
+
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _cached_listing(raw: object) -> HubFacts | None:
+    """The Hub listing the last download saved; one that cannot be read is asked for again."""
+    if not raw:
+        return None
+    try:
+        return HubFacts.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def _plan_staged(raw: dict[str, Any]) -> bool:
@@ -83,19 +155,21 @@ def _plan_staged(raw: dict[str, Any]) -> bool:
 
 
 def _guard(raw: dict[str, Any]) -> GuardFacts:
-    config = raw.get("guard_config") or {}
-    trip = raw.get("guard_trip")
+    config = raw.get("guard_config")
+    config_hash = config.get("config_hash") if isinstance(config, dict) else None
+    unreadable = GuardTrip(at="unknown (memguard.trip.json is unreadable)", mem_available_gib=0.0, floor_gib=0.0)
     return GuardFacts(
         running=bool(raw.get("guard_running")),
-        config_hash=config.get("config_hash"),
-        trip=GuardTrip.model_validate(trip) if trip else None,
+        config_hash=config_hash if isinstance(config_hash, str) else None,
+        trip=_state_file(GuardTrip, raw.get("guard_trip"), unreadable),
     )
 
 
 def _key_file(raw: dict[str, Any]) -> KeyFileFacts:
     if not raw.get("present"):
         return KeyFileFacts(present=False)
-    return KeyFileFacts(present=True, empty=raw.get("size", 0) == 0, mode=raw.get("mode"))
+    mode = raw.get("mode")
+    return KeyFileFacts(present=True, empty=raw.get("size", 0) == 0, mode=mode if isinstance(mode, int) else None)
 
 
 def probe_node(deployment: Deployment, node: Node, transport: Transport) -> NodeFacts:
@@ -124,16 +198,17 @@ def gather(deployment: Deployment, transports: dict[str, Transport]) -> Facts:
 def with_hub_listing(deployment: Deployment, head: NodeFacts) -> NodeFacts:
     """Ask the Hub what the checkpoint holds when the head has no listing cached yet.
 
-    One request per pass, and only until the first download wrote the listing to STATE_DIR;
-    an unreachable Hub leaves the listing unknown (the download step reports the error).
+    One request per pass, and only until the first download wrote the listing to STATE_DIR. A
+    Hub that is down, slow or wrong leaves the listing unknown with the reason, which the
+    checkpoint component shows as its blocker; nothing else needs the Hub.
     """
     if not head.reachable or head.checkpoint.hub is not None:
         return head
     try:
-        listing = hub.list_files(deployment.model)
-    except ReconcilerError:
-        return head
-    checkpoint = head.checkpoint.model_copy(update={"hub": hub_facts(listing)})
+        update: dict[str, object] = {"hub": hub_facts(hub.list_files(deployment.model))}
+    except ReconcilerError as exc:
+        update = {"hub_error": exc.message}
+    checkpoint = head.checkpoint.model_copy(update=update)
     return head.model_copy(update={"checkpoint": checkpoint})
 
 

@@ -7,8 +7,11 @@ loads and saves snapshots (JSON), which is how `plan --facts FILE` works offline
 from __future__ import annotations
 
 import json
+import re
+import sys
+from collections import Counter
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, NoReturn
 
 from pydantic import Field, ValidationError
 
@@ -19,6 +22,7 @@ from reconciler.facts.fabric import FabricFacts
 from reconciler.facts.files import CheckpointFacts, KeyFileFacts
 from reconciler.facts.memory import GuardFacts, MemoryFacts
 from reconciler.facts.pi import PiFacts
+from reconciler.safeio import UntrustedTextError, read_untrusted_text
 
 
 class Hold(FactsModel):
@@ -74,23 +78,84 @@ class Facts(FactsModel):
         return self.model_dump_json(indent=2, exclude_defaults=True) + "\n"
 
 
+# A snapshot of two nodes is about 16 KB. The cap bounds what parsing builds: small JSON values
+# grow some 25-fold into Python objects, so 8 MiB of `{},` peaks near 250 MB and 2 s.
+MAX_FACTS_BYTES = 8 * 1024 * 1024
+
+_REGENERATE = "facts files are written by the reconciler; regenerate it"
+# A lone surrogate can only come from a \uD800-\uDFFF escape: the text itself is strict UTF-8.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
 def load_facts(path: str | Path) -> Facts:
-    """Read a facts snapshot; errors name the file and the field."""
-    try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise FactsError(f"cannot read facts {path}: {exc.strerror}", "check the path given to --facts") from None
-    except json.JSONDecodeError as exc:
-        raise FactsError(
-            f"{path}:{exc.lineno}:{exc.colno}: malformed JSON: {exc.msg}",
-            "facts files are written by the reconciler; regenerate it",
-        ) from None
+    """Read a facts snapshot; errors name the file and the field, and are only ever FactsError."""
+    raw = _parse_json(_read_facts_text(path), path)
     try:
         return Facts.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
+        where = ".".join(str(part) for part in first["loc"]) or "the top level"
         raise FactsError(
             f"{path}: {where}: {first['msg']} ({exc.error_count()} problem(s))",
             "compare it with tests/fixtures/facts/*.json",
         ) from None
+
+
+def _read_facts_text(path: str | Path) -> str:
+    try:
+        return read_untrusted_text(path, what="facts file", limit=MAX_FACTS_BYTES)
+    except UntrustedTextError as exc:
+        hint = exc.hint or "check the path given to --facts"
+        raise FactsError(f"{path}:{exc.line}:{exc.column}: {exc.message}", hint) from None
+
+
+class _RefusedJsonError(Exception):
+    """JSON that the json module accepts and a snapshot never holds; raised from its hooks."""
+
+
+def _parse_json(text: str, path: str | Path) -> Any:
+    try:
+        raw = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise FactsError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON: {exc.msg}", _REGENERATE) from None
+    except _RefusedJsonError as exc:
+        raise FactsError(f"{path}: {exc}", _REGENERATE) from None
+    except ValueError:
+        # int() refuses to convert more digits than this; the json module gives no position.
+        limit = sys.get_int_max_str_digits()
+        raise FactsError(f"{path}: a number has more than {limit} digits", _REGENERATE) from None
+    except RecursionError:
+        raise FactsError(f"{path}: JSON nested too deeply to read", _REGENERATE) from None
+    if _SURROGATE_ESCAPE.search(text):
+        _refuse_surrogates(raw, path)
+    return raw
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) < len(pairs):
+        counts = Counter(key for key, _ in pairs)
+        duplicate = next(key for key, count in counts.items() if count > 1)
+        raise _RefusedJsonError(f"duplicate key {duplicate!r:.60} in a JSON object")
+    return result
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise _RefusedJsonError(f"{name} is not a number JSON allows")
+
+
+def _refuse_surrogates(raw: Any, path: str | Path) -> None:
+    """Refuse strings a UTF-8 terminal or log cannot show (walked without recursion: depth is untrusted)."""
+    pending = [raw]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending += [*item, *item.values()]
+        elif isinstance(item, list):
+            pending += item
+        elif isinstance(item, str) and _SURROGATE.search(item):
+            raise FactsError(
+                f"{path}: the string {item!r:.60} holds a lone surrogate (\\uD800-\\uDFFF), which is not a character",
+                _REGENERATE,
+            )

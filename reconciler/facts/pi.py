@@ -10,6 +10,7 @@ value is redacted. Reading the files is the gatherer; turning them into facts is
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -44,25 +45,29 @@ def locate_pi(search_path: str | None = None) -> tuple[str | None, str | None]:
 
 def package_of(executable: Path) -> str | None:
     """npm links bin/pi to <package>/dist/cli.js; the nearest package.json above it names the package."""
-    for parent in list(executable.resolve().parents)[:4]:
-        manifest = parent / "package.json"
-        if manifest.is_file():
-            try:
-                data = json.loads(manifest.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                return None
-            name = data.get("name") if isinstance(data, dict) else None
-            return f"{name}@{data.get('version')}" if name in PI_PACKAGES else None
-    return None
+    try:
+        manifest = _nearest_manifest(executable)
+        data = json.loads(manifest.read_text(encoding="utf-8")) if manifest else None
+    except (OSError, RuntimeError, ValueError, RecursionError):  # unreadable, a symlink loop, not JSON
+        return None
+    name = data.get("name") if isinstance(data, dict) else None
+    return f"{name}@{data.get('version')}" if isinstance(data, dict) and name in PI_PACKAGES else None
+
+
+def _nearest_manifest(executable: Path) -> Path | None:
+    candidates = (parent / "package.json" for parent in list(executable.resolve().parents)[:4])
+    return next((candidate for candidate in candidates if candidate.is_file()), None)
 
 
 def gather_pi(provider: str) -> PiFacts:
-    directory = picfg.agent_dir()
+    """Never raises: a config Pi could not read either is the facts' `error`, for the plan to show."""
     pi_path, package = locate_pi()
+    directory = os.environ.get("PI_CODING_AGENT_DIR") or "~/.pi/agent"
     try:
-        files = picfg.read_files(directory, provider)
+        directory = str(picfg.agent_dir())
+        files = picfg.read_files(Path(directory), provider)
     except picfg.PiConfigError as exc:
-        return PiFacts(directory=str(directory), pi_path=pi_path, package=package, error=exc.message)
+        return PiFacts(directory=directory, pi_path=pi_path, package=package, error=exc.message)
     return pi_facts_from_files(files, provider, pi_path, package)
 
 

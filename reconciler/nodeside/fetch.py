@@ -97,6 +97,8 @@ def fetch(args: dict[str, Any]) -> None:
     fetched = []
     for item in args["files"]:
         target = os.path.join(root, item["path"])
+        if not os.path.realpath(target).startswith(os.path.realpath(root) + os.sep):
+            raise SystemExit(f"refusing {item['path']!r}: it would land outside {root}")
         os.makedirs(os.path.dirname(target), exist_ok=True)
         if os.path.exists(target) and os.path.getsize(target) == item["size"] and not item.get("force"):
             continue

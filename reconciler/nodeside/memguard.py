@@ -92,13 +92,16 @@ class Guard:
         self.log_path = os.path.join(state_dir, "memguard.log")
 
     def log(self, message: str) -> None:
-        with open(self.log_path, "a", encoding="utf-8") as handle:
+        # Private, and never through a symlink someone placed at the log's name.
+        descriptor = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
             handle.write(f"{now()} {message}\n")
 
     def record_trip(self, available: float, floor: float, killed: list[str]) -> None:
         trip = {"at": now(), "mem_available_gib": round(available, 3), "floor_gib": floor, "killed": killed}
-        temporary = os.path.join(self.state_dir, "memguard.trip.json.tmp")
-        with open(temporary, "w", encoding="utf-8") as handle:
+        temporary = os.path.join(self.state_dir, f"memguard.trip.json.tmp-{os.getpid()}-{time.monotonic_ns()}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        with os.fdopen(os.open(temporary, flags, 0o600), "w", encoding="utf-8") as handle:
             json.dump(trip, handle)
         os.replace(temporary, os.path.join(self.state_dir, "memguard.trip.json"))
 

@@ -2,7 +2,10 @@
 
 Each public function takes one dict of arguments and prints one JSON result. Every write is
 atomic (temporary file in the same directory, fsync, rename) so an interrupted apply never
-leaves a half-written key, plan or shard behind. Progress goes to stderr as plain lines.
+leaves a half-written key, plan or shard behind. The temporary file is created exclusively and
+never through a symlink, so nothing placed beforehand can redirect what is written (the key).
+The state dir is private (0700) and what is written there is 0600 unless the ranks must read
+it. Progress goes to stderr as plain lines.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -33,22 +38,55 @@ def _progress(message: str) -> None:
     sys.stderr.flush()
 
 
-def atomic_write(path: str, data: bytes, mode: int) -> None:
+PRIVATE = 0o600
+_EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def atomic_write(path: str, data: bytes, mode: int = PRIVATE) -> None:
+    """Write `data` to `path` whole or not at all; `path` itself is replaced, never followed."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    temporary = f"{path}.tmp-{os.getpid()}"
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    descriptor, temporary = _exclusive_temporary(path, mode)
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
             handle.flush()
+            os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
-        os.chmod(temporary, mode)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+    _fsync_directory(directory)
+
+
+def _exclusive_temporary(path: str, mode: int) -> tuple[int, str]:
+    for _ in range(100):
+        temporary = f"{path}.tmp-{secrets.token_hex(8)}"
+        try:
+            return os.open(temporary, _EXCLUSIVE, mode), temporary
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make the rename itself durable (a power cut must not bring back the old key or plan)."""
+    with contextlib.suppress(OSError):
+        descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def private_dir(path: str) -> None:
+    """Create the state dir 0700, or take group and other access away from ours."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.stat(path)
+    if info.st_uid == os.getuid() and info.st_mode & 0o077:
+        os.chmod(path, 0o700)
 
 
 def write_file(args: dict[str, Any]) -> None:
@@ -57,7 +95,7 @@ def write_file(args: dict[str, Any]) -> None:
     if args.get("keep_existing") and os.path.exists(path) and os.path.getsize(path) > 0:
         _reply({"written": False, "reason": "exists"})
         return
-    atomic_write(path, args["content"].encode(), int(args.get("mode", 0o644)))
+    atomic_write(path, args["content"].encode(), int(args.get("mode", PRIVATE)))
     _reply({"written": True})
 
 
@@ -66,12 +104,31 @@ def chmod(args: dict[str, Any]) -> None:
     _reply({"ok": True})
 
 
+READ_LIMIT = 64 * 1024 * 1024
+
+
 def read_text(args: dict[str, Any]) -> None:
+    """A regular file's text (`errors` as for bytes.decode), or None and why: never a FIFO or a
+    device (they would block or never end), never more than `limit` bytes."""
+    limit = int(args.get("limit", READ_LIMIT))
     try:
-        with open(os.path.expanduser(args["path"]), encoding="utf-8") as handle:
-            _reply({"text": handle.read()})
+        descriptor = os.open(os.path.expanduser(args["path"]), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         _reply({"text": None, "error": exc.strerror})
+        return
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        _reply({"text": None, "error": "not a regular file"})
+        return
+    with os.fdopen(descriptor, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        _reply({"text": None, "error": f"larger than {limit} bytes"})
+        return
+    try:
+        _reply({"text": data.decode("utf-8", args.get("errors", "strict"))})
+    except UnicodeDecodeError as exc:
+        _reply({"text": None, "error": f"not UTF-8 (byte {exc.start})"})
 
 
 def mkdirs(args: dict[str, Any]) -> None:
@@ -145,7 +202,7 @@ def hash_files(args: dict[str, Any]) -> None:
     for name, digest in digests.items():
         cache[f"{root}/{name}"] = [*keys[name], digest]
     if digests:
-        atomic_write(cache_path, json.dumps(cache, sort_keys=True).encode(), 0o644)
+        atomic_write(cache_path, json.dumps(cache, sort_keys=True).encode())
     _reply({name: (cache[f"{root}/{name}"][3] if name in keys else None) for name in args["files"]})
 
 
@@ -200,7 +257,7 @@ def _remember(cache_path: str, path: str, digest: str) -> None:
     cache = _load_cache(cache_path)
     info = os.stat(path)
     cache[path] = [info.st_size, info.st_mtime_ns, info.st_ino, digest]
-    atomic_write(cache_path, json.dumps(cache, sort_keys=True).encode(), 0o644)
+    atomic_write(cache_path, json.dumps(cache, sort_keys=True).encode())
 
 
 def prune_parts(args: dict[str, Any]) -> None:
@@ -246,10 +303,10 @@ def _stop_pid(pid_file: str) -> bool:
 def guard_start(args: dict[str, Any]) -> None:
     """Install the guard program and its config in the state dir, then (re)start it detached."""
     state_dir = os.path.expanduser(args["state_dir"])
-    os.makedirs(state_dir, exist_ok=True)
+    private_dir(state_dir)
     _stop_pid(os.path.join(state_dir, "memguard.pid"))
-    atomic_write(os.path.join(state_dir, "memguard.py"), args["program"].encode(), 0o644)
-    atomic_write(os.path.join(state_dir, "memguard.json"), json.dumps(args["config"]).encode(), 0o644)
+    atomic_write(os.path.join(state_dir, "memguard.py"), args["program"].encode())
+    atomic_write(os.path.join(state_dir, "memguard.json"), json.dumps(args["config"]).encode())
     if args.get("clear_trip"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(state_dir, "memguard.trip.json"))
@@ -261,7 +318,7 @@ def guard_start(args: dict[str, Any]) -> None:
         start_new_session=True,
         close_fds=True,
     )
-    atomic_write(os.path.join(state_dir, "memguard.pid"), f"{process.pid}\n".encode(), 0o644)
+    atomic_write(os.path.join(state_dir, "memguard.pid"), f"{process.pid}\n".encode())
     _reply({"pid": process.pid})
 
 
@@ -277,3 +334,27 @@ def remove_file(args: dict[str, Any]) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.expanduser(args["path"]))
     _reply({"ok": True})
+
+
+def run(request: dict[str, Any]) -> None:
+    """Entry point: make the state dir private (every call names it), then run one operation."""
+    if request.get("private_dir"):
+        private_dir(os.path.expanduser(request["private_dir"]))
+    OPERATIONS[request["call"]](request["args"])
+
+
+OPERATIONS = {
+    function.__name__: function
+    for function in (
+        write_file,
+        chmod,
+        read_text,
+        mkdirs,
+        hash_files,
+        reassemble,
+        prune_parts,
+        guard_start,
+        guard_stop,
+        remove_file,
+    )
+}

@@ -56,7 +56,13 @@ def run_program(
             f"{transport.node}: {module}.{call} failed (exit {result.returncode}): {' / '.join(detail)}",
             f"check python3 on {transport.node}; rerun with the same command to retry",
         )
-    return json.loads(result.stdout)
+    try:
+        return json.loads(result.stdout)
+    except ValueError:
+        raise NodeCommandError(
+            f"{transport.node}: {module}.{call} printed something that is not its JSON answer",
+            f"check that nothing on {transport.node} writes to stdout at login (a shell profile, a banner)",
+        ) from None
 
 
 def check(result: CommandResult, node: str, what: str) -> CommandResult:

@@ -93,5 +93,16 @@ def start_hub(layout: Layout, root: Path | None = None, port: int = HUB_PORT) ->
         raise TestbedError(f"hub not answering on {HOST_IP}:{port}\n{proc.tail(log)}")
 
 
+def stop_hub(layout: Layout, port: int = HUB_PORT) -> list[int]:
+    """Stop the Hub stand-in serving on `port` (an outage, for tests); returns the pids stopped."""
+    pids = [
+        info.pid
+        for info in proc.processes()
+        if is_hub_process(info.argv) and str(port) in info.argv and any(str(layout.root) in a for a in info.argv)
+    ]
+    proc.stop(pids, 5.0)
+    return pids
+
+
 def is_hub_process(argv: list[str]) -> bool:
     return "tests.testbed.hub" in argv and "serve" in argv

@@ -143,3 +143,71 @@ def test_edits_refuse_a_path_that_is_not_a_container() -> None:
         jsonc.append_item('{"enabledModels": "x"}', ["enabledModels"], "y")
     with pytest.raises(ValueError, match="no object member"):
         jsonc.set_member("{}", ["providers"], "x", 1)
+
+
+# --- odd input: CRLF, a byte-order mark, and text that would trip Python's own limits -------------
+
+
+def _bare_lf(text: str) -> int:
+    return text.count("\n") - text.count("\r\n")
+
+
+@pytest.mark.parametrize("layout", sorted(name for name in LAYOUTS if "\n" in LAYOUTS[name]))
+def test_a_crlf_file_stays_crlf_through_add_and_remove(layout: str) -> None:
+    text = LAYOUTS[layout].replace("\n", "\r\n")
+    entry = {"baseUrl": "http://h:8000/v1", "models": [{"id": "m"}]}
+    added = jsonc.set_member(text, ["providers"], "dsv41-sparks", entry)
+    assert _bare_lf(added) == 0
+    assert jsonc.loads(added)["providers"]["dsv41-sparks"] == entry
+    assert jsonc.remove_member(added, ["providers"], "dsv41-sparks") == text
+
+
+def test_a_crlf_member_is_replaced_in_crlf() -> None:
+    text = jsonc.set_member(PI_LIKE.replace("\n", "\r\n"), ["providers"], "dsv41-sparks", {"v": 1})
+    replaced = jsonc.set_member(text, ["providers"], "dsv41-sparks", {"v": [1, 2]})
+    assert _bare_lf(replaced) == 0
+    assert jsonc.loads(replaced)["providers"]["dsv41-sparks"] == {"v": [1, 2]}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{\r\n  "enabledModels": [\r\n    "a/b"\r\n  ]\r\n}\r\n',
+        '{\r\n  "enabledModels": [\r\n    "a/b", // x\r\n  ],\r\n}\r\n',
+    ],
+)
+def test_a_crlf_array_item_round_trips(text: str) -> None:
+    appended = jsonc.append_item(text, ["enabledModels"], "dsv41-sparks/m")
+    assert _bare_lf(appended) == 0
+    assert jsonc.remove_item(appended, ["enabledModels"], "dsv41-sparks/m") == text
+
+
+def test_a_byte_order_mark_is_skipped_and_kept_like_pi_1_6() -> None:
+    text = "\ufeff" + LAYOUTS["two spaces"]
+    assert jsonc.loads(text) == jsonc.loads(LAYOUTS["two spaces"])
+    added = jsonc.set_member(text, ["providers"], "b", 2)
+    assert added.startswith("\ufeff{\n")
+    assert jsonc.remove_member(added, ["providers"], "b") == text
+    with pytest.raises(jsonc.JsoncError) as caught:
+        jsonc.loads("\ufeff{,}")
+    assert (caught.value.line, caught.value.column) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ('{\n  "a": 1\x00\n}', 2, "a NUL byte"),
+        ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", 1, f"nested more than {jsonc.MAX_DEPTH} levels deep"),
+        ('{\n  "a": ' + "9" * 5000 + "\n}", 2, "an integer of 5000 digits"),
+    ],
+)
+def test_input_past_pythons_limits_is_a_located_error(text: str, line: int, message: str) -> None:
+    with pytest.raises(jsonc.JsoncError) as caught:
+        jsonc.loads(text)
+    assert caught.value.line == line
+    assert message in caught.value.message
+
+
+def test_nesting_up_to_the_limit_parses() -> None:
+    depth = jsonc.MAX_DEPTH
+    assert jsonc.loads("[" * depth + "]" * depth) is not None

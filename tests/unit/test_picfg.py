@@ -189,7 +189,7 @@ def test_set_default_sets_both_defaults_and_remembers_the_previous_ones() -> Non
     after = install(existing(), target(set_default=True))
     settings = json.loads(after.texts[SETTINGS])
     assert (settings["defaultProvider"], settings["defaultModel"]) == (PROVIDER, "deepseek-v4.1-flash")
-    assert REF in settings["enabledModels"]  # else Pi starts on the list's first model (REFERENCE §9.3)
+    assert REF in settings["enabledModels"]  # else Pi starts on the list's first model
     record = json.loads(after.texts[MANIFEST])
     assert record["defaults"] == {"previous": {"defaultProvider": "other-local", "defaultModel": "other-model"}}
 

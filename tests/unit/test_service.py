@@ -19,7 +19,7 @@ import pytest
 
 from reconciler import service
 from reconciler.cli import main
-from reconciler.errors import ReconcilerError
+from reconciler.errors import ReconcilerError, SpecError
 from reconciler.service import UNIT_NAME, UnitSettings, install, render_unit, settings_for
 from tests.scenarios import ROOT, SPEC_PATH
 
@@ -131,6 +131,111 @@ def test_a_path_the_unit_would_have_to_escape_is_refused(tmp_path: Path) -> None
         settings_for(str(spec), ME.pw_name)
 
 
+# One of each kind of character a unit file reads as something other than itself.
+ODD_CHARACTERS = {
+    "a space": " ",
+    "a tab": "\t",
+    "a newline": "\n",
+    "a carriage return": "\r",
+    "a control character": "\x1b",
+    "a specifier": "%",
+    "an expansion": "$",
+    "a double quote": '"',
+    "a single quote": "'",
+    "a backslash": "\\",
+    "a command separator": ";",
+    "non-ASCII": "é",
+}
+BAD_USER_NAMES = [
+    "two words",
+    "line\nbreak",
+    "per%cent",
+    "dollar$",
+    "ünïcode",
+    "-dash",
+    "1digit",
+    "dot.ted",
+    "x" * 32,
+    "nul\x00",
+]
+
+
+def _refused(
+    error: pytest.ExceptionInfo[ReconcilerError], role: str, value: str, char: str, hint: str = "move or rename it"
+) -> None:
+    assert f"{role} path {value!r} has characters a unit file would read differently: {char!r}" in error.value.message
+    assert hint in error.value.hint
+
+
+@pytest.mark.parametrize("kind", sorted(ODD_CHARACTERS))
+def test_a_spec_path_with_an_odd_character_is_refused(tmp_path: Path, kind: str) -> None:
+    char = ODD_CHARACTERS[kind]
+    folder = tmp_path / f"specs{char}x"
+    folder.mkdir()
+    spec = write_spec(folder, "~/state", "~/models/x")
+    with pytest.raises(ReconcilerError) as caught:
+        settings_for(str(spec), ME.pw_name)
+    _refused(caught, "the spec", str(spec), char)
+
+
+@pytest.mark.parametrize("kind", sorted(ODD_CHARACTERS))
+def test_a_writable_directory_with_an_odd_character_is_refused_naming_its_field(tmp_path: Path, kind: str) -> None:
+    char = ODD_CHARACTERS[kind]
+    state = f"/srv/state{char}"
+    spec = write_spec(tmp_path, json.dumps(state), "~/models/x")
+    with pytest.raises(ReconcilerError) as caught:
+        settings_for(str(spec), ME.pw_name)
+    if isinstance(caught.value, SpecError):  # the spec refuses quotes and control characters itself
+        assert [problem.path for problem in caught.value.problems] == ["state_dir"]
+    else:
+        _refused(caught, "state_dir", state, char)
+
+
+@pytest.mark.parametrize("kind", sorted(ODD_CHARACTERS))
+def test_an_executable_with_an_odd_character_even_last_is_refused(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    char = ODD_CHARACTERS[kind]
+    executable = f"/opt/venv/bin/reconciler{char}"  # last: a regex `$` lets a trailing newline through
+    monkeypatch.setattr(service, "reconciler_executable", lambda: executable)
+    with pytest.raises(ReconcilerError) as caught:
+        settings_for(str(SPEC_PATH), ME.pw_name)
+    _refused(caught, "the reconciler executable", executable, char, "make a venv at a path of letters")
+
+
+@pytest.mark.parametrize("kind", sorted(ODD_CHARACTERS))
+def test_a_home_with_an_odd_character_is_refused(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    char = ODD_CHARACTERS[kind]
+    home = f"/home/{ME.pw_name}{char}"
+    account = pwd.struct_passwd((ME.pw_name, "x", ME.pw_uid, ME.pw_gid, "", home, "/bin/sh"))
+    monkeypatch.setattr(pwd, "getpwnam", lambda _: account)
+    with pytest.raises(ReconcilerError) as caught:
+        settings_for(str(SPEC_PATH), ME.pw_name)
+    _refused(caught, f"{ME.pw_name}'s home", home, char, "pass --user")
+
+
+@pytest.mark.parametrize("name", BAD_USER_NAMES)
+def test_a_user_name_systemd_would_not_take_as_written_is_refused(name: str) -> None:
+    with pytest.raises(ReconcilerError) as caught:
+        settings_for(str(SPEC_PATH), name)
+    assert f"the service user {name!r} is not a plain user name" in caught.value.message
+    assert "pass --user" in caught.value.hint
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("executable", "bin/reconciler", "the reconciler executable path 'bin/reconciler' is not absolute"),
+        ("spec", "/s\nExecStartPre=/bin/rm", "the spec path '/s\\nExecStartPre=/bin/rm' has characters"),
+        ("user", "root\nUser=nvidia", "the service user 'root\\nUser=nvidia' is not a plain user name"),
+        ("home", "/home/%u", "nvidia's home path '/home/%u' has characters"),
+        ("extra_writable", ("/data/a b",), "a writable directory path '/data/a b' has characters"),
+    ],
+)
+def test_unit_settings_refuse_what_the_unit_could_not_hold(field: str, value: object, message: str) -> None:
+    with pytest.raises(ReconcilerError) as caught:
+        UnitSettings(**{**EXAMPLE.__dict__, field: value})
+    assert message in caught.value.message
+
+
 def test_under_sudo_the_service_runs_as_the_user_who_typed_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "getuid", lambda: 0)
     monkeypatch.setenv("SUDO_USER", "nvidia")
@@ -219,6 +324,29 @@ def test_cli_json_reports_the_unit_and_what_would_happen(capsys: pytest.CaptureF
     assert report["written"] is False
     assert report["unit_path"] == f"/etc/systemd/system/{UNIT_NAME}"
     assert report["unit"].startswith("# spark-reconciler:")
+
+
+def test_cli_dry_run_refuses_an_odd_spec_path_with_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "100%"
+    folder.mkdir()
+    spec = write_spec(folder, "~/state", "~/models/x")
+    code = main(["install-service", "--spec", str(spec), "--user", ME.pw_name, "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"error: the spec path {str(spec)!r} has characters a unit file would read differently: '%'\n" in err
+    assert "hint: move or rename it" in err
+    assert "internal error" not in err
+
+
+@pytest.mark.parametrize("name", ["two words", "line\nbreak", "nul\x00byte"])
+def test_cli_dry_run_refuses_an_odd_user_name(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["install-service", "--spec", str(SPEC_PATH), f"--user={name}", "--dry-run", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert report["message"] == (
+        f"the service user {name!r} is not a plain user name "
+        "(a letter or '_', then letters, digits, '_' or '-', at most 31 characters)"
+    )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ TEST STAND-IN, not part of the product. Tests use these to reproduce what a real
 
 - `cut`: close the connection after N body bytes of a matching file, for the next `times` responses;
 - `fail`: answer a status (default 503) to the next `count` requests whose URL path matches a glob
-  (and whose method matches, if one is given);
+  (and whose method matches, if one is given); status 200 answers an HTML page instead of the
+  Hub's JSON (a captive portal), 429 carries `Retry-After`;
 - `rate`: cap each response body at N bytes/s.
 
 Rules come from `serve --fault SPEC` or from `POST /_standin/faults` at run time (see `server.py`).

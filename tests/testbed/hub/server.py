@@ -196,8 +196,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str, path: str, query: str, body: bytes) -> None:
         status = self.hub.faults.take_failure(method, path)
+        if status == 200:
+            # A "200" fault is what a captive portal or a misrouted proxy sends: a page, not JSON.
+            self._send_page(b"<html><body>Please log in to the network</body></html>")
+            return
         if status is not None:
-            raise HubError(status, f"injected fault: HTTP {status}")
+            headers = {"Retry-After": "30"} if status == 429 else {}
+            raise HubError(status, f"injected fault: HTTP {status}", headers=headers)
         if path.startswith("/_standin/cdn/"):
             self._cdn(method, path)
             return
@@ -413,6 +418,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
             if self._entry is not None:
                 self._entry.bytes_sent = len(payload)
+
+    def _send_page(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _send_error(self, error: HubError) -> None:
         headers = {"X-Error-Message": error.message, **error.headers}

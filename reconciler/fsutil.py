@@ -1,0 +1,71 @@
+"""Files on the machine running the reconciler: read without trusting them, written atomically.
+
+Anything a user can point the reconciler at (a spec, a facts snapshot, a key or token file) may
+be a FIFO that blocks forever, `/dev/zero` that never ends, or simply huge; `read_bounded`
+refuses all of those before reading a byte too many. Writes go through the node-side
+`atomic_write` (it is plain stdlib and runs here as well), so there is one implementation of
+"exclusive temporary file, fsync, rename" for every file the program writes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from reconciler.nodeside.ops import PRIVATE, atomic_write, private_dir
+
+__all__ = ["PRIVATE", "UntrustedFileError", "atomic_write", "private_dir", "read_bounded"]
+
+
+class UntrustedFileError(Exception):
+    """The file cannot be read as a small regular file; `reason` says why, without its content."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def read_bounded(path: str | os.PathLike[str], *, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (symlinks to one are fine)."""
+    try:
+        descriptor = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        # Opening a unix socket fails with ENXIO, which says "No such device or address".
+        reason = "it is a socket, not a regular file" if exc.errno == errno.ENXIO else exc.strerror
+        raise UntrustedFileError(reason or type(exc).__name__) from None
+    kind = _kind(os.fstat(descriptor).st_mode)
+    if kind != "regular file":
+        os.close(descriptor)
+        raise UntrustedFileError(f"it is a {kind}, not a regular file")
+    with os.fdopen(descriptor, "rb") as handle:
+        try:
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise UntrustedFileError(exc.strerror or type(exc).__name__) from None
+    if len(data) > limit:
+        raise UntrustedFileError(f"it is larger than {_size(limit)}")
+    return data
+
+
+def _kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISREG, "regular file"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO (named pipe)"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "special file")
+
+
+def _size(count: int) -> str:
+    return f"{count // (1024 * 1024)} MiB" if count >= 1024 * 1024 else f"{count} bytes"
+
+
+def write_private(path: Path, text: str) -> None:
+    """A small state file of this machine (status, lock holder): 0600, in a 0700 directory."""
+    private_dir(str(path.parent))
+    atomic_write(str(path), text.encode("utf-8"), PRIVATE)
