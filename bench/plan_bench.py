@@ -6,7 +6,7 @@ Baselines measured in the same run, on the same nodes:
   - cli_floor: `reconciler --version` (Python start-up and imports of the CLI).
 Reported: median of 10 in-process plan passes (gather over SSH + pure plan), median of 10
 full `reconciler plan` processes, SSH round trips per pass, and ratios to the baselines.
-Target (issue 3): a plan under 0.5 s.
+Target: a plan under 0.5 s.
 """
 
 from __future__ import annotations

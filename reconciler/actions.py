@@ -1,13 +1,25 @@
-"""The vocabulary of a plan: actions, blockers and in-sync notes.
+"""The vocabulary of a plan: actions that carry what they will do, blockers and in-sync notes.
 
-Components produce these; `plan` orders and renders them; `apply` executes them. Kept apart
-from plan.py so components can speak it without importing the planner that composes them.
+An action is a typed step (exactly one executor runs it) plus its payload: everything the
+executor needs, decided when the plan was made — the rendered rank container, the exact files
+with their sizes and hashes, the commit, the image digest, the guard's settings. The executor
+runs that payload; it re-checks that acting still makes sense (facts go stale between plan and
+apply), but it never works out again what to do. Payloads are pydantic models, so a plan can be
+saved to a file and applied later exactly as it was shown; none of them holds a secret.
+
+Kept apart from plan.py so components can speak it without importing the planner that composes them.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from reconciler.pi.config import PiTarget
+from reconciler.serving import RankContainer
 
 Verb = Literal["create", "update", "replace", "remove", "stop", "run"]
 
@@ -21,33 +33,232 @@ SYMBOLS: dict[str, str] = {
 }
 
 
+class Step(enum.StrEnum):
+    """One kind of operation, one executor; the part before the dot is the component."""
+
+    DOWNLOAD = "checkpoint.download"
+    REASSEMBLE = "checkpoint.reassemble"
+    VERIFY = "checkpoint.verify"
+    COPY = "checkpoint.copy"
+    STAGE_PLAN = "checkpoint.stage-plan"
+    PRUNE = "checkpoint.prune"
+    PULL = "image.pull"
+    CREATE_KEY = "apikey.create"
+    CHMOD_KEY = "apikey.chmod"
+    START_GUARD = "memguard.start"
+    RESTART_GUARD = "memguard.restart"
+    STOP_GUARD = "memguard.stop"
+    STOP_RANK = "ranks.stop"
+    HALT_RANK = "ranks.halt"
+    REMOVE_CONTAINER = "ranks.remove"
+    START_RANK = "ranks.start"
+    WAIT_READY = "ranks.wait-ready"
+    SMOKE = "ranks.smoke"
+    CONFIGURE_PI = "pi.configure"
+
+    @property
+    def component(self) -> str:
+        return self.value.split(".", 1)[0]
+
+    @property
+    def name_in_id(self) -> str:
+        return self.value.split(".", 1)[1]
+
+
+class Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HubFile(Payload):
+    """A file of the repo at the plan's commit (a shard's `.partNN` too), as the Hub lists it;
+    a pattern with no size when the plan had no listing to name it exactly."""
+
+    path: str
+    size: int | None
+    sha256: str | None = None
+
+
+class Download(Payload):
+    """Fetch exactly these repo files at `commit` into the node's model dir."""
+
+    kind: Literal["download"] = "download"
+    repo: str
+    commit: str
+    model_dir: str
+    files: list[HubFile]
+    # Nothing was there: the whole repo at the commit (the list above is all of it).
+    whole_repo: bool = False
+    # Files whose bytes were found wrong: the client's metadata would call them complete.
+    refetch: list[str] = Field(default_factory=list)
+    # A hub-sourced worker fetches with the node-side fetcher; the head with the Hub client.
+    on_node: bool = False
+
+
+class Shard(Payload):
+    name: str
+    # None when only the manifest knows it (the Hub lists the shard's parts, not the shard).
+    sha256: str | None = None
+
+
+class Reassemble(Payload):
+    kind: Literal["reassemble"] = "reassemble"
+    model_dir: str
+    shards: list[Shard]
+    keep_parts: bool
+    # Where a shard's hash comes from when the plan could not know it: the manifest as the
+    # download brought it, relative to the model dir.
+    manifest: str
+    cache: str
+
+
+class Verify(Payload):
+    """Hash the files (from the cache unless deep) and re-fetch exactly those that differ."""
+
+    kind: Literal["verify"] = "verify"
+    model_dir: str
+    # name -> sha256 the plan knew (the Hub's and the manifest's); the manifest's entries as the
+    # file is on the node when verifying are added (a fresh node gets it with the download).
+    files: dict[str, str | None]
+    manifest: str
+    cache: str
+    deep: bool
+    refetch_from: Literal["hub", "peer", "node-hub"]
+    repo: str
+    commit: str
+    peer_dir: str | None = None
+
+
+class Copy(Payload):
+    """rsync from the head over the worker's SSH target (all files, or exactly these)."""
+
+    kind: Literal["copy"] = "copy"
+    source_node: str
+    source_dir: str
+    destination_dir: str
+    files: list[str] | None
+    bytes: int
+
+
+class StagePlan(Payload):
+    kind: Literal["stage-plan"] = "stage-plan"
+    source: str
+    target: str
+    # The rewritten plan when the model's plan was there at plan time; else it is rewritten from
+    # the file the download brings.
+    content: str | None
+
+
+class Prune(Payload):
+    kind: Literal["prune"] = "prune"
+    model_dir: str
+
+
+class Pull(Payload):
+    kind: Literal["pull"] = "pull"
+    ref: str
+
+
+class KeyFile(Payload):
+    kind: Literal["key-file"] = "key-file"
+    path: str
+    mode: int
+
+
+class GuardConfig(Payload):
+    floor_gib: float
+    interval_s: float
+    labels: list[str]
+    config_hash: str
+
+
+class Guard(Payload):
+    kind: Literal["guard"] = "guard"
+    state_dir: str
+    config: GuardConfig | None
+
+
+class StopContainer(Payload):
+    """Stop a container we own (the one seen when planning); `remove` it too, or keep it for logs."""
+
+    kind: Literal["stop-container"] = "stop-container"
+    name: str
+    container_id: str | None
+    grace_s: int
+    remove: bool
+    # The group restart this stop begins, recorded first so a crash mid-restart resumes it.
+    intent: str | None
+
+
+class StartRank(Payload):
+    kind: Literal["start-rank"] = "start-rank"
+    container: RankContainer
+    intent: str
+
+
+class WaitReady(Payload):
+    kind: Literal["wait-ready"] = "wait-ready"
+    timeout_s: int
+    poll_s: int
+
+
+class Smoke(Payload):
+    kind: Literal["smoke"] = "smoke"
+    checks: Literal["all", "protocol"]
+    timeout_s: int
+
+
+class ConfigurePi(Payload):
+    kind: Literal["configure-pi"] = "configure-pi"
+    target: PiTarget
+
+
+AnyPayload = Annotated[
+    Download
+    | Reassemble
+    | Verify
+    | Copy
+    | StagePlan
+    | Prune
+    | Pull
+    | KeyFile
+    | Guard
+    | StopContainer
+    | StartRank
+    | WaitReady
+    | Smoke
+    | ConfigurePi,
+    Field(discriminator="kind"),
+]
+_PAYLOAD = TypeAdapter[AnyPayload](AnyPayload)
+
+
 @dataclass(frozen=True)
 class Action:
-    """One step: what it does to which thing on which node, and why."""
+    """One step: what it does to which thing on which node, why, and the payload it runs."""
 
     id: str
-    component: str
+    step: Step
     verb: Verb
     node: str
     summary: str
     cause: str
+    payload: Payload
     depends_on: tuple[str, ...] = ()
     # The object acted on when a component manages several per node (a container name).
     target: str = ""
 
     @property
-    def symbol(self) -> str:
-        return SYMBOLS[self.verb]
+    def component(self) -> str:
+        return self.step.component
 
     @property
-    def step(self) -> str:
-        """The component's step, e.g. 'download' or 'start' ('start-dsv41-r1' without its target)."""
-        step = self.id.split("@", 1)[0].split(".", 1)[1]
-        return step.removesuffix(f"-{self.target}") if self.target else step
+    def symbol(self) -> str:
+        return SYMBOLS[self.verb]
 
     def to_dict(self) -> dict[str, object]:
         return {
             "id": self.id,
+            "step": self.step.value,
             "component": self.component,
             "verb": self.verb,
             "node": self.node,
@@ -55,7 +266,38 @@ class Action:
             "cause": self.cause,
             "depends_on": list(self.depends_on),
             "target": self.target,
+            "payload": self.payload.model_dump(mode="json"),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Action:
+        """An action as `to_dict` wrote it (a saved plan); raises ValueError or ValidationError."""
+        return cls(
+            id=str(data["id"]),
+            step=Step(data["step"]),
+            verb=data["verb"],
+            node=str(data["node"]),
+            summary=str(data["summary"]),
+            cause=str(data["cause"]),
+            payload=_PAYLOAD.validate_python(data["payload"]),
+            depends_on=tuple(str(item) for item in data["depends_on"]),
+            target=str(data.get("target", "")),
+        )
+
+
+def action(
+    step: Step,
+    node: str,
+    verb: Verb,
+    summary: str,
+    cause: str,
+    payload: Payload,
+    depends_on: tuple[str, ...] = (),
+    target: str = "",
+) -> Action:
+    """An action with its conventional id: `<component>.<step>[-<target>]@<node>`."""
+    name = f"{step.name_in_id}-{target}" if target else step.name_in_id
+    return Action(f"{step.component}.{name}@{node}", step, verb, node, summary, cause, payload, depends_on, target)
 
 
 @dataclass(frozen=True)
@@ -110,10 +352,6 @@ class Outcome:
         self.in_sync += other.in_sync
         self.notes += other.notes
         self.held += other.held
-
-
-def action_id(component: str, step: str, node: str) -> str:
-    return f"{component}.{step}@{node}"
 
 
 def shorten(items: list[str], limit: int = 3) -> str:

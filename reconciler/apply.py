@@ -1,11 +1,13 @@
-"""Execute a plan: each action in order, after re-checking it; stop at the first failure.
+"""Execute a plan: each action's payload in order, after re-checking it; stop at the first failure.
 
 One exception to strict order: image pulls that follow each other in the plan, each on a
 different node and none waiting for another, run at the same time (the reference pulls node
 by node; a 20 GB image twice in a row is the slowest step of a fresh bring-up after the
 checkpoint).
 
-Executors re-check their precondition on the node (facts may be stale) and are idempotent.
+Each step has exactly one executor, which runs the action's payload. Executors re-check their
+precondition on the node (facts may be stale) and are idempotent, but never decide again what
+to do: the plan that was shown is the plan that runs.
 Transient failures (a dropped SSH connection, a Docker timeout) are retried with backoff;
 anything else stops the apply with the failed action and its cause.
 """
@@ -20,28 +22,20 @@ import docker
 import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from reconciler.actions import Action
+from reconciler.actions import Action, Step
 from reconciler.components import apikey, checkpoint, image, memguard, pi, ranks
-from reconciler.errors import NodeCommandError, NodeUnreachableError, ReconcilerError
+from reconciler.errors import ApplyError, NodeCommandError, NodeUnreachableError, ReconcilerError
 from reconciler.execution import ApplyContext, Executor
 from reconciler.plan import Plan
 
-EXECUTORS: dict[str, dict[str, Executor]] = {
-    checkpoint.COMPONENT: checkpoint.EXECUTORS,
-    image.COMPONENT: image.EXECUTORS,
-    apikey.COMPONENT: apikey.EXECUTORS,
-    memguard.COMPONENT: memguard.EXECUTORS,
-    ranks.COMPONENT: ranks.EXECUTORS,
-    pi.COMPONENT: pi.EXECUTORS,
+EXECUTORS: dict[Step, Executor] = {
+    **checkpoint.EXECUTORS,
+    **image.EXECUTORS,
+    **apikey.EXECUTORS,
+    **memguard.EXECUTORS,
+    **ranks.EXECUTORS,
+    **pi.EXECUTORS,
 }
-
-
-class ApplyError(ReconcilerError):
-    """An action failed; the message names it and its cause."""
-
-    def __init__(self, message: str, hint: str, action: Action) -> None:
-        super().__init__(message, hint)
-        self.action = action
 
 
 @dataclass
@@ -58,12 +52,7 @@ class ApplyResult:
 
 
 def executor_for(action: Action) -> Executor:
-    try:
-        return EXECUTORS[action.component][action.step]
-    except KeyError:
-        raise ReconcilerError(
-            f"no executor for {action.id}", "this is a bug in spark-reconciler; please report it"
-        ) from None
+    return EXECUTORS[action.step]
 
 
 @retry(
@@ -85,8 +74,8 @@ def _execute(ctx: ApplyContext, action: Action) -> str:
         raise NodeUnreachableError(f"Docker API on {action.node} dropped: {exc}", "retrying") from None
 
 
-# (component, step) pairs safe to run on several nodes at once: each touches only its node.
-CONCURRENT_STEPS = {(image.COMPONENT, "pull")}
+# Steps safe to run on several nodes at once: each touches only its node.
+CONCURRENT_STEPS = {Step.PULL}
 
 
 def batches(actions: list[Action]) -> list[list[Action]]:
@@ -102,10 +91,9 @@ def batches(actions: list[Action]) -> list[list[Action]]:
 
 
 def _joins(batch: list[Action], action: Action) -> bool:
-    kind = (action.component, action.step)
     return (
-        kind in CONCURRENT_STEPS
-        and all((other.component, other.step) == kind for other in batch)
+        action.step in CONCURRENT_STEPS
+        and all(other.step == action.step for other in batch)
         and action.node not in {other.node for other in batch}
         and not {other.id for other in batch} & set(action.depends_on)
     )

@@ -10,24 +10,25 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from reconciler import __version__, benchmark, commands, doctor, piagent, picfg, service, smoke
-from reconciler.apiclient import ApiTarget, resolve_target
-from reconciler.benchrun import BenchRun, BenchSettings, load_report
+from reconciler import __version__, commands, doctor, savedplan, service
 from reconciler.errors import ReconcilerError, SpecError
 from reconciler.execution import Progress
 from reconciler.facts.gather import gather
 from reconciler.facts.node import load_facts
 from reconciler.fsutil import atomic_write
-from reconciler.lock import deployment_lock
 from reconciler.loop import Loop
-from reconciler.plan import Plan, plan, render_text
+from reconciler.pi import agent as pi_agent
+from reconciler.pi import config as pi_config
+from reconciler.plan import Plan, needs_confirmation, plan, render_text
 from reconciler.redact import RedactingStream
 from reconciler.spec import SCHEMA_PATH, Deployment, LoadedSpec, default_spec_path, load_spec, schema_text
+from reconciler.verify import benchmark, smoke
+from reconciler.verify.apiclient import ApiTarget, resolve_target
+from reconciler.verify.benchrun import BenchRun, BenchSettings, load_report
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_CHANGES = 2
-EXIT_USAGE = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,6 +90,11 @@ def _parser() -> argparse.ArgumentParser:
         help="exit 0 when nothing changes, 2 when something does, 1 on error",
     )
     plan_cmd.add_argument("-v", "--verbose", action="store_true", help="also say why each in-sync part needs nothing")
+    plan_cmd.add_argument(
+        "--out",
+        metavar="FILE",
+        help="save the plan (with a fingerprint of the facts it came from) for `reconciler apply FILE`",
+    )
     _json_option(plan_cmd)
     plan_cmd.set_defaults(handler=_cmd_plan)
 
@@ -97,8 +103,20 @@ def _parser() -> argparse.ArgumentParser:
     run_cmd.set_defaults(handler=_cmd_run)
 
     apply_cmd = commands.add_parser("apply", help="converge: show the plan, execute it with progress, plan again")
+    apply_cmd.add_argument(
+        "plan_file",
+        nargs="?",
+        metavar="FILE",
+        help="a plan saved by `reconciler plan --out FILE`: run exactly it, or refuse it when the deployment changed",
+    )
     _spec_option(apply_cmd)
     _wait_option(apply_cmd)
+    apply_cmd.add_argument(
+        "-y",
+        "--yes",
+        action="store_true",
+        help="do not ask before a group restart, a stop or removal, or moving more than 10 GB (on a terminal)",
+    )
     apply_cmd.add_argument(
         "--deep-verify", action="store_true", help="rehash every checkpoint file, ignoring the cache"
     )
@@ -223,10 +241,14 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec or default_spec_path())
     if args.facts is not None:
-        result = plan(loaded.deployment, load_facts(args.facts))
+        facts = load_facts(args.facts)
+        result = plan(loaded.deployment, facts)
     else:
         with commands.session(loaded.deployment) as transports:
-            _, result = commands.live_plan(loaded.deployment, transports)
+            facts, result = commands.live_plan(loaded.deployment, transports)
+    if args.out is not None:
+        savedplan.write(Path(args.out), savedplan.saved(result, loaded.deployment, facts))
+        sys.stderr.write(f"saved the plan to {args.out}; run it with `reconciler apply {args.out}`\n")
     if args.json:
         _emit_json(result.to_dict())
     else:
@@ -249,15 +271,25 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec or default_spec_path())
     _warn(loaded)
     deployment = loaded.deployment
-    show = None if args.json else _show_plan
-    progress = Progress()
-    lock = deployment_lock(deployment, "reconciler apply", wait_s=args.wait, on_wait=progress.line)
-    with lock, commands.session(deployment) as transports:
-        outcome = commands.converge(deployment, transports, progress, deep_verify=args.deep_verify, show=show)
+    saved = None
+    if args.plan_file is not None:
+        path = Path(args.plan_file)
+        saved = (savedplan.read(path), path)
+    request = commands.Converge(
+        doing="reconciler apply",
+        wait_s=args.wait,
+        deep_verify=args.deep_verify,
+        saved=saved,
+        show=None if args.json else _show_plan,
+        confirm=None if args.yes else _confirm,
+    )
+    with commands.session(deployment) as transports:
+        outcome = commands.converge(deployment, transports, Progress(), request)
     if args.json:
         _emit_json(
             {
-                "ok": not outcome.after.has_changes,
+                "ok": not outcome.after.has_changes and not outcome.declined,
+                "declined": outcome.declined,
                 "plan": outcome.before.to_dict(),
                 "applied": outcome.result.to_dict(),
                 "remaining": outcome.after.to_dict(),
@@ -265,6 +297,8 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         )
     else:
         sys.stdout.write(_apply_summary(outcome))
+    if outcome.declined:
+        return EXIT_ERROR
     return EXIT_OK if not outcome.after.has_changes else EXIT_ERROR
 
 
@@ -273,9 +307,29 @@ def _show_plan(result: Plan) -> None:
     sys.stdout.flush()
 
 
+def _confirm(result: Plan) -> bool:
+    """On a terminal, ask before the disruptive or the expensive; without one, go ahead (scripts,
+    CI and the boot service have nobody to ask: `--yes` is implied there)."""
+    reasons = needs_confirmation(result)
+    if not reasons or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return True
+    sys.stdout.write(
+        f"\nThis plan {'; '.join(reasons)}.\nDo you want to perform these actions? Only 'yes' is accepted: "
+    )
+    sys.stdout.flush()
+    try:
+        answer = sys.stdin.readline().strip()
+    except (OSError, UnicodeDecodeError):
+        answer = ""
+    if answer != "yes":
+        sys.stdout.write("Apply cancelled; nothing was changed.\n")
+        return False
+    return True
+
+
 def _apply_summary(outcome: commands.ApplyOutcome) -> str:
     count = len(outcome.result.done)
-    if not outcome.before.has_changes:
+    if not outcome.before.has_changes or outcome.declined:
         return ""
     if not outcome.after.has_changes:
         return f"Apply complete: {count} actions. The deployment matches the spec.\n"
@@ -377,11 +431,9 @@ def _rank_of(which: str, count: int) -> int:
 
 def _cmd_stop(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec or default_spec_path())
-    progress = Progress()
-    lock = deployment_lock(loaded.deployment, "reconciler stop", wait_s=args.wait, on_wait=progress.line)
-    with lock, commands.session(loaded.deployment) as transports:
-        commands.hold(loaded.deployment, transports)
-        outcome = commands.converge(loaded.deployment, transports, Progress())
+    request = commands.Converge(doing="reconciler stop", wait_s=args.wait, first=commands.hold, blocked_is_error=False)
+    with commands.session(loaded.deployment) as transports:
+        outcome = commands.converge(loaded.deployment, transports, Progress(), request)
     if args.json:
         _emit_json({"ok": True, "held": True, "applied": outcome.result.to_dict()})
     else:
@@ -391,11 +443,9 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 def _cmd_start(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec or default_spec_path())
-    progress = Progress()
-    lock = deployment_lock(loaded.deployment, "reconciler start", wait_s=args.wait, on_wait=progress.line)
-    with lock, commands.session(loaded.deployment) as transports:
-        commands.release(loaded.deployment, transports)
-        outcome = commands.converge(loaded.deployment, transports, Progress())
+    request = commands.Converge(doing="reconciler start", wait_s=args.wait, first=commands.release)
+    with commands.session(loaded.deployment) as transports:
+        outcome = commands.converge(loaded.deployment, transports, Progress(), request)
     converged = not outcome.after.has_changes
     if args.json:
         _emit_json({"ok": converged, "applied": outcome.result.to_dict()})
@@ -563,7 +613,7 @@ def _add_pi(commands: Any) -> None:
     install.add_argument(
         "--key-env",
         metavar="NAME",
-        help=f"variable Pi reads the API key from (default {picfg.DEFAULT_KEY_ENV})",
+        help=f"variable Pi reads the API key from (default {pi_config.DEFAULT_KEY_ENV})",
     )
     install.set_defaults(handler=_cmd_pi_install)
     uninstall = actions.add_parser("uninstall", help="remove exactly what install added to Pi's config")
@@ -585,13 +635,13 @@ def _pi_spec(args: argparse.Namespace) -> Deployment | None:
 
 def _pi_provider(args: argparse.Namespace) -> str:
     deployment = _pi_spec(args)
-    return deployment.pi.provider if deployment is not None else picfg.DEFAULT_PROVIDER
+    return deployment.pi.provider if deployment is not None else pi_config.DEFAULT_PROVIDER
 
 
 def _cmd_pi_install(args: argparse.Namespace) -> int:
     deployment = _pi_spec(args)
-    target = piagent.install_target(deployment, args.base_url, args.key_env, args.set_default)
-    report = piagent.install(target)
+    target = pi_agent.install_target(deployment, args.base_url, args.key_env, args.set_default)
+    report = pi_agent.install(target)
     if args.json:
         _emit_json(report)
         return EXIT_OK
@@ -620,7 +670,7 @@ def _pi_changes(report: dict[str, Any], unchanged: str) -> list[str]:
 
 
 def _cmd_pi_uninstall(args: argparse.Namespace) -> int:
-    report = piagent.uninstall(_pi_provider(args))
+    report = pi_agent.uninstall(_pi_provider(args))
     if args.json:
         _emit_json(report)
     else:
@@ -629,7 +679,7 @@ def _cmd_pi_uninstall(args: argparse.Namespace) -> int:
 
 
 def _cmd_pi_status(args: argparse.Namespace) -> int:
-    report = piagent.status(_pi_provider(args))
+    report = pi_agent.status(_pi_provider(args))
     if args.json:
         _emit_json(report)
     else:

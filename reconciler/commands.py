@@ -1,4 +1,11 @@
-"""The flows behind each command: gather, plan, apply, hold. Returns data; cli.py renders it."""
+"""The flows behind each command, as data; cli.py renders them.
+
+`converge` is the one path that changes a deployment: `apply`, `apply FILE`, `stop`, `start` and
+the loop all go through it, and it takes the deployment lock itself, so two of them never act
+at once. Inside the lock: an optional first step (`stop` writes the hold, `start` clears it),
+then gather, plan (or check a saved plan against the facts), show, ask, apply, and plan again
+to say whether it converged.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +13,31 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import docker
 
+from reconciler import savedplan
+from reconciler.actions import Smoke
 from reconciler.apply import ApplyResult, apply_plan
-from reconciler.components import memguard
-from reconciler.errors import ReconcilerError
+from reconciler.clock import utc_iso
+from reconciler.components.apikey import read_key
+from reconciler.components.memguard import TRIP_FILE
+from reconciler.errors import NodeCommandError, NodeUnreachableError, ReconcilerError, SmokeFailedError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.gather import gather
-from reconciler.facts.node import Facts
-from reconciler.health import health_code, probe_liveness
-from reconciler.loop import read_status
+from reconciler.facts.node import Facts, Liveness
+from reconciler.health import api_base, health_code, probe_liveness
+from reconciler.lock import deployment_lock
+from reconciler.loopstatus import read_status
 from reconciler.plan import Plan, plan
 from reconciler.serving import container_name
 from reconciler.spec import Deployment
 from reconciler.transport import Transport, close_all, connect_all
 from reconciler.transport.base import run_program
+from reconciler.verify import smoke
+from reconciler.verify.apiclient import ApiTarget
 
 
 @contextlib.contextmanager
@@ -43,51 +58,113 @@ def live_plan(
 
 
 @dataclass
+class Converge:
+    """How one converge runs: who does it (the lock says), and what it may do."""
+
+    doing: str
+    wait_s: float = 600.0
+    deep_verify: bool = False
+    # A saved plan to run instead of planning now (refused when the facts changed since).
+    saved: tuple[savedplan.SavedPlan, Path] | None = None
+    # Runs under the lock before anything is observed: `stop` holds, `start` releases.
+    first: Callable[[ApplyContext], None] | None = None
+    show: Callable[[Plan], None] | None = None
+    # False declines: nothing is applied.
+    confirm: Callable[[Plan], bool] | None = None
+    liveness: Liveness | None = None
+    # `apply` fails when nothing can be planned; the loop reports it as its condition instead.
+    blocked_is_error: bool = True
+    on_wait: Callable[[str], None] | None = None
+
+
+@dataclass
 class ApplyOutcome:
     before: Plan
     result: ApplyResult
     after: Plan
+    facts: Facts
+    declined: bool = False
 
 
 def converge(
-    deployment: Deployment,
-    transports: dict[str, Transport],
-    progress: Progress,
-    *,
-    deep_verify: bool = False,
-    show: Callable[[Plan], None] | None = None,
+    deployment: Deployment, transports: dict[str, Transport], progress: Progress, request: Converge
 ) -> ApplyOutcome:
-    """Plan, show it, apply it, then plan again: the second plan shows whether it converged."""
-    facts, before = live_plan(deployment, transports, deep_verify=deep_verify)
-    if show is not None:
-        show(before)
-    if before.blockers and not before.actions:
-        blocker = before.blockers[0]
-        raise ReconcilerError(f"{blocker.node}: {blocker.message}", blocker.hint)
-    context = ApplyContext(deployment, facts, transports, progress, deep_verify=deep_verify)
-    result = apply_plan(context, before)
-    _, after = live_plan(deployment, transports)
-    return ApplyOutcome(before, result, after)
+    """The one way the deployment is changed; see the module's docstring."""
+    lock = deployment_lock(deployment, request.doing, wait_s=request.wait_s, on_wait=request.on_wait or progress.line)
+    with lock:
+        context = ApplyContext(deployment, Facts(nodes={}), transports, progress, smoke=smoke_after_start)
+        if request.first is not None:
+            request.first(context)
+        facts = observe(deployment, transports, request.liveness)
+        before = _plan_to_run(deployment, facts, request)
+        if request.show is not None:
+            request.show(before)
+        if before.blockers and not before.actions and request.blocked_is_error:
+            blocker = before.blockers[0]
+            raise ReconcilerError(f"{blocker.node}: {blocker.message}", blocker.hint)
+        if not before.actions:
+            return ApplyOutcome(before, ApplyResult(), before, facts)
+        if request.confirm is not None and not request.confirm(before):
+            return ApplyOutcome(before, ApplyResult(), before, facts, declined=True)
+        context.facts = facts
+        result = apply_plan(context, before)
+        after_facts = observe(deployment, transports, None)
+        return ApplyOutcome(before, result, plan(deployment, after_facts), after_facts)
 
 
-def hold(deployment: Deployment, transports: dict[str, Transport]) -> None:
-    """Persist `stop` on the head; apply and the loop keep the group down while it exists."""
-    head = deployment.head.name
+def observe(deployment: Deployment, transports: dict[str, Transport], liveness: Liveness | None) -> Facts:
     facts = gather(deployment, transports)
-    context = ApplyContext(deployment, facts, transports)
-    content = f'{{"since": "{time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}", "reason": "reconciler stop"}}\n'
-    context.ops(head, "write_file", {"path": context.state_path(head, "hold.json"), "content": content})
+    return facts if liveness is None else facts.model_copy(update={"liveness": liveness})
 
 
-def release(deployment: Deployment, transports: dict[str, Transport]) -> None:
-    """`start`: clear the hold and every recorded guard trip."""
-    facts = gather(deployment, transports)
-    context = ApplyContext(deployment, facts, transports)
-    head = deployment.head.name
-    context.ops(head, "remove_file", {"path": context.state_path(head, "hold.json")})
-    for node in deployment.nodes:
-        if facts.nodes[node.name].reachable:
-            memguard.clear_trip(context, node.name)
+def _plan_to_run(deployment: Deployment, facts: Facts, request: Converge) -> Plan:
+    if request.saved is None:
+        return plan(deployment, facts, deep_verify=request.deep_verify)
+    saved, path = request.saved
+    savedplan.check_current(saved, deployment, facts, path)
+    return saved.plan
+
+
+def smoke_after_start(ctx: ApplyContext, payload: Smoke) -> str:
+    """The smoke step after a group start: a started group that cannot answer is not done."""
+    deployment = ctx.deployment
+    target = ApiTarget(api_base(deployment), read_key(ctx), deployment.serving.served_model_name)
+    report = smoke.run_smoke(target, payload.checks, timeout_s=payload.timeout_s)
+    if not report.ok:
+        raise SmokeFailedError(
+            f"smoke failed: {smoke.failure_text(report)}",
+            "run `reconciler smoke` for every check; for a model that cannot answer the reference questions "
+            "set startup.smoke: protocol (or off)",
+        )
+    return report.summary()
+
+
+HOLD_FILE = "hold.json"
+
+
+def hold(ctx: ApplyContext) -> None:
+    """`stop`: persist the hold on the head (one small write); every converge then keeps the
+    group down until `start`."""
+    deployment = ctx.deployment
+    content = f'{{"since": "{utc_iso()}", "reason": "reconciler stop"}}\n'
+    path = f"{deployment.state_dir.rstrip('/')}/{HOLD_FILE}"
+    ctx.ops(deployment.head.name, "write_file", {"path": path, "content": content})
+
+
+def release(ctx: ApplyContext) -> None:
+    """`start`: clear the hold, and every recorded guard trip on the nodes that answer."""
+    deployment = ctx.deployment
+    ctx.ops(deployment.head.name, "remove_file", {"path": f"{deployment.state_dir.rstrip('/')}/{HOLD_FILE}"})
+    clear_trips(ctx)
+
+
+def clear_trips(ctx: ApplyContext) -> None:
+    """A guard trip holds the group until the spec changes or `start`; an unreachable node keeps
+    its trip (and holds the group) until it answers again."""
+    path = f"{ctx.deployment.state_dir.rstrip('/')}/{TRIP_FILE}"
+    for node in ctx.deployment.nodes:
+        with contextlib.suppress(NodeUnreachableError, NodeCommandError):
+            ctx.ops(node.name, "remove_file", {"path": path})
 
 
 def status(deployment: Deployment, transports: dict[str, Transport], *, probe: bool = False) -> dict[str, Any]:
@@ -158,8 +235,7 @@ def guard_log(
     deployment: Deployment, transports: dict[str, Transport], node: str, *, tail: int, follow: bool
 ) -> Iterator[str]:
     """The guard's log on a node; with `follow`, new lines as they are written (polled)."""
-    facts = gather(deployment, transports)
-    path = ApplyContext(deployment, facts, transports).state_path(node, "memguard.log")
+    path = f"{deployment.state_dir.rstrip('/')}/memguard.log"  # the node expands `~` itself
     seen = 0
     while True:
         text = run_program(transports[node], "ops", "read_text", {"path": path})

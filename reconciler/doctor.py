@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from reconciler.actions import Blocker
+from reconciler.clock import utc_iso
 from reconciler.components.checkpoint import (
     FULL_SIZE_HEAD,
     FULL_SIZE_WORKER,
@@ -28,7 +29,8 @@ from reconciler.components.checkpoint import (
     human_bytes,
     is_part,
 )
-from reconciler.components.ranks import owned_containers, resolve_fabric
+from reconciler.components.fabric import resolve_fabric
+from reconciler.components.ranks import owned_containers
 from reconciler.errors import NodeUnreachableError, ReconcilerError
 from reconciler.facts.fabric import subnet_mismatches
 from reconciler.facts.gather import node_facts_from_probe, probe_args, with_hub_listing
@@ -40,11 +42,11 @@ from reconciler.transport.base import Transport, run_program
 
 Status = Literal["PASS", "WARN", "FAIL"]
 ALL_NODES = "all nodes"
-# The Hub repo's size (REFERENCE, SEED-FACTS), assumed while no node holds a complete checkpoint.
+# The Hub repo's size (about 462 GB), assumed while no node holds a complete checkpoint.
 REFERENCE_CHECKPOINT_BYTES = 462 * GB
-# MiaAI-Lab's pre-boot rule: MemAvailable >= per-rank weight bytes + DSV41_BOOT_MARGIN_GIB (REFERENCE §4).
+# A pre-boot rule from practice: MemAvailable >= per-rank weight bytes + this margin (see docs/sources.md).
 BOOT_MARGIN_GIB = 12.0
-# Driver 580.126 capped the CX-7 at ~13 Gbps; fixed in 580.142 (REFERENCE §3).
+# Driver 580.126 capped the CX-7 at ~13 Gbps; fixed in 580.142 (see docs/sources.md).
 FIXED_DRIVER = (580, 142)
 CLOCK_SKEW_S = 1.0
 _DRIVER_RE = re.compile(r"\b(\d{3})\.(\d+)(?:\.\d+)?\b")
@@ -135,7 +137,7 @@ def gather_doctor(deployment: Deployment, transports: dict[str, Transport]) -> D
 def doctor_input(deployment: Deployment, probes: dict[str, NodeProbe]) -> DoctorInput:
     """Facts from each node's probe output (pure)."""
     nodes = {node.name: _node_facts(node, probes[node.name]) for node in deployment.nodes}
-    return DoctorInput(probes, Facts(taken_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes))
+    return DoctorInput(probes, Facts(taken_at=utc_iso(), nodes=nodes))
 
 
 def _probe(deployment: Deployment, node: Node, transport: Transport) -> NodeProbe:

@@ -1,13 +1,29 @@
 """One exception hierarchy for the whole program.
 
-Every error carries a message saying what happened and a hint saying what to do next,
-so the CLI can render any of them without a traceback. Later layers add retry semantics
-by subclass (transient vs permanent), never by inspecting messages.
+Two families live here:
+
+- `ReconcilerError` and its subclasses are what a user sees. Each carries a message saying
+  what happened and a hint saying what to do next, so the CLI can render any of them without
+  a traceback. The subclass names what failed (spec, facts, node, Hub, secret, Pi, bench,
+  smoke, readiness, lock, saved plan, an applied action); retry semantics come by subclass
+  (transient vs permanent), never by inspecting messages.
+- The parse and read errors below them (`YamlError`, `JsoncError`, `UntrustedTextError`,
+  `UntrustedFileError`, `RefusedJsonError`, `StreamError`, `CheckFailedError`) are internal:
+  a low-level reader raises one with its position or reason, and the caller that knows which
+  file or request it was turns it into a located problem (a `SpecProblem`, a `FactsError`,
+  a `PiConfigError`, a failed check) in the user's terms. None of them reaches the CLI.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # Annotations only: both modules import this one (actions through pi/config.py), so at run
+    # time errors.py imports nothing of the program's and every module can import it.
+    from reconciler.actions import Action
+    from reconciler.yamlpos import Mark, Path
 
 
 class ReconcilerError(Exception):
@@ -71,3 +87,110 @@ class NodeUnreachableError(ReconcilerError):
 
 class NodeCommandError(ReconcilerError):
     """A command or program on a node failed."""
+
+
+class HubError(ReconcilerError):
+    """The Hub refused or failed a request; `kind` says how (network, http, not-found, ...)."""
+
+    def __init__(self, message: str, hint: str = "", *, kind: str = "hub") -> None:
+        super().__init__(message, hint)
+        self.kind = kind
+
+
+class SecretError(ReconcilerError):
+    """A secret that cannot be sent as an HTTP header value; the message never holds it."""
+
+
+class PiConfigError(ReconcilerError):
+    """A Pi config file cannot be read or edited safely; nothing was written."""
+
+
+class PiInstallError(ReconcilerError):
+    """Pi is missing and cannot be installed here (no node/npm, node too old, npm failed)."""
+
+
+class BenchError(ReconcilerError):
+    """A bench step failed; the report on disk keeps the steps before it."""
+
+
+class SmokeFailedError(ReconcilerError):
+    """`apply`'s smoke step found failing checks."""
+
+
+class GroupFailedError(ReconcilerError):
+    """A rank exited or the group did not become ready in time."""
+
+
+class LockBusyError(ReconcilerError):
+    """Another reconciler process holds the deployment lock."""
+
+
+class StalePlanError(ReconcilerError):
+    """The facts or the spec changed since the saved plan was made."""
+
+
+class ApplyError(ReconcilerError):
+    """An action failed; the message names it and its cause."""
+
+    def __init__(self, message: str, hint: str, action: Action) -> None:
+        super().__init__(message, hint)
+        self.action = action
+
+
+# --- internal: raised by readers and parsers, turned into located problems by their callers ---
+
+
+class UntrustedFileError(Exception):
+    """The file cannot be read as a small regular file; `reason` says why, without its content."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class UntrustedTextError(Exception):
+    """Why a file was refused: 1-based line and column, and what to do ('' if the caller knows better)."""
+
+    def __init__(self, message: str, line: int = 1, column: int = 1, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.column = column
+        self.hint = hint
+
+
+class YamlError(Exception):
+    """A document that is malformed or uses what we refuse: where, which path, what to do."""
+
+    def __init__(self, message: str, mark: Mark, hint: str, path: Path = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.mark = mark
+        self.hint = hint
+        self.path = path
+
+
+class JsoncError(ValueError):
+    """Text that is not JSON even with `//` comments and trailing commas; says where."""
+
+    def __init__(self, message: str, line: int, column: int) -> None:
+        super().__init__(f"line {line}, column {column}: {message}")
+        self.message = message
+        self.line = line
+        self.column = column
+
+
+class RefusedJsonError(Exception):
+    """JSON that the json module accepts and a facts snapshot never holds; raised from its hooks."""
+
+
+class StreamError(ValueError):
+    """A stream that cannot be measured: no output, or an error chunk mid-stream."""
+
+
+class CheckFailedError(Exception):
+    """A smoke check's judgement: the reason it failed, shown after FAIL."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

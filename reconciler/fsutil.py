@@ -14,17 +14,10 @@ import os
 import stat
 from pathlib import Path
 
+from reconciler.errors import UntrustedFileError
 from reconciler.nodeside.ops import PRIVATE, atomic_write, private_dir
 
-__all__ = ["PRIVATE", "UntrustedFileError", "atomic_write", "private_dir", "read_bounded"]
-
-
-class UntrustedFileError(Exception):
-    """The file cannot be read as a small regular file; `reason` says why, without its content."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+__all__ = ["PRIVATE", "atomic_write", "private_dir", "read_bounded"]
 
 
 def read_bounded(path: str | os.PathLike[str], *, limit: int) -> bytes:

@@ -1,6 +1,6 @@
 """Readiness and liveness of the serving group.
 
-`/health` answers 200 while the engine is dead (REFERENCE §5), so readiness is a keyed
+`/health` answers 200 while the engine is dead, so readiness is a keyed
 `GET /v1/models`, and while waiting every rank's container is watched: any exit — code 0
 included — fails the whole group at once, with the last log lines of every rank.
 """
@@ -13,16 +13,12 @@ from typing import Any
 import httpx
 
 from reconciler.components.apikey import read_key
-from reconciler.errors import ReconcilerError
+from reconciler.errors import GroupFailedError, ReconcilerError
 from reconciler.execution import ApplyContext
 from reconciler.serving import container_name
 from reconciler.spec import Deployment
 
 LOG_TAIL = 40
-
-
-class GroupFailedError(ReconcilerError):
-    """A rank exited or the group did not become ready in time."""
 
 
 def api_base(deployment: Deployment) -> str:
@@ -54,7 +50,7 @@ def models_code(deployment: Deployment, key: str, timeout: float = 5.0) -> int |
 def liveness_problem(deployment: Deployment, key: str) -> str | None:
     """The liveness probe: keyed /v1/models, then a one-token completion; None when both work.
 
-    /health answers 200 while the engine is dead (REFERENCE §5); only a request that needs
+    /health answers 200 while the engine is dead; only a request that needs
     every rank proves the group alive.
     """
     headers = {"Authorization": f"Bearer {key}"}
@@ -108,11 +104,13 @@ def _log_tails(states: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def wait_ready(ctx: ApplyContext) -> str:
+def wait_ready(ctx: ApplyContext, *, timeout_s: int, poll_s: int) -> str:
+    """Poll the keyed /v1/models every `poll_s` until 200, watching every rank; fail at once
+    when one exits, and after `timeout_s`."""
     deployment = ctx.deployment
     key = read_key(ctx)
     started = time.monotonic()
-    deadline = started + deployment.startup.timeout_s
+    deadline = started + timeout_s
     while True:
         states = rank_states(ctx)
         for container in states.values():
@@ -128,10 +126,8 @@ def wait_ready(ctx: ApplyContext) -> str:
         if models_code(deployment, key) == 200:
             return f"ready after {time.monotonic() - started:.0f} s: {api_base(deployment)}/v1"
         if time.monotonic() >= deadline:
-            raise GroupFailedError(
-                f"not ready after {deployment.startup.timeout_s // 60} min", "check `reconciler logs r0` and `logs r1`"
-            )
+            raise GroupFailedError(f"not ready after {timeout_s // 60} min", "check `reconciler logs r0` and `logs r1`")
         ctx.progress.throttled(
             "ready", f"    waiting for {api_base(deployment)}/v1/models ({time.monotonic() - started:.0f} s)"
         )
-        time.sleep(deployment.startup.poll_s)
+        time.sleep(poll_s)

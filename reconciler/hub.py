@@ -3,7 +3,7 @@
 The real `huggingface_hub` client with the spec's endpoint (HF_ENDPOINT semantics), pinned
 revision and token (from $HF_TOKEN or model.token_file; never printed, never in argv).
 
-Mid-file resume: since huggingface_hub 1.18 (PR #4306) a download goes to a process-unique
+Mid-file resume: since huggingface_hub 1.18 (see docs/sources.md) a download goes to a process-unique
 `<hash>.<etag>.<uuid8>.incomplete` file that a later process never reuses, so a run killed
 in the middle of a 50 GB shard would start that shard from byte 0 — and leave the old
 partial behind as garbage. Before handing over to `snapshot_download`, `resume_partials`
@@ -40,22 +40,13 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import _http as hf_http
 from huggingface_hub.utils._headers import build_hf_headers
 
-from reconciler.errors import ReconcilerError
-from reconciler.facts.files import is_inside
-from reconciler.fsutil import UntrustedFileError, read_bounded
+from reconciler.errors import HubError, ReconcilerError, UntrustedFileError
+from reconciler.facts.files import HubFacts, HubFileFacts, is_inside
+from reconciler.fsutil import read_bounded
 from reconciler.redact import checked_secret, redact
 from reconciler.spec import Model
 
 DOWNLOAD_CACHE = ".cache/huggingface/download"
-PART_PATTERN = "*.safetensors.part[0-9][0-9]"
-
-
-class HubError(ReconcilerError):
-    """The Hub refused or failed a request; `kind` says how (network, http, not-found, ...)."""
-
-    def __init__(self, message: str, hint: str = "", *, kind: str = "hub") -> None:
-        super().__init__(message, hint)
-        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -72,6 +63,10 @@ class HubFile:
 class HubListing:
     commit: str
     files: list[HubFile]
+
+    def as_facts(self) -> HubFacts:
+        files = {item.path: HubFileFacts(size=item.size, sha256=item.sha256) for item in self.files}
+        return HubFacts(commit=self.commit, files=files)
 
 
 TOKEN_HINT = "write the token alone on one line (as the Hub shows it), or fix $HF_TOKEN"
@@ -291,14 +286,16 @@ _CLASSIFIERS: tuple[tuple[str, Callable[[BaseException, Model, str, str], Classi
 )
 
 
-def list_files(model: Model) -> HubListing:
-    """The commit the revision points at and every file there, with sizes and LFS sha256."""
-    with hub_call(model, f"listing {model.repo}@{model.revision}"):
+def list_files(model: Model, revision: str | None = None) -> HubListing:
+    """The commit `revision` (default: the spec's) points at and every file there, with sizes
+    and LFS sha256."""
+    revision = revision or model.revision
+    with hub_call(model, f"listing {model.repo}@{revision}"):
         api = HfApi(endpoint=endpoint(model), token=token(model))
-        commit = api.model_info(model.repo, revision=model.revision, timeout=READ_TIMEOUT_S).sha
+        commit = api.model_info(model.repo, revision=revision, timeout=READ_TIMEOUT_S).sha
         if not isinstance(commit, str) or not _COMMIT_RE.match(commit):
             raise HubError(
-                f"the Hub gave no commit for {model.repo}@{model.revision} (got {commit!r:.60})",
+                f"the Hub gave no commit for {model.repo}@{revision} (got {commit!r:.60})",
                 "check model.endpoint: a mirror must answer the revision call with the commit sha",
                 kind="malformed",
             )
@@ -383,9 +380,7 @@ def _finish(model: Model, root: Path, commit: str, item: HubFile, partial: Path)
     write_download_metadata(root, item.path, commit, item.etag)
 
 
-def download_snapshot(
-    model: Model, local_dir: str, *, exclude_parts: bool, listing: HubListing, only: list[str] | None = None
-) -> str:
+def download_snapshot(model: Model, local_dir: str, *, listing: HubListing, only: list[str] | None = None) -> str:
     """Fetch what is missing into local_dir at the listed commit (only `only`, if given)."""
     with hub_call(model, f"downloading {model.repo}@{listing.commit[:12]}"):
         path: str = snapshot_download(
@@ -395,7 +390,6 @@ def download_snapshot(
             endpoint=endpoint(model),
             token=token(model),
             allow_patterns=only,
-            ignore_patterns=[PART_PATTERN] if exclude_parts else None,
         )
     return path
 
@@ -404,21 +398,21 @@ def fetch(
     model: Model,
     local_dir: str,
     *,
-    exclude_parts: bool,
+    commit: str,
     report: Callable[[str], None],
     only: list[str] | None = None,
 ) -> HubListing:
-    """List, resume what a killed run left, then let the client fetch the rest.
+    """List `commit`, resume what a killed run left, then let the client fetch the rest.
 
     `only` holds repo paths or glob patterns (e.g. a shard's `.part[0-9][0-9]`): re-fetching
-    one corrupt file must not bring back every other file's pruned parts.
+    one corrupt file must not bring back every other file's pruned parts. None: the whole repo.
     """
-    listing = list_files(model)
+    listing = list_files(model, commit)
     wanted = (
         listing if only is None else HubListing(listing.commit, [f for f in listing.files if _matches(f.path, only)])
     )
     resume_partials(model, local_dir, wanted, report)
-    download_snapshot(model, local_dir, exclude_parts=exclude_parts, listing=listing, only=only)
+    download_snapshot(model, local_dir, listing=listing, only=only)
     return listing
 
 

@@ -14,13 +14,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from reconciler.errors import ReconcilerError
+from reconciler.errors import LockBusyError
 from reconciler.fsutil import private_dir
 from reconciler.spec import Deployment
-
-
-class LockBusyError(ReconcilerError):
-    """Another reconciler process holds the deployment lock."""
 
 
 def lock_path(deployment: Deployment) -> Path:

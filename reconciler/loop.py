@@ -4,54 +4,66 @@ Triggers feed one queue and are coalesced, so bursts (both ranks dying, an edito
 twice) cost one pass: spec file changes (watchfiles), Docker `die`/`oom` events of our
 containers on every node, a resync timer, and probes — readiness (`/v1/models` with the key)
 and liveness (a one-token completion), because `/health` answers while the engine is dead.
-One pass at a time, under the same lock as a manual `apply`.
+Each pass is `commands.converge`, the same path and the same lock as a manual `apply`.
 
-Failures: transient ones (SSH drop, Docker timeout, Hub 5xx) are retried inside apply;
-a failed pass backs off exponentially with jitter, and says so in STATUS and the status
-file. An invalid spec edit keeps the last good spec running until the file is fixed.
+The decisions are pure and tested without threads or a clock (`LoopLogic`, `SpecKeeper`,
+`Triggers`): when to look again, backoff with jitter up to a cap after a failed pass, when
+failed probes call for a pass, what a held group means, which spec runs when an edit is
+invalid (the last good one). `Loop` is the thin shell of threads, sockets and files around them.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import watchfiles
 
-from reconciler import notify
-from reconciler.apply import apply_plan
-from reconciler.components import memguard
+from reconciler import commands, notify
+from reconciler.clock import utc_iso
 from reconciler.errors import ReconcilerError, SpecError
 from reconciler.execution import ApplyContext, Progress
-from reconciler.facts.gather import gather
 from reconciler.facts.node import Facts, Liveness
-from reconciler.fsutil import write_private
 from reconciler.health import probe_liveness
-from reconciler.lock import deployment_lock
-from reconciler.plan import Plan, plan, summary_line
-from reconciler.redact import redact
+from reconciler.loopstatus import LoopStatus, write_status
+from reconciler.plan import Plan, summary_line
 from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, LoadedSpec, parse_spec, read_spec_text
+from reconciler.spec import Loop as LoopSettings
 from reconciler.transport import Transport, close_all, connect_all
 
 DEBOUNCE_S = 0.5
 BACKOFF_BASE_S = 15.0
 
 
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+    def time(self) -> float: ...
+
+
+class SystemClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        return time.time()
+
+
 class Triggers:
     """Reasons to look again, coalesced: many fires before a pass make one pass."""
 
-    def __init__(self) -> None:
+    def __init__(self, sleep: Callable[[float], None] = time.sleep) -> None:
         self._lock = threading.Lock()
         self._event = threading.Event()
         self._reasons: list[str] = []
+        self._sleep = sleep
 
     def fire(self, reason: str) -> None:
         with self._lock:
@@ -59,46 +71,153 @@ class Triggers:
         self._event.set()
 
     def wait(self, timeout: float) -> list[str]:
+        """The reasons gathered until `timeout`, or until a first one plus a short debounce
+        (what else arrives in that moment joins the same pass)."""
         if self._event.wait(timeout):
-            time.sleep(DEBOUNCE_S)
+            self._sleep(DEBOUNCE_S)
         with self._lock:
             reasons, self._reasons = self._reasons, []
             self._event.clear()
-        return reasons
+        return list(dict.fromkeys(reasons))
 
 
 @dataclass
-class LoopStatus:
-    """What the loop is doing, for STATUS=, the journal and `reconciler status`."""
+class LoopLogic:
+    """The loop's decisions: no thread, socket or file, a clock and a jitter source handed in."""
 
-    condition: str = "starting"
-    spec_error: str | None = None
-    last_pass: str | None = None
-    failures: int = 0
-    next_try: str | None = None
-    liveness_failures: int = 0
-    notes: list[str] = field(default_factory=list)
+    settings: LoopSettings
+    clock: Clock = field(default_factory=SystemClock)
+    jitter: Callable[[], float] = lambda: random.uniform(0.8, 1.2)
+    status: LoopStatus = field(default_factory=LoopStatus)
+    backoff_until: float = 0.0
+    liveness: Liveness = field(default_factory=Liveness)
+    # Probes run only while the group is converged and serving: never during a pass.
+    serving: bool = False
+
+    def wait_s(self) -> float:
+        """How long to wait for a trigger: until the backoff ends, else a resync period."""
+        until_backoff = self.backoff_until - self.clock.monotonic()
+        return max(until_backoff, 1.0) if until_backoff > 0 else float(self.settings.resync_s)
+
+    def admits(self, reasons: list[str]) -> bool:
+        """A pass now? Not during a backoff, unless the spec changed (the fix may be in it)."""
+        in_backoff = self.clock.monotonic() < self.backoff_until
+        return not in_backoff or any(reason.startswith("spec") for reason in reasons)
+
+    def pass_started(self) -> None:
+        self.serving = False
+
+    def pass_succeeded(self, applied: bool, after: Plan) -> None:
+        """The condition after a pass; a pass that acted starts liveness counting afresh."""
+        self.status.failures = 0
+        self.backoff_until = 0.0
+        self.status.next_try = None
+        if applied:
+            self.liveness = Liveness()
+        self.status.notes = after.notes + [f"{b.node}: {b.message}" for b in after.blockers]
+        # A blocker that leaves the ranks alone (the Hub down under a complete checkpoint) does
+        # not stop the probes: the group still serves and must still be healed.
+        self.serving = not after.has_changes and not after.ranks_blocked and not after.held
+        self.status.condition = condition_of(after)
+
+    def pass_failed(self, message: str) -> float:
+        """Back off exponentially with jitter, up to the cap; returns the delay."""
+        self.serving = False
+        self.status.failures += 1
+        delay = min(BACKOFF_BASE_S * 2.0 ** (self.status.failures - 1), float(self.settings.max_backoff_s))
+        delay *= float(self.jitter())
+        self.backoff_until = self.clock.monotonic() + delay
+        self.status.next_try = utc_iso(self.clock.time() + delay)
+        first_line = message.splitlines()[0] if message else "failed"
+        self.status.condition = f"failed {self.status.failures}x, next try in {delay:.0f} s: {first_line}"
+        return delay
+
+    def probed(self, problem: str | None) -> bool:
+        """Count a probe's verdict; True when enough failures in a row call for a pass."""
+        if problem is None:
+            self.liveness = Liveness()
+            return False
+        self.liveness = Liveness(failures=self.liveness.failures + 1, detail=problem)
+        return self.liveness.failures >= self.settings.failure_threshold
+
+    def published(self) -> LoopStatus:
+        self.status.liveness_failures = self.liveness.failures
+        return self.status
+
+
+def condition_of(after: Plan) -> str:
+    if after.held:
+        return "held: " + after.held[0]
+    if after.blockers:
+        return f"blocked: {after.blockers[0].node}: {after.blockers[0].message}"
+    return "converged" if not after.has_changes else "converging: " + summary_line(after)
+
+
+@dataclass(frozen=True)
+class SpecChange:
+    """What a reading of the spec file meant: nothing new, an invalid edit, or a new spec."""
+
+    kind: str  # "same" | "invalid" | "new"
+    error: str | None = None
+    deployment_changed: bool = False
+    nodes_changed: bool = False
+
+
+@dataclass
+class SpecKeeper:
+    """The spec the loop runs: an invalid edit keeps the last good one until the file is fixed."""
+
+    path: str
+    text: str
+    loaded: LoadedSpec
+
+    @classmethod
+    def load(cls, path: str) -> SpecKeeper:
+        text = read_spec_text(path)
+        return cls(path, text, parse_spec(text, path))
+
+    @property
+    def deployment(self) -> Deployment:
+        return self.loaded.deployment
+
+    def offer(self, text: str) -> SpecChange:
+        if text == self.text:
+            return SpecChange("same")
+        self.text = text
+        try:
+            loaded = parse_spec(text, self.path)
+        except SpecError as error:
+            return SpecChange(
+                "invalid", error=f"{error.problems[0].render().splitlines()[0]} (running the last good spec)"
+            )
+        before = self.deployment
+        self.loaded = loaded
+        names = [node.name for node in before.nodes], [node.name for node in loaded.deployment.nodes]
+        changed_nodes = names[0] != names[1] or before.nodes != loaded.deployment.nodes
+        return SpecChange("new", deployment_changed=loaded.deployment != before, nodes_changed=changed_nodes)
 
 
 class Loop:
+    """The shell: threads for each trigger, a watchdog, and the passes."""
+
     def __init__(self, spec_path: str, progress: Progress | None = None) -> None:
         self.spec_path = spec_path
         self.progress = progress or Progress()
-        self.spec_text = read_spec_text(spec_path)
-        self.loaded: LoadedSpec = parse_spec(self.spec_text, spec_path)
+        self.keeper = SpecKeeper.load(spec_path)
+        self.logic = LoopLogic(self.deployment.loop)
         self.triggers = Triggers()
         self.stopping = threading.Event()
-        self.status = LoopStatus()
         self.transports: dict[str, Transport] = connect_all(self.deployment)
-        self.backoff_until = 0.0
-        self.liveness = Liveness()
-        self.serving = False
         self.last_facts: Facts | None = None
         self.threads: list[threading.Thread] = []
 
     @property
     def deployment(self) -> Deployment:
-        return self.loaded.deployment
+        return self.keeper.deployment
+
+    @property
+    def status(self) -> LoopStatus:
+        return self.logic.status
 
     # ---- the main loop -------------------------------------------------------------------
 
@@ -107,12 +226,12 @@ class Loop:
         signal.signal(signal.SIGINT, lambda *_: self.stop())
         self._start_threads()
         self.pass_(["start"])
-        notify.ready(self.status.condition)
+        notify.ready(self.status.line())
         while not self.stopping.is_set():
-            reasons = self.triggers.wait(self._wait_s())
+            reasons = self.triggers.wait(self.logic.wait_s())
             if self.stopping.is_set():
                 break
-            if time.monotonic() < self.backoff_until and not any(r.startswith("spec") for r in reasons):
+            if not self.logic.admits(reasons):
                 continue
             self.pass_(reasons or ["resync"])
         notify.stopping()
@@ -123,110 +242,70 @@ class Loop:
         self.stopping.set()
         self.triggers.fire("stopping")
 
-    def _wait_s(self) -> float:
-        until_backoff = self.backoff_until - time.monotonic()
-        return max(until_backoff, 1.0) if until_backoff > 0 else float(self.deployment.loop.resync_s)
-
     def pass_(self, reasons: list[str]) -> None:
-        self._reload_spec()
+        clear_trips = self._reload_spec()
         self._log(f"pass: {', '.join(dict.fromkeys(reasons))}")
-        # No liveness verdicts while a pass may be restarting the group.
-        self.serving = False
+        self.logic.pass_started()
+        request = commands.Converge(
+            doing="reconcile loop pass",
+            wait_s=3600,
+            first=commands.clear_trips if clear_trips else None,
+            show=self._show,
+            liveness=self.logic.liveness,
+            blocked_is_error=False,
+            on_wait=self._log,
+        )
         try:
-            with deployment_lock(self.deployment, "reconcile loop pass", wait_s=3600, on_wait=self._log):
-                result = self._converge()
-            self._succeeded(result)
+            outcome = commands.converge(self.deployment, self.transports, self.progress, request)
+            self.last_facts = outcome.facts
+            self.logic.pass_succeeded(outcome.before.has_changes, outcome.after)
         except ReconcilerError as exc:
-            self._failed(exc)
+            self._failed(exc.message, exc.hint)
         except Exception as exc:  # the loop must outlive any bug in a pass; the journal keeps the detail
-            self._failed(ReconcilerError(f"unexpected {type(exc).__name__}: {exc}", "please report this bug"))
-        self.status.last_pass = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            self._failed(f"unexpected {type(exc).__name__}: {exc}", "please report this bug")
+        self.status.last_pass = utc_iso()
         self._publish()
 
-    def _converge(self) -> Plan:
-        facts = self._facts()
-        before = plan(self.deployment, facts)
+    def _show(self, before: Plan) -> None:
         if before.has_changes:
             self._log(summary_line(before))
-            apply_plan(ApplyContext(self.deployment, facts, self.transports, self.progress), before)
-            self.liveness = Liveness()
-            return plan(self.deployment, self._facts())
-        return before
 
-    def _facts(self) -> Facts:
-        self.last_facts = gather(self.deployment, self.transports).model_copy(update={"liveness": self.liveness})
-        return self.last_facts
-
-    def _succeeded(self, after: Plan) -> None:
-        self.status.failures = 0
-        self.backoff_until = 0.0
-        self.status.next_try = None
-        self.status.notes = after.notes + [f"{b.node}: {b.message}" for b in after.blockers]
-        held = bool(after.held)
-        # A blocker that leaves the ranks alone (the Hub down under a complete checkpoint) does
-        # not stop the probes: the group still serves and must still be healed.
-        self.serving = not after.has_changes and not after.ranks_blocked and not held
-        if held:
-            self.status.condition = "held: " + after.held[0]
-        elif after.blockers:
-            self.status.condition = f"blocked: {after.blockers[0].node}: {after.blockers[0].message}"
-        else:
-            self.status.condition = "converged" if not after.has_changes else "converging: " + summary_line(after)
-
-    def _failed(self, exc: ReconcilerError) -> None:
-        self.serving = False
-        self.status.failures += 1
-        delay = min(BACKOFF_BASE_S * 2 ** (self.status.failures - 1), self.deployment.loop.max_backoff_s)
-        delay *= random.uniform(0.8, 1.2)
-        self.backoff_until = time.monotonic() + delay
-        self.status.next_try = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + delay))
-        first_line = exc.message.splitlines()[0]
-        self.status.condition = f"failed {self.status.failures}x, next try in {delay:.0f} s: {first_line}"
-        self._log(f"{exc.message}\n  hint: {exc.hint}")
+    def _failed(self, message: str, hint: str) -> None:
+        self.logic.pass_failed(message)
+        self._log(f"{message}\n  hint: {hint}")
 
     # ---- spec reloads ----------------------------------------------------------------------
 
-    def _reload_spec(self) -> None:
+    def _reload_spec(self) -> bool:
+        """Read the spec file again; True when a changed spec should clear guard trips."""
         try:
             text = read_spec_text(self.spec_path)
         except SpecError as error:
             self.status.spec_error = f"{error.problems[0].render().splitlines()[0]}; running the last good spec"
-            return
-        if text == self.spec_text:
-            return
-        try:
-            loaded = parse_spec(text, self.spec_path)
-        except SpecError as error:
-            first = error.problems[0].render().splitlines()[0]
-            self.status.spec_error = f"{first} (running the last good spec)"
-            self._log(f"spec error: {first}; keeping the last good spec")
-            self.spec_text = text
-            return
-        self.spec_text = text
-        self.status.spec_error = None
-        changed = loaded.deployment != self.deployment
-        self.loaded = loaded
-        if changed:
+            return False
+        change = self.keeper.offer(text)
+        if change.kind == "invalid":
+            self.status.spec_error = change.error
+            self._log(f"spec error: {change.error}")
+            return False
+        if change.kind == "new":
+            self.status.spec_error = None
+            self.logic.settings = self.deployment.loop
+        if change.nodes_changed:
+            close_all(self.transports)
+            self.transports = connect_all(self.deployment)
+        if change.deployment_changed:
             self._log("spec changed: converging to it")
-            self._clear_trips()
-            self.backoff_until = 0.0
-
-    def _clear_trips(self) -> None:
-        """A guard trip holds the group until the spec changes (or `reconciler start`)."""
-        facts = gather(self.deployment, self.transports)
-        context = ApplyContext(self.deployment, facts, self.transports, self.progress)
-        for node in self.deployment.nodes:
-            if facts.nodes[node.name].reachable and facts.nodes[node.name].guard.trip is not None:
-                memguard.clear_trip(context, node.name)
+            self.logic.backoff_until = 0.0
+        return change.deployment_changed
 
     # ---- status ----------------------------------------------------------------------------
 
     def _publish(self) -> None:
-        self.status.liveness_failures = self.liveness.failures
-        status = self.status.condition + (f" | {self.status.spec_error}" if self.status.spec_error else "")
-        notify.status(status)
-        self._log(f"status: {status}")
-        write_private(status_path(self.deployment), redact(json.dumps(asdict(self.status), indent=2)) + "\n")
+        status = self.logic.published()
+        notify.status(status.line())
+        self._log(f"status: {status.line()}")
+        write_status(self.deployment, status)
 
     def _log(self, message: str) -> None:
         self.progress.line(f"[loop] {message}")
@@ -280,19 +359,17 @@ class Loop:
         Whatever goes wrong inside one probe (a key that cannot be sent, a bug) counts as a
         failed probe: a probe thread that died would leave a dead engine unhealed forever.
         """
-        while not self.stopping.wait(self.deployment.loop.liveness_s):
-            if not self.serving:
+        while not self.stopping.wait(self.logic.settings.liveness_s):
+            if not self.logic.serving:
                 continue
             try:
                 problem = self._probe_once()
             except Exception as exc:  # see above: the thread must outlive any failure of a probe
                 problem = f"the probe itself failed: {type(exc).__name__}: {exc}"
-            if problem is None:
-                self.liveness = Liveness()
-                continue
-            self.liveness = Liveness(failures=self.liveness.failures + 1, detail=problem)
-            self._log(f"liveness probe failed ({self.liveness.failures}x): {problem}")
-            if self.liveness.failures >= self.deployment.loop.failure_threshold:
+            due = self.logic.probed(problem)
+            if problem is not None:
+                self._log(f"liveness probe failed ({self.logic.liveness.failures}x): {problem}")
+            if due:
                 self.triggers.fire("liveness probe failed")
 
     def _probe_once(self) -> str | None:
@@ -311,15 +388,3 @@ class Loop:
                 self._log(f"the {', '.join(dead)} thread stopped; no more watchdog pings, so systemd restarts the loop")
                 return
             notify.watchdog()
-
-
-def status_path(deployment: Deployment) -> Path:
-    return Path(os.path.expanduser(deployment.state_dir)) / "loop-status.json"
-
-
-def read_status(deployment: Deployment) -> dict[str, Any] | None:
-    try:
-        loaded: dict[str, Any] = json.loads(status_path(deployment).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return loaded

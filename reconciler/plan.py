@@ -8,8 +8,9 @@ prerequisites, and renders the result Terraform-style or as JSON.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from reconciler.actions import Action, Blocker, InSync, Outcome
+from reconciler.actions import Action, Blocker, Copy, Download, InSync, Outcome, Step
 from reconciler.components.apikey import plan_apikey
 from reconciler.components.checkpoint import plan_checkpoint
 from reconciler.components.image import plan_image
@@ -70,8 +71,33 @@ class Plan:
             "actions": [action.to_dict() for action in self.actions],
             "blockers": [blocker.to_dict() for blocker in self.blockers],
             "notes": self.notes,
+            "held": self.held,
             "in_sync": [item.to_dict() for item in self.in_sync],
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """A plan as `to_dict` wrote it; raises ValueError, KeyError, TypeError or ValidationError."""
+        return cls(
+            deployment=str(data["deployment"]),
+            nodes=[(int(n["rank"]), str(n["name"]), str(n["role"])) for n in data["nodes"]],
+            actions=[Action.from_dict(item) for item in data["actions"]],
+            blockers=[Blocker(**item) for item in data["blockers"]],
+            in_sync=[InSync(**item) for item in data["in_sync"]],
+            notes=[str(note) for note in data["notes"]],
+            held=[str(reason) for reason in data["held"]],
+        )
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes the plan downloads or copies (what it knows of them)."""
+        total = 0
+        for action in self.actions:
+            if isinstance(action.payload, Download):
+                total += sum(item.size or 0 for item in action.payload.files)
+            elif isinstance(action.payload, Copy):
+                total += action.payload.bytes
+        return total
 
 
 def plan(deployment: Deployment, facts: Facts, *, deep_verify: bool = False) -> Plan:
@@ -172,3 +198,27 @@ def summary_line(result: Plan) -> str:
         f"Plan: {counts['add']} to add, {counts['change']} to change, {counts['replace']} to replace, "
         f"{counts['destroy']} to destroy{stops}, {counts['run']} to run."
     )
+
+
+# Moving more than this asks first on a terminal: 10 GB is minutes of a Spark's disk and link.
+CONFIRM_BYTES = 10 * 1000**3
+
+
+def needs_confirmation(result: Plan) -> list[str]:
+    """What in the plan deserves a question on a terminal: a group restart, anything stopped or
+    destroyed, many bytes moved. Empty: go ahead without asking."""
+    reasons: list[str] = []
+    # Pruning deletes only the parts of shards already reassembled and verified: nothing is lost.
+    disruptive = [
+        action
+        for action in result.actions
+        if action.verb in {"replace", "remove", "stop"} and action.step is not Step.PRUNE
+    ]
+    if any(action.component == "ranks" for action in disruptive):
+        reasons.append("restarts or stops the rank group (the API goes down until it is back)")
+    others = [action for action in disruptive if action.component != "ranks"]
+    if others:
+        reasons.append("stops or removes " + ", ".join(f"{a.component} on {a.node}" for a in others))
+    if result.bytes_moved > CONFIRM_BYTES:
+        reasons.append(f"moves {result.bytes_moved / 1000**3:.1f} GB")
+    return reasons

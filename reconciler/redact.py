@@ -23,7 +23,7 @@ import threading
 import urllib.parse
 from typing import TextIO
 
-from reconciler.errors import ReconcilerError
+from reconciler.errors import SecretError
 
 REDACTED = "(redacted)"
 # Shorter runs of a secret's leading characters are too likely to be ordinary text.
@@ -31,10 +31,6 @@ _MIN_PREFIX = 8
 
 _lock = threading.Lock()
 _forms: set[str] = set()
-
-
-class SecretError(ReconcilerError):
-    """A secret that cannot be sent as an HTTP header value; the message never holds it."""
 
 
 def checked_secret(raw: str, *, what: str, source: str, hint: str) -> str:

@@ -11,18 +11,8 @@ from __future__ import annotations
 
 import os
 
-from reconciler.fsutil import UntrustedFileError, read_bounded
-
-
-class UntrustedTextError(Exception):
-    """Why a file was refused: 1-based line and column, and what to do ('' if the caller knows better)."""
-
-    def __init__(self, message: str, line: int = 1, column: int = 1, hint: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.line = line
-        self.column = column
-        self.hint = hint
+from reconciler.errors import UntrustedFileError, UntrustedTextError
+from reconciler.fsutil import read_bounded
 
 
 def read_untrusted_text(path: str | os.PathLike[str], *, what: str, limit: int) -> str:

@@ -22,7 +22,8 @@ LABEL_RANK = "io.spark-reconciler.rank"
 LABEL_NODE = "io.spark-reconciler.node"
 LABEL_CONFIG_HASH = "io.spark-reconciler.config-hash"
 # Bumped only when the hashed fields change meaning, so that upgrading the reconciler
-# does not recreate every container (docker/compose#9897, #11335).
+# does not recreate every container, as unstable hashes did to docker compose users
+# (see docs/sources.md).
 HASH_SCHEME = "v1"
 
 KEY_MOUNT = "/run/secrets/dsv41-api-key"
@@ -80,7 +81,7 @@ class RankContainer:
     privileged: bool = True
     gpus: str = "all"
     ulimits: tuple[tuple[str, int, int], ...] = (("memlock", -1, -1),)
-    # Docker restarting one rank alone can never rejoin the group (REFERENCE §5);
+    # A rank that Docker restarts alone can never rejoin the group;
     # the reconciler restarts the whole group in order instead.
     restart_policy: str = "no"
     labels: dict[str, str] = field(default_factory=dict, compare=False)
@@ -265,7 +266,7 @@ def rank_env(deployment: Deployment, fabric: ResolvedFabric) -> dict[str, str]:
     )
     if not fabric.hcas:
         # No RoCE device proven to carry the fabric address: let NCCL choose rather than
-        # pin a wrong HCA list, which ends in QP timeouts (REFERENCE §3).
+        # pin a wrong HCA list, which ends in QP timeouts.
         del env["NCCL_IB_HCA"]
     env.update(deployment.serving.extra_env)
     return env

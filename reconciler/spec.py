@@ -29,9 +29,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from reconciler.errors import SpecError, SpecProblem
-from reconciler.safeio import UntrustedTextError, read_untrusted_text
-from reconciler.yamlpos import LocatedDocument, YamlError, load_located
+from reconciler.errors import SpecError, SpecProblem, UntrustedTextError, YamlError
+from reconciler.safeio import read_untrusted_text
+from reconciler.yamlpos import LocatedDocument, load_located
 
 REFERENCE_IMAGE = (
     "ghcr.io/0xsero/deepseek-v4.1-flash-spark@sha256:5668e35e5ee021da4b9ce88a1964caf0e082e8ca01d81d1d64b6213a55c6add5"
@@ -506,7 +506,7 @@ class Backends(StrictModel):
     moe: ArgValue = "b12x"
 
 
-# Values that only the reference image's vLLM fork knows (REFERENCE §1.2, §11).
+# Values that only the reference image's vLLM fork knows; stock vLLM refuses them.
 REFERENCE_IMAGE_VALUES = {"deepseek_v41"}
 # Serving fields the upstream profile does not render: the reference image's GPU tuning and
 # its fork-only features. Setting one under `profile: upstream` earns a warning.

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 import yaml
 
+from reconciler.errors import YamlError
+
 Path = tuple[str | int, ...]
 
 MAX_DEPTH = 64
@@ -75,17 +77,6 @@ class LocatedDocument:
         while probe and probe not in self.marks:
             probe = probe[:-1]
         return self.marks.get(probe, Mark(1, 1))
-
-
-class YamlError(Exception):
-    """A document that is malformed or uses what we refuse: where, which path, what to do."""
-
-    def __init__(self, message: str, mark: Mark, hint: str, path: Path = ()) -> None:
-        super().__init__(message)
-        self.message = message
-        self.mark = mark
-        self.hint = hint
-        self.path = path
 
 
 def load_located(text: str) -> LocatedDocument:

@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from reconciler.components.checkpoint import NATIVE_SHARDS
+from reconciler.components.fabric import node_contexts
 from reconciler.components.memguard import guard_config_hash
-from reconciler.components.ranks import node_contexts
 from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.files import CheckpointFacts, FileFacts, KeyFileFacts
 from reconciler.facts.memory import GuardFacts, GuardTrip
 from reconciler.facts.node import Facts, NodeFacts, load_facts
-from reconciler.serving import RankContainer, render_group
+from reconciler.serving import RankContainer, render_group, rewrite_exl3_plan
 from reconciler.spec import Deployment, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,10 +39,6 @@ def empty_facts() -> Facts:
     return load_facts(EMPTY_FACTS)
 
 
-def _digest(name: str) -> str:
-    return f"{abs(hash(name)) % 16**8:08x}" * 8
-
-
 def complete_checkpoint(deployment: Deployment) -> CheckpointFacts:
     model = deployment.model
     manifest = {name: f"{index:02d}" + "ab" * 31 for index, name in enumerate(NATIVE_SHARDS, start=1)}
@@ -56,7 +52,13 @@ def complete_checkpoint(deployment: Deployment) -> CheckpointFacts:
         files[name] = FileFacts(size=4096)
     for bank in ("qn", "q31", "q31s"):
         files[f"exl3/{bank}/L00.part.safetensors"] = FileFacts(size=1_000_000_000)
-    return CheckpointFacts(files=files, manifest=manifest, plan_staged=True)
+    return CheckpointFacts(
+        files=files, manifest=manifest, exl3_plan=EXL3_PLAN, staged_plan=rewrite_exl3_plan(EXL3_PLAN)
+    )
+
+
+# The model's EXL3 plan as the checkpoint ships it (bank dirs as the publisher's machine had them).
+EXL3_PLAN = '{"qdir": "/build/exl3/qn:/build/exl3/q31:/build/exl3/q31s", "layers": 61}\n'
 
 
 def running(container: RankContainer) -> ContainerFacts:

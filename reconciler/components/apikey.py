@@ -1,19 +1,19 @@
 """The API key file on the head: created once, never rotated silently, never printed.
 
-Reference: `secrets.token_urlsafe(32)` (43 characters) written with umask 077 when the file
-is missing or empty.
+As the reference launcher does: `secrets.token_urlsafe(32)` (43 characters), mode 0600, written
+only when the file is missing or empty.
 """
 
 from __future__ import annotations
 
 import secrets
 
-from reconciler.actions import Action, InSync, Outcome, Verb, action_id
+from reconciler.actions import Action, InSync, KeyFile, Outcome, Step, action
 from reconciler.errors import ReconcilerError
-from reconciler.execution import ApplyContext, Executor
+from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.node import Facts
 from reconciler.redact import checked_secret
-from reconciler.spec import Deployment
+from reconciler.spec import Deployment, expand_home
 
 COMPONENT = "apikey"
 KEY_MODE = 0o600
@@ -22,47 +22,36 @@ KEY_MODE = 0o600
 def plan_apikey(deployment: Deployment, facts: Facts) -> Outcome:
     head = deployment.head
     observed = facts.nodes[head.name]
-    if not observed.reachable:
+    if not observed.reachable or observed.home is None:
         return Outcome()
     key = observed.api_key
     path = deployment.key_file()
+    payload = KeyFile(path=expand_home(path, observed.home), mode=KEY_MODE)
     if key is None or not key.present or key.empty:
         cause = "key file missing" if key is None or not key.present else "key file is empty"
-        return _one(
-            head.name,
-            "create",
-            "create",
-            f"create {path} (random 43-character key, mode 0600)",
-            cause,
-        )
+        summary = f"create {path} (random 43-character key, mode 0600)"
+        return Outcome(actions=[action(Step.CREATE_KEY, head.name, "create", summary, cause, payload)])
     if key.mode != KEY_MODE:
         mode = "unknown" if key.mode is None else oct(key.mode)[2:].zfill(4)
-        return _one(
-            head.name,
-            "chmod",
-            "update",
-            f"set mode 0600 on {path} (the key itself is kept)",
-            f"mode {mode} lets other local users read the key",
-        )
+        summary = f"set mode 0600 on {path} (the key itself is kept)"
+        cause = f"mode {mode} lets other local users read the key"
+        return Outcome(actions=[action(Step.CHMOD_KEY, head.name, "update", summary, cause, payload)])
     return Outcome(in_sync=[InSync(head.name, COMPONENT, f"{path} present with mode 0600")])
 
 
-def _one(node: str, step: str, verb: Verb, summary: str, cause: str) -> Outcome:
-    action = Action(action_id(COMPONENT, step, node), COMPONENT, verb, node, summary, cause)
-    return Outcome(actions=[action])
-
-
 def _create(ctx: ApplyContext, action: Action) -> str:
-    path = ctx.path(action.node, ctx.deployment.key_file())
+    target = payload_of(action, KeyFile)
     # keep_existing: a key that appeared since the facts were gathered is never replaced.
     key = secrets.token_urlsafe(32) + "\n"
-    result = ctx.ops(action.node, "write_file", {"path": path, "content": key, "mode": KEY_MODE, "keep_existing": True})
+    args = {"path": target.path, "content": key, "mode": target.mode, "keep_existing": True}
+    result = ctx.ops(action.node, "write_file", args)
     return "created" if result["written"] else "kept the key that exists now"
 
 
 def _chmod(ctx: ApplyContext, action: Action) -> str:
-    ctx.ops(action.node, "chmod", {"path": ctx.path(action.node, ctx.deployment.key_file()), "mode": KEY_MODE})
-    return "mode 0600"
+    target = payload_of(action, KeyFile)
+    ctx.ops(action.node, "chmod", {"path": target.path, "mode": target.mode})
+    return f"mode {target.mode:04o}"
 
 
 KEY_HINT = (
@@ -85,4 +74,4 @@ def read_key(ctx: ApplyContext) -> str:
     return checked_secret(text, what="the API key", source=f"{path} on {head}", hint=KEY_HINT)
 
 
-EXECUTORS: dict[str, Executor] = {"create": _create, "chmod": _chmod}
+EXECUTORS: dict[Step, Executor] = {Step.CREATE_KEY: _create, Step.CHMOD_KEY: _chmod}

@@ -6,9 +6,9 @@ from typing import Any
 
 import docker
 
-from reconciler.actions import Action, InSync, Outcome, action_id
+from reconciler.actions import Action, InSync, Outcome, Pull, Step, action
 from reconciler.errors import NodeCommandError
-from reconciler.execution import ApplyContext, Executor
+from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.node import Facts
 from reconciler.spec import Deployment
 
@@ -26,13 +26,8 @@ def plan_image(deployment: Deployment, facts: Facts) -> Outcome:
             outcome.in_sync.append(InSync(node.name, COMPONENT, f"{short_ref(ref)} present"))
             continue
         outcome.actions.append(
-            Action(
-                action_id(COMPONENT, "pull", node.name),
-                COMPONENT,
-                "create",
-                node.name,
-                f"pull {short_ref(ref)}",
-                "image not present on the node",
+            action(
+                Step.PULL, node.name, "create", f"pull {short_ref(ref)}", "image not present on the node", Pull(ref=ref)
             )
         )
     return outcome
@@ -45,7 +40,7 @@ def short_ref(ref: str) -> str:
 
 
 def _pull(ctx: ApplyContext, action: Action) -> str:
-    ref = ctx.deployment.image.ref
+    ref = payload_of(action, Pull).ref
     client = ctx.transport(action.node).docker()
     if _present(client, ref):
         return "already present"
@@ -78,4 +73,4 @@ def _present(client: Any, ref: str) -> bool:
     return True
 
 
-EXECUTORS: dict[str, Executor] = {"pull": _pull}
+EXECUTORS: dict[Step, Executor] = {Step.PULL: _pull}

@@ -12,12 +12,12 @@ import json
 from pathlib import Path
 
 from reconciler import nodeside
-from reconciler.actions import Action, InSync, Outcome, Verb, action_id
-from reconciler.execution import ApplyContext, Executor
+from reconciler.actions import Action, Guard, GuardConfig, InSync, Outcome, Step, action
+from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.memory import GuardTrip
 from reconciler.facts.node import Facts
 from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
-from reconciler.spec import Deployment
+from reconciler.spec import Deployment, expand_home
 
 COMPONENT = "memguard"
 # Part of the guard's config hash: a new guard program replaces the running one.
@@ -39,52 +39,32 @@ def plan_memguard(deployment: Deployment, facts: Facts) -> Outcome:
     outcome = Outcome()
     guard = deployment.memguard
     wanted = guard_config_hash(deployment)
-    # Reference order: the worker's guard first, then the head's.
+    # The reference starts the worker's guard first, then the head's.
     for _, node in [*deployment.ranked_nodes[1:], deployment.ranked_nodes[0]]:
         observed = facts.nodes[node.name]
-        if not observed.reachable:
+        if not observed.reachable or observed.home is None:
             continue
+        state_dir = expand_home(deployment.state_dir, observed.home)
         running = observed.guard.running
         if not guard.enabled:
             if running:
-                outcome.actions.append(
-                    _action(
-                        node.name,
-                        "stop",
-                        "remove",
-                        "stop the memory guard",
-                        "memguard.enabled is false",
-                    )
+                payload = Guard(state_dir=state_dir, config=None)
+                stop = action(
+                    Step.STOP_GUARD, node.name, "remove", "stop the memory guard", "memguard.enabled is false", payload
                 )
+                outcome.actions.append(stop)
             continue
         floor = f"floor {guard.floor_gib:g} GiB, every {guard.interval_s:g} s"
+        payload = Guard(state_dir=state_dir, config=guard_config(deployment))
         if not running:
-            outcome.actions.append(
-                _action(
-                    node.name,
-                    "start",
-                    "create",
-                    f"start the memory guard ({floor})",
-                    "guard not running",
-                )
-            )
+            summary = f"start the memory guard ({floor})"
+            outcome.actions.append(action(Step.START_GUARD, node.name, "create", summary, "guard not running", payload))
         elif observed.guard.config_hash != wanted:
-            outcome.actions.append(
-                _action(
-                    node.name,
-                    "restart",
-                    "update",
-                    f"restart the memory guard ({floor})",
-                    "guard settings or program changed",
-                )
-            )
+            summary, cause = f"restart the memory guard ({floor})", "guard settings or program changed"
+            outcome.actions.append(action(Step.RESTART_GUARD, node.name, "update", summary, cause, payload))
         else:
             outcome.in_sync.append(InSync(node.name, COMPONENT, f"running ({floor})"))
     return outcome
-
-
-def _action(node: str, step: str, verb: Verb, summary: str, cause: str) -> Action:
-    return Action(action_id(COMPONENT, step, node), COMPONENT, verb, node, summary, cause)
 
 
 def trips(deployment: Deployment, facts: Facts) -> list[tuple[str, GuardTrip]]:
@@ -104,30 +84,31 @@ def trip_advice(node: str, trip: GuardTrip) -> str:
     )
 
 
-def guard_config(deployment: Deployment) -> dict[str, object]:
+def guard_config(deployment: Deployment) -> GuardConfig:
     guard = deployment.memguard
-    return {
-        "floor_gib": guard.floor_gib,
-        "interval_s": guard.interval_s,
-        "labels": [f"{LABEL_OWNER}={OWNER}", f"{LABEL_DEPLOYMENT}={deployment.name}"],
-        "config_hash": guard_config_hash(deployment),
-    }
+    return GuardConfig(
+        floor_gib=guard.floor_gib,
+        interval_s=guard.interval_s,
+        labels=[f"{LABEL_OWNER}={OWNER}", f"{LABEL_DEPLOYMENT}={deployment.name}"],
+        config_hash=guard_config_hash(deployment),
+    )
 
 
 def _start(ctx: ApplyContext, action: Action) -> str:
+    guard = payload_of(action, Guard)
+    assert guard.config is not None, "a guard start always carries its settings"
     program = (Path(nodeside.__file__).parent / "memguard.py").read_text(encoding="utf-8")
-    args = {"state_dir": ctx.state_path(action.node), "program": program, "config": guard_config(ctx.deployment)}
+    args = {"state_dir": guard.state_dir, "program": program, "config": guard.config.model_dump()}
     result = ctx.ops(action.node, "guard_start", args)
     return f"running as pid {result['pid']}"
 
 
 def _stop(ctx: ApplyContext, action: Action) -> str:
-    result = ctx.ops(action.node, "guard_stop", {"state_dir": ctx.state_path(action.node)})
+    result = ctx.ops(action.node, "guard_stop", {"state_dir": payload_of(action, Guard).state_dir})
     return "stopped" if result["stopped"] else "was not running"
 
 
-def clear_trip(ctx: ApplyContext, node: str) -> None:
-    ctx.ops(node, "remove_file", {"path": ctx.state_path(node, "memguard.trip.json")})
+TRIP_FILE = "memguard.trip.json"
 
 
-EXECUTORS: dict[str, Executor] = {"start": _start, "restart": _start, "stop": _stop}
+EXECUTORS: dict[Step, Executor] = {Step.START_GUARD: _start, Step.RESTART_GUARD: _start, Step.STOP_GUARD: _stop}

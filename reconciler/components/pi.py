@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconciler import picfg
-from reconciler.actions import Action, InSync, Outcome, action_id
-from reconciler.execution import ApplyContext, Executor
+from reconciler.actions import Action, ConfigurePi, InSync, Outcome, Step, Verb, action
+from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.node import Facts
 from reconciler.facts.pi import PiFacts
 from reconciler.health import api_base
+from reconciler.pi import config as picfg
 from reconciler.spec import Deployment, Serving
 
 COMPONENT = "pi"
@@ -80,15 +80,11 @@ def plan_pi(deployment: Deployment, facts: Facts) -> Outcome:
     causes = differences(observed, target)
     if not causes:
         return _in_sync(node, f"provider {target.provider} in {observed.directory} points at {target.base_url}")
-    action = Action(
-        action_id(COMPONENT, "configure", node),
-        COMPONENT,
-        "create" if observed.provider is None else "update",
-        node,
-        f"configure Pi in {observed.directory}: provider {target.provider} -> {target.base_url}",
-        "; ".join(causes),
+    summary = f"configure Pi in {observed.directory}: provider {target.provider} -> {target.base_url}"
+    verb: Verb = "create" if observed.provider is None else "update"
+    return Outcome(
+        actions=[action(Step.CONFIGURE_PI, node, verb, summary, "; ".join(causes), ConfigurePi(target=target))]
     )
-    return Outcome(actions=[action])
 
 
 def differences(observed: PiFacts, target: picfg.PiTarget) -> list[str]:
@@ -117,15 +113,14 @@ def _in_sync(node: str, reason: str) -> Outcome:
 
 
 def _configure(ctx: ApplyContext, action: Action) -> str:
-    """Re-read the files now (facts may be stale) and write only what differs, backups first."""
-    del action
-    provider = ctx.deployment.pi.provider
+    """Re-read the files now (facts may be stale) and write only what differs from the planned
+    target, backups first."""
+    del ctx
+    target = payload_of(action, ConfigurePi).target
     directory = picfg.agent_dir()
-    files = picfg.read_files(directory, provider)
-    target = desired_target(ctx.deployment, picfg.read_manifest(files, provider))
-    changes = picfg.install_changes(files, target)
-    picfg.write_changes(directory, changes, provider)
+    changes = picfg.install_changes(picfg.read_files(directory, target.provider), target)
+    picfg.write_changes(directory, changes, target.provider)
     return "; ".join(changes.messages) or "unchanged"
 
 
-EXECUTORS: dict[str, Executor] = {"configure": _configure}
+EXECUTORS: dict[Step, Executor] = {Step.CONFIGURE_PI: _configure}

@@ -1,7 +1,7 @@
 """The rank containers, managed as one group.
 
 Tensor-parallel ranks cannot be restarted one at a time: a new rank 0 cannot rejoin a
-surviving headless rank, and rank 0 exits with code 0 when a peer dies (REFERENCE §5). So any
+surviving headless rank, and rank 0 exits with code 0 when a peer dies. So any
 rank that is missing, exited or stale restarts the whole group, in order: stop rank 0 first,
 then the other ranks; start the highest rank first and rank 0 last; then wait for readiness.
 A hold (`reconciler stop`) or a memory-guard trip keeps the group down.
@@ -11,21 +11,31 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import docker
 
-from reconciler import health, smoke
-from reconciler.actions import Action, Blocker, InSync, Outcome, Verb, action_id, shorten
-from reconciler.apiclient import ApiTarget
-from reconciler.components.apikey import read_key
+from reconciler import health
+from reconciler.actions import (
+    Action,
+    InSync,
+    Outcome,
+    Smoke,
+    StartRank,
+    Step,
+    StopContainer,
+    Verb,
+    WaitReady,
+    action,
+    shorten,
+)
+from reconciler.clock import utc_iso
+from reconciler.components.fabric import node_contexts
 from reconciler.components.memguard import trip_advice, trips
 from reconciler.errors import ReconcilerError
-from reconciler.execution import ApplyContext, Executor
+from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.containers import ContainerFacts
-from reconciler.facts.fabric import subnet_mismatches
 from reconciler.facts.node import Facts
 from reconciler.redact import redact
 from reconciler.serving import (
@@ -34,96 +44,13 @@ from reconciler.serving import (
     LABEL_OWNER,
     LABEL_RANK,
     OWNER,
-    NodeContext,
     RankContainer,
-    ResolvedFabric,
     render_group,
 )
-from reconciler.spec import Deployment, Node
+from reconciler.spec import Deployment
 
 COMPONENT = "ranks"
 _SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
-
-
-def resolve_fabric(node: Node, facts: Facts) -> ResolvedFabric | Blocker:
-    """Spec overrides win field by field; what is still unknown blocks the group, saying why."""
-    detected = facts.nodes[node.name].fabric
-    ifname = node.fabric.ifname or detected.ifname
-    ip = node.fabric.ip or detected.ip
-    hcas = node.fabric.hcas if node.fabric.hcas is not None else detected.hcas
-    if ifname is None or ip is None:
-        unknown = " and ".join(name for name, value in (("interface", ifname), ("IPv4", ip)) if value is None)
-        message = detected.problem or f"fabric {unknown} not detected (no ACTIVE RoCE port with an IPv4 address?)"
-        return Blocker(node.name, COMPONENT, message, fabric_hint(node.name, ifname, detected.candidates))
-    return ResolvedFabric(ifname=ifname, ip=ip, hcas=tuple(hcas), gid_index=node.fabric.gid_index)
-
-
-def fabric_hint(node: str, ifname: str | None, candidates: list[str]) -> str:
-    """The override that settles it: the interface (its IPv4 and HCAs follow) or, on a known
-    interface with several addresses, the IPv4."""
-    field = "ifname" if ifname is None else "ip"
-    if candidates:
-        return (
-            f"set nodes[{node}].fabric.{field} to one of {', '.join(candidates)} "
-            "(the same QSFP port on every node); the rest is then derived from it"
-        )
-    return (
-        f"check `rdma link` and `ip -br addr` on {node}: give the ACTIVE QSFP port a static IPv4 (netplan), "
-        f"or set nodes[{node}].fabric.ifname and .ip"
-    )
-
-
-def subnet_blockers(deployment: Deployment, facts: Facts, contexts: dict[str, NodeContext]) -> list[Blocker]:
-    """Every node's fabric address must share a subnet with the head's (prefix lengths from the
-    interface that carries the address; unknown for an override on no interface)."""
-    addresses: dict[str, tuple[str, int | None]] = {}
-    for _, node in deployment.ranked_nodes:
-        if node.name in contexts:
-            ip = contexts[node.name].fabric.ip
-            detected = facts.nodes[node.name].fabric
-            addresses[node.name] = (ip, detected.prefixlen if detected.ip == ip else None)
-    return [
-        Blocker(
-            node,
-            COMPONENT,
-            message,
-            "give every node's QSFP port an address in one subnet (netplan), or fix nodes[].fabric.ip; "
-            "`ip -br addr` shows them",
-        )
-        for node, message in subnet_mismatches(addresses)
-    ]
-
-
-def node_contexts(deployment: Deployment, facts: Facts) -> tuple[dict[str, NodeContext], list[Blocker]]:
-    contexts: dict[str, NodeContext] = {}
-    blockers: list[Blocker] = []
-    for _, node in deployment.ranked_nodes:
-        observed = facts.nodes[node.name]
-        if not observed.reachable:
-            blockers.append(
-                Blocker(
-                    node.name,
-                    COMPONENT,
-                    f"node unreachable: {observed.error or 'no answer'}",
-                    "the rank group is left as it is until every node answers",
-                )
-            )
-            continue
-        fabric = resolve_fabric(node, facts)
-        if isinstance(fabric, Blocker):
-            blockers.append(fabric)
-        elif observed.home is None:
-            blockers.append(
-                Blocker(
-                    node.name,
-                    COMPONENT,
-                    "home directory unknown",
-                    "facts must include the node's home",
-                )
-            )
-        else:
-            contexts[node.name] = NodeContext(home=observed.home, fabric=fabric)
-    return contexts, blockers + subnet_blockers(deployment, facts, contexts)
 
 
 def owned_containers(deployment: Deployment, facts: Facts, node: str) -> list[ContainerFacts]:
@@ -275,9 +202,18 @@ def _stop_running(deployment: Deployment, facts: Facts, cause: str) -> list[Acti
         for container in owned_containers(deployment, facts, node.name):
             if container.status == "running":
                 summary = f"stop {container.name} (kept for `reconciler logs`)"
-                action = _container_action(node.name, container.name, "stop", summary, cause, _last(actions))
-                actions.append(replace(action, id=action_id(COMPONENT, f"halt-{container.name}", node.name)))
+                payload = _stop_payload(deployment, container, remove=False, intent=None)
+                actions.append(
+                    action(Step.HALT_RANK, node.name, "stop", summary, cause, payload, _last(actions), container.name)
+                )
     return actions
+
+
+def _stop_payload(
+    deployment: Deployment, container: ContainerFacts, *, remove: bool, intent: str | None
+) -> StopContainer:
+    grace = deployment.serving.stop_timeout_s
+    return StopContainer(name=container.name, container_id=container.id, grace_s=grace, remove=remove, intent=intent)
 
 
 def _match(
@@ -302,7 +238,9 @@ def _match(
 
 def _remove_stray(container: ContainerFacts, node: str, deployment: Deployment) -> Action:
     cause = f"owned by deployment {deployment.name} but not a rank of this spec on {node}"
-    return _container_action(node, container.name, "remove", f"stop and remove {container.name}", cause, ())
+    payload = _stop_payload(deployment, container, remove=True, intent=None)
+    summary = f"stop and remove {container.name}"
+    return action(Step.REMOVE_CONTAINER, node, "remove", summary, cause, payload, (), container.name)
 
 
 def group_restart(
@@ -319,28 +257,18 @@ def group_restart(
     for state in ordered:
         if state.observed is not None and state.observed.status in _STOPPABLE:
             summary = f"stop {state.desired.name} (grace {deployment.serving.stop_timeout_s} s)"
-            depends = _last(actions) or tuple(earlier[-1:])
+            after = _last(actions) or tuple(earlier[-1:])
+            # The first stop records the restart, so a reconciler that dies in the middle resumes it.
+            payload = _stop_payload(deployment, state.observed, remove=True, intent=None if actions else group_cause)
+            node, name = state.desired.node, state.desired.name
             actions.append(
-                _container_action(
-                    state.desired.node,
-                    state.desired.name,
-                    "stop",
-                    summary,
-                    state.problem or group_cause,
-                    depends,
-                )
+                action(Step.STOP_RANK, node, "stop", summary, state.problem or group_cause, payload, after, name)
             )
-    stops = [action.id for action in actions]
+    stops = [item.id for item in actions]
     previous_start: list[str] = []
     for state in reversed(ordered):
-        actions.append(
-            _start_action(
-                deployment,
-                state,
-                group_cause,
-                [*stops, *prerequisites.get(state.desired.node, []), *previous_start],
-            )
-        )
+        waits_for = [*stops, *prerequisites.get(state.desired.node, []), *previous_start]
+        actions.append(_start_action(deployment, state, group_cause, waits_for))
         previous_start = [actions[-1].id]
     actions.append(_wait_ready(deployment, actions[-1].id))
     if deployment.startup.smoke != "off":
@@ -356,74 +284,42 @@ def _start_action(deployment: Deployment, state: RankState, group_cause: str, de
     role = f"API on :{deployment.serving.port}" if rank == 0 else "headless"
     verb: Verb = "create" if state.observed is None else "replace"
     summary = f"start {state.desired.name} (rank {rank}, {role})"
-    return _container_action(
-        state.desired.node,
-        state.desired.name,
-        verb,
-        summary,
-        state.problem or group_cause,
-        tuple(dict.fromkeys(depends)),
+    payload = StartRank(container=state.desired, intent=group_cause)
+    node, name = state.desired.node, state.desired.name
+    return action(
+        Step.START_RANK, node, verb, summary, state.problem or group_cause, payload, tuple(dict.fromkeys(depends)), name
     )
 
 
 def _wait_ready(deployment: Deployment, after: str) -> Action:
-    head = deployment.head.name
-    minutes = deployment.startup.timeout_s // 60
-    return Action(
-        action_id(COMPONENT, "wait-ready", head),
-        COMPONENT,
-        "run",
-        head,
-        f"wait until GET /v1/models answers 200 with the key (up to {minutes} min); any rank exit fails the group",
-        "the group was (re)started",
-        (after,),
+    startup = deployment.startup
+    summary = (
+        f"wait until GET /v1/models answers 200 with the key (up to {startup.timeout_s // 60} min); "
+        "any rank exit fails the group"
     )
+    payload = WaitReady(timeout_s=startup.timeout_s, poll_s=startup.poll_s)
+    return action(Step.WAIT_READY, deployment.head.name, "run", summary, "the group was (re)started", payload, (after,))
+
+
+SMOKE_SCOPES = {
+    "all": "models, unauthorized, stream, text, reasoning, tools, vision",
+    "protocol": "models, unauthorized, stream",
+}
 
 
 def _smoke(deployment: Deployment, after: str) -> Action:
     """A started group that cannot answer is not done: the apply fails with the failing checks."""
-    head = deployment.head.name
-    checks = ", ".join(smoke.check_names(_smoke_checks(deployment)))
-    return Action(
-        action_id(COMPONENT, "smoke", head),
-        COMPONENT,
-        "run",
-        head,
-        f"smoke-test the API: {checks} (startup.smoke: {deployment.startup.smoke}); a failing check fails the apply",
-        "the group was (re)started",
-        (after,),
+    startup = deployment.startup
+    checks: Literal["all", "protocol"] = "protocol" if startup.smoke == "protocol" else "all"
+    summary = (
+        f"smoke-test the API: {SMOKE_SCOPES[checks]} (startup.smoke: {startup.smoke}); a failing check fails the apply"
     )
-
-
-def _smoke_checks(deployment: Deployment) -> smoke.CheckSet:
-    return "protocol" if deployment.startup.smoke == "protocol" else "all"
+    payload = Smoke(checks=checks, timeout_s=startup.smoke_timeout_s)
+    return action(Step.SMOKE, deployment.head.name, "run", summary, "the group was (re)started", payload, (after,))
 
 
 def _last(actions: list[Action]) -> tuple[str, ...]:
-    return tuple(action.id for action in actions[-1:])
-
-
-def _container_action(
-    node: str, container: str, verb: Verb, summary: str, cause: str, depends: tuple[str, ...]
-) -> Action:
-    step = {"stop": "stop", "remove": "remove"}.get(verb, "start")
-    return Action(
-        action_id(COMPONENT, f"{step}-{container}", node),
-        COMPONENT,
-        verb,
-        node,
-        summary,
-        cause,
-        depends,
-        container,
-    )
-
-
-def _desired(ctx: ApplyContext, name: str) -> RankContainer:
-    contexts, blockers = node_contexts(ctx.deployment, ctx.facts)
-    if blockers:
-        raise ReconcilerError(f"{blockers[0].node}: {blockers[0].message}", blockers[0].hint)
-    return next(rank for rank in render_group(ctx.deployment, contexts) if rank.name == name)
+    return tuple(item.id for item in actions[-1:])
 
 
 def _find(client: Any, name: str) -> Any:
@@ -436,11 +332,11 @@ def _find(client: Any, name: str) -> Any:
 INTENT_FILE = "restart-intent.json"
 
 
-def _record_intent(ctx: ApplyContext, action: Action) -> None:
-    """Written before the group's first stop, so a reconciler that dies mid-restart resumes it."""
+def _record_intent(ctx: ApplyContext, cause: str) -> None:
+    """Written before the group's first stop or start, so a reconciler that dies mid-restart
+    resumes it; an intent already there (the restart being resumed) is kept."""
     head = ctx.deployment.head.name
-    cause = redact(action.cause)
-    content = json.dumps({"since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cause": cause}) + "\n"
+    content = json.dumps({"since": utc_iso(), "cause": redact(cause)}) + "\n"
     path = ctx.state_path(head, INTENT_FILE)
     ctx.ops(head, "write_file", {"path": path, "content": content, "keep_existing": True})
 
@@ -450,31 +346,29 @@ def _clear_intent(ctx: ApplyContext) -> None:
     ctx.ops(head, "remove_file", {"path": ctx.state_path(head, INTENT_FILE)})
 
 
-def _stop_and_remove(ctx: ApplyContext, action: Action) -> str:
-    if action.step == "stop":
-        _record_intent(ctx, action)
-    client = ctx.transport(action.node).docker()
-    container = _find(client, action.target)
+def _stop(ctx: ApplyContext, action: Action) -> str:
+    """Stop the container the plan saw (and remove it unless kept for logs): if it is gone or
+    already stopped, there is nothing to do; if it is not ours, never touch it."""
+    stop = payload_of(action, StopContainer)
+    if stop.intent is not None:
+        _record_intent(ctx, stop.intent)
+    container = _find(ctx.transport(action.node).docker(), stop.name)
     if container is None:
         return "already gone"
     if container.labels.get(LABEL_OWNER) != OWNER:
-        raise ReconcilerError(f"{action.node}: {action.target} is not ours; leaving it", "rename or remove it by hand")
-    container.stop(timeout=ctx.deployment.serving.stop_timeout_s)
+        raise ReconcilerError(f"{action.node}: {stop.name} is not ours; leaving it", "rename or remove it by hand")
+    container.stop(timeout=stop.grace_s)
+    if not stop.remove:
+        return "stopped (kept for logs)"
     container.remove(force=True)
     return "stopped and removed"
 
 
-def _halt(ctx: ApplyContext, action: Action) -> str:
-    container = _find(ctx.transport(action.node).docker(), action.target)
-    if container is None:
-        return "already gone"
-    container.stop(timeout=ctx.deployment.serving.stop_timeout_s)
-    return "stopped (kept for logs)"
-
-
 def _start(ctx: ApplyContext, action: Action) -> str:
-    _record_intent(ctx, action)
-    desired = _desired(ctx, action.target)
+    """Create and start exactly the rendered container of the plan (replacing our old one)."""
+    start = payload_of(action, StartRank)
+    desired = start.container
+    _record_intent(ctx, start.intent)
     client = ctx.transport(action.node).docker()
     old = _find(client, desired.name)
     if old is not None:
@@ -516,30 +410,24 @@ def create_container_args(api: Any, desired: RankContainer) -> dict[str, Any]:
     }
 
 
-def _await_ready(ctx: ApplyContext, _action: Action) -> str:
-    result = health.wait_ready(ctx)
+def _await_ready(ctx: ApplyContext, action: Action) -> str:
+    wait = payload_of(action, WaitReady)
+    result = health.wait_ready(ctx, timeout_s=wait.timeout_s, poll_s=wait.poll_s)
     _clear_intent(ctx)
     return result
 
 
-def _run_smoke(ctx: ApplyContext, _action: Action) -> str:
-    deployment = ctx.deployment
-    target = ApiTarget(health.api_base(deployment), read_key(ctx), deployment.serving.served_model_name)
-    report = smoke.run_smoke(target, _smoke_checks(deployment), timeout_s=deployment.startup.smoke_timeout_s)
-    if not report.ok:
-        raise smoke.SmokeFailedError(
-            f"smoke failed: {smoke.failure_text(report)}",
-            "run `reconciler smoke` for every check; for a model that cannot answer the reference questions "
-            "set startup.smoke: protocol (or off)",
-        )
-    return report.summary()
+def _run_smoke(ctx: ApplyContext, action: Action) -> str:
+    if ctx.smoke is None:
+        return "skipped: nothing to run the smoke with here"
+    return ctx.smoke(ctx, payload_of(action, Smoke))
 
 
-EXECUTORS: dict[str, Executor] = {
-    "stop": _stop_and_remove,
-    "remove": _stop_and_remove,
-    "halt": _halt,
-    "start": _start,
-    "wait-ready": _await_ready,
-    "smoke": _run_smoke,
+EXECUTORS: dict[Step, Executor] = {
+    Step.STOP_RANK: _stop,
+    Step.REMOVE_CONTAINER: _stop,
+    Step.HALT_RANK: _stop,
+    Step.START_RANK: _start,
+    Step.WAIT_READY: _await_ready,
+    Step.SMOKE: _run_smoke,
 }

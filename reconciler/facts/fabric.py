@@ -1,6 +1,6 @@
 """Fabric facts: which interface, address and RDMA devices carry tensor-parallel traffic.
 
-Wrong interface or HCA selection is the most common two-Spark failure (REFERENCE §3, §10), so
+Wrong interface or HCA selection is the most common two-Spark failure (see docs/sources.md), so
 the selection is strict and explains itself. The probe collects raw observations (the
 infiniband sysfs tree, `ip -j addr`, `rdma -j link`); everything here is pure and tested on
 verbatim Spark outputs.
@@ -103,8 +103,7 @@ class Netdev:
 def parse_rdma_link(text: str) -> list[RdmaPort]:
     """`rdma -j link` (JSON) or `rdma link` text, padded or single-spaced; empty output = no ports.
 
-    The `state` field decides, never `physical_state`: real output puts LINK_UP on DOWN lines
-    (REFERENCE §3f).
+    The `state` field decides, never `physical_state`: real output puts LINK_UP on DOWN lines.
     """
     stripped = text.strip()
     if stripped.startswith("["):
@@ -135,7 +134,7 @@ def _list(value: object) -> list[str]:
 
 def parse_ip_addr(text: str) -> dict[str, Netdev]:
     """`ip -j addr` (what the probe runs, with MTUs) or `ip -br addr` text (what users paste, and
-    the captures of real Sparks in REFERENCE §3a/3b are)."""
+    the captures of real Sparks in tests/fixtures/fabric/ are)."""
     stripped = text.strip()
     if stripped.startswith("["):
         netdevs = [_netdev_from_json(item) for item in json.loads(stripped)]

@@ -49,13 +49,16 @@ class CheckpointFacts(FactsModel):
 
     files: dict[str, FileFacts] = Field(default_factory=dict)
     manifest: dict[str, str] | None = None
+    # The model's EXL3 plan and the one staged for the ranks, as text (None: not there); the
+    # checkpoint component judges whether the staged one is current.
+    exl3_plan: str | None = None
+    staged_plan: str | None = None
 
     @field_validator("files", "manifest")
     @classmethod
     def _inside(cls, files: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if files is None else _inside_model_dir(files)
 
-    plan_staged: bool = False
     disk_free: int | None = None
     hub: HubFacts | None = None
     # Why `hub` is unknown when the Hub was asked and failed (down, slow, refusing, wrong).

@@ -8,21 +8,21 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from reconciler import hub
+from reconciler.clock import utc_iso
 from reconciler.errors import ReconcilerError
 from reconciler.facts.containers import container_from_inspect
 from reconciler.facts.fabric import fabric_from_probe
-from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, HubFileFacts, KeyFileFacts, parse_manifest
+from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, KeyFileFacts, parse_manifest
 from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, parse_meminfo
 from reconciler.facts.node import Facts, Hold, NodeFacts, RestartIntent
 from reconciler.facts.pi import gather_pi
-from reconciler.serving import LABEL_OWNER, OWNER, rewrite_exl3_plan
+from reconciler.serving import LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, Node, expand_home
 from reconciler.transport.base import Transport, run_program
 
@@ -117,7 +117,8 @@ def _checkpoint(model_dir: str, raw: dict[str, Any]) -> CheckpointFacts:
     return CheckpointFacts(
         files=files,
         manifest=manifest,
-        plan_staged=_plan_staged(raw),
+        exl3_plan=_text(raw.get("source_plan")),
+        staged_plan=_text(raw.get("staged_plan")),
         disk_free=raw.get("disk_free") if isinstance(raw.get("disk_free"), int) else None,
         hub=_cached_listing(raw.get("hub_files")),
     )
@@ -142,16 +143,6 @@ def _cached_listing(raw: object) -> HubFacts | None:
         return HubFacts.model_validate(raw)
     except ValidationError:
         return None
-
-
-def _plan_staged(raw: dict[str, Any]) -> bool:
-    source, staged = raw.get("source_plan"), raw.get("staged_plan")
-    if source is None or staged is None:
-        return False
-    try:
-        return bool(staged == rewrite_exl3_plan(source))
-    except (ValueError, KeyError, AttributeError):
-        return False
 
 
 def _guard(raw: dict[str, Any]) -> GuardFacts:
@@ -192,7 +183,7 @@ def gather(deployment: Deployment, transports: dict[str, Transport]) -> Facts:
     head = deployment.head.name
     nodes[head] = with_hub_listing(deployment, nodes[head])
     pi = gather_pi(deployment.pi.provider) if deployment.pi.enabled else None  # this machine's Pi, local files
-    return Facts(taken_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes, pi=pi)
+    return Facts(taken_at=utc_iso(), nodes=nodes, pi=pi)
 
 
 def with_hub_listing(deployment: Deployment, head: NodeFacts) -> NodeFacts:
@@ -205,13 +196,8 @@ def with_hub_listing(deployment: Deployment, head: NodeFacts) -> NodeFacts:
     if not head.reachable or head.checkpoint.hub is not None:
         return head
     try:
-        update: dict[str, object] = {"hub": hub_facts(hub.list_files(deployment.model))}
+        update: dict[str, object] = {"hub": hub.list_files(deployment.model).as_facts()}
     except ReconcilerError as exc:
         update = {"hub_error": exc.message}
     checkpoint = head.checkpoint.model_copy(update=update)
     return head.model_copy(update={"checkpoint": checkpoint})
-
-
-def hub_facts(listing: hub.HubListing) -> HubFacts:
-    files = {item.path: HubFileFacts(size=item.size, sha256=item.sha256) for item in listing.files}
-    return HubFacts(commit=listing.commit, files=files)

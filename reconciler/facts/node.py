@@ -15,14 +15,14 @@ from typing import Any, Literal, NoReturn
 
 from pydantic import Field, ValidationError
 
-from reconciler.errors import FactsError
+from reconciler.errors import FactsError, RefusedJsonError, UntrustedTextError
 from reconciler.facts.base import FactsModel
 from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.fabric import FabricFacts
 from reconciler.facts.files import CheckpointFacts, KeyFileFacts
 from reconciler.facts.memory import GuardFacts, MemoryFacts
 from reconciler.facts.pi import PiFacts
-from reconciler.safeio import UntrustedTextError, read_untrusted_text
+from reconciler.safeio import read_untrusted_text
 
 
 class Hold(FactsModel):
@@ -110,16 +110,12 @@ def _read_facts_text(path: str | Path) -> str:
         raise FactsError(f"{path}:{exc.line}:{exc.column}: {exc.message}", hint) from None
 
 
-class _RefusedJsonError(Exception):
-    """JSON that the json module accepts and a snapshot never holds; raised from its hooks."""
-
-
 def _parse_json(text: str, path: str | Path) -> Any:
     try:
         raw = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise FactsError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON: {exc.msg}", _REGENERATE) from None
-    except _RefusedJsonError as exc:
+    except RefusedJsonError as exc:
         raise FactsError(f"{path}: {exc}", _REGENERATE) from None
     except ValueError:
         # int() refuses to convert more digits than this; the json module gives no position.
@@ -137,12 +133,12 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(result) < len(pairs):
         counts = Counter(key for key, _ in pairs)
         duplicate = next(key for key, count in counts.items() if count > 1)
-        raise _RefusedJsonError(f"duplicate key {duplicate!r:.60} in a JSON object")
+        raise RefusedJsonError(f"duplicate key {duplicate!r:.60} in a JSON object")
     return result
 
 
 def _no_constant(name: str) -> NoReturn:
-    raise _RefusedJsonError(f"{name} is not a number JSON allows")
+    raise RefusedJsonError(f"{name} is not a number JSON allows")
 
 
 def _refuse_surrogates(raw: Any, path: str | Path) -> None:

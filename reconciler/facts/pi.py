@@ -15,8 +15,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from reconciler import picfg
+from reconciler.errors import PiConfigError
 from reconciler.facts.base import FactsModel
+from reconciler.pi import config as pi_config
 
 REDACTED = "<redacted>"
 PI_PACKAGES = ("@earendil-works/pi-coding-agent", "@mariozechner/pi-coding-agent")
@@ -64,25 +65,25 @@ def gather_pi(provider: str) -> PiFacts:
     pi_path, package = locate_pi()
     directory = os.environ.get("PI_CODING_AGENT_DIR") or "~/.pi/agent"
     try:
-        directory = str(picfg.agent_dir())
-        files = picfg.read_files(Path(directory), provider)
-    except picfg.PiConfigError as exc:
+        directory = str(pi_config.agent_dir())
+        files = pi_config.read_files(Path(directory), provider)
+    except PiConfigError as exc:
         return PiFacts(directory=directory, pi_path=pi_path, package=package, error=exc.message)
     return pi_facts_from_files(files, provider, pi_path, package)
 
 
 def pi_facts_from_files(
-    files: picfg.PiFiles, provider: str, pi_path: str | None = None, package: str | None = None
+    files: pi_config.PiFiles, provider: str, pi_path: str | None = None, package: str | None = None
 ) -> PiFacts:
     """Facts from the files' text; a file Pi could not read either becomes `error`, not an exception."""
     try:
-        providers = picfg.providers_of(files) or {}
-        settings = picfg.load_object(files, picfg.SETTINGS) or {}
-        enabled = picfg.enabled_models_of(settings, files)
-        manifest = picfg.read_manifest(files, provider)
-    except picfg.PiConfigError as exc:
+        providers = pi_config.providers_of(files) or {}
+        settings = pi_config.load_object(files, pi_config.SETTINGS) or {}
+        enabled = pi_config.enabled_models_of(settings, files)
+        manifest = pi_config.read_manifest(files, provider)
+    except PiConfigError as exc:
         return PiFacts(directory=files.directory, pi_path=pi_path, package=package, error=exc.message)
-    extension = files.text(picfg.extension_file(provider))
+    extension = files.text(pi_config.extension_file(provider))
     return PiFacts(
         directory=files.directory,
         pi_path=pi_path,
@@ -91,7 +92,7 @@ def pi_facts_from_files(
         enabled_models=None if enabled is None else [str(entry) for entry in enabled],
         default_provider=_text(settings.get("defaultProvider")),
         default_model=_text(settings.get("defaultModel")),
-        extension_sha256=None if extension is None else picfg.sha256(extension),
+        extension_sha256=None if extension is None else pi_config.sha256(extension),
         manifest=manifest,
     )
 
@@ -101,7 +102,7 @@ def redacted(entry: object) -> dict[str, Any]:
     if not isinstance(entry, dict):
         return {"invalid": REDACTED}
     clean = _without_headers(entry)
-    if "apiKey" in clean and picfg.key_env_of(clean["apiKey"]) is None:
+    if "apiKey" in clean and pi_config.key_env_of(clean["apiKey"]) is None:
         clean["apiKey"] = REDACTED
     models = clean.get("models")
     if isinstance(models, list):

@@ -23,7 +23,7 @@ from typing import Any
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 MAX_PLAN_BYTES = 4 * 1024 * 1024
-# The testbed has no RDMA devices (TESTBED-NOTES §7): it points this at a Spark-shaped fixture
+# The testbed has no RDMA devices (and no Soft-RoCE): it points this at a Spark-shaped fixture
 # tree, and `rdma -j link` output is then read from rdma-link.json next to that tree.
 SYSFS_ROOT_ENV = "RECONCILER_SYSFS_ROOT"
 # `ip` and `rdma` live in sbin, which a non-root PATH on Debian lacks.

@@ -4,7 +4,7 @@ The Docker API travels over the same connection: a local unix socket forwards ea
 connection to a tiny stdlib relay to the node's Docker socket (nodeside/dockerrelay.py; what
 docker-py's `ssh://` does with `docker system dial-stdio`, without its lingering sessions).
 Doing it here, rather than through docker-py's `ssh://`, keeps the spec's known_hosts,
-identity and port in force (docker-py reads only ~/.ssh/config; docker/docker-py#3062) and
+identity and port in force (docker-py reads only ~/.ssh/config; see docs/sources.md) and
 avoids a second SSH login per pass.
 """
 

@@ -1,6 +1,6 @@
 """The real Pi coding agent from npm, installed once into .pi-test/ for tests/integration/test_pi_real.py.
 
-Both packages `reconciler pi install` may choose (REFERENCE §9.6) are tested: Pi 0.73.1
+Both packages `reconciler pi install` may choose are tested: Pi 0.73.1
 (`@mariozechner/pi-coding-agent`, node >= 20.6) and Pi 1.6.0 (`@earendil-works/pi-coding-agent`,
 node >= 22.19). When the system node is older than 22.19, node 22 comes from the npm registry as well
 (the `node` package) into .pi-test/node-22, and only Pi 1.6.0's runs put it first on PATH. Nothing but
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.piagent import PI_CURRENT, PI_NODE20, NpmPackage, node_version
+from reconciler.pi.agent import PI_CURRENT, PI_NODE20, NpmPackage, node_version
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = ROOT / ".pi-test"

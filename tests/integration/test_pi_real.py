@@ -1,11 +1,12 @@
 """The real Pi coding agent (0.73.1 and 1.6.0 from npm) against the vLLM stand-in on 127.0.0.1.
 
-What the issue asks of the Pi integration, end to end: after `reconciler pi install`, `pi --model
+What the Pi integration must do, end to end: after `reconciler pi install`, `pi --model
 dsv41-sparks/deepseek-v4.1-flash -p ...` answers; the engine's request log (ENGINE_REQUEST_LOG) shows
 the bearer key from the environment and no max_tokens / max_completion_tokens; the key is nowhere
 under the Pi dir; a config with comments, another provider and enabledModels survives and comes back
 byte for byte after uninstall; the other provider's requests keep their cap; an unset key fails with a
-clear message and sends nothing. Every Pi run is bounded and reads /dev/null (REFERENCE §9.5), with
+clear message and sends nothing. Every Pi run is bounded and reads /dev/null (print mode otherwise
+reads a non-TTY stdin to EOF, even with -p), with
 PI_OFFLINE=1 so Pi itself contacts nothing but the engine.
 """
 
@@ -26,8 +27,8 @@ from typing import Any
 import httpx
 import pytest
 
-from reconciler import piagent
 from reconciler.cli import main
+from reconciler.pi import agent as pi_agent
 from tests.integration.realpi import PiRuntime, ensure_runtimes, missing_tools
 from tests.scenarios import ROOT, SPEC_PATH
 
@@ -269,10 +270,10 @@ def test_install_fetches_pi_with_npm_when_it_is_missing(
     capsys.readouterr()
     reconciler("pi", "install", engine.url, "--json")
     report = json.loads(capsys.readouterr().out)
-    node = piagent.node_version()
-    expected = piagent.PI_CURRENT if node and node >= piagent.PI_CURRENT.min_node else piagent.PI_NODE20
+    node = pi_agent.node_version()
+    expected = pi_agent.PI_CURRENT if node and node >= pi_agent.PI_CURRENT.min_node else pi_agent.PI_NODE20
     assert report["pi"] == {"path": str(prefix / "bin/pi"), "package": expected.spec, "installed_now": True}
-    assert bool(report["notes"]) == (expected is piagent.PI_NODE20)
+    assert bool(report["notes"]) == (expected is pi_agent.PI_NODE20)
     pi_path = prefix / "bin/pi"
     runtime = PiRuntime("installed", "", pi_path)
     result = PiHome(runtime, home, home / "agent").run("--model", REF, "-p", "say hi")

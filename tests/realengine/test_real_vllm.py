@@ -4,7 +4,7 @@ What this proves that the engine stand-in cannot: the argv, environment and moun
 start real `vllm serve` processes that form a tensor-parallel-2 group over the fabric (rank 1
 headless first, then rank 0); the API key reaches vLLM from the mounted file; readiness,
 smoke and bench work against vLLM's real server; and the reconcile loop recovers from the
-real engine's failure modes (REFERENCE.md §5): rank 0 exiting with code 0 when its peer
+real engine's failure modes: rank 0 exiting with code 0 when its peer
 dies, /health staying 200 while the engine is dead, an orphaned headless rank 1.
 
 Tests build on each other in file order (one deployment). Times are printed, not asserted.
@@ -151,7 +151,7 @@ def state(bed: Bed, node: str, name: str) -> tuple[str, int]:
 
 
 def test_rank1_killed_without_traffic_health_stays_200_until_a_request(lane: Bed) -> None:
-    """REFERENCE §5 with the real engine, then `apply` repairs it: /health is not liveness."""
+    """A dead peer with the real engine, then `apply` repairs it: /health is not liveness."""
     key = lane.api_key()
     killed = time.monotonic()
     lane.node(WORKER, "docker", "kill", R1)

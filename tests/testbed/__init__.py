@@ -2,5 +2,5 @@
 
 Stdlib only, so it runs with the system python3 before any venv exists. CLI:
 `python3 -m tests.testbed {install,up,down,exec,link,image-ref,rebuild-engine}`;
-Python API: `tests.testbed.testbed.Testbed`. Recipe and pitfalls: TESTBED-NOTES.md.
+Python API: `tests.testbed.testbed.Testbed`.
 """

@@ -1,7 +1,7 @@
 """Fixed names, addresses and file layout of the testbed.
 
-There is one testbed per machine: namespace, link and cgroup names are fixed (see
-TESTBED-NOTES pitfall 13). Every address lies in 198.18.0.0/15 (RFC 2544) so testbed
+There is one testbed per machine: namespace, link and cgroup names are fixed. Every address
+lies in 198.18.0.0/15, the range reserved for benchmarking (see docs/sources.md), so testbed
 traffic can never be mistaken for, or leak to, a real network.
 """
 

@@ -1,4 +1,4 @@
-"""A Spark-shaped RDMA sysfs tree for each testbed node, which has no RDMA devices (TESTBED-NOTES §7).
+"""A Spark-shaped RDMA sysfs tree for each testbed node, which has no RDMA devices (and no Soft-RoCE).
 
 One CX-7 QSFP port's two twins: `rocep1s0f1` -> `enp1s0f1np1` ACTIVE, its GID 3 the node's
 fabric address IPv4-mapped (RoCE v2), and `roceP2p1s0f1` -> `enP2p1s0f1np1` DOWN, so fabric

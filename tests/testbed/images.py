@@ -1,6 +1,6 @@
 """Deterministic node images, written as layer tarballs here and pushed with the Registry HTTP API v2.
 
-`tb/pybase` is the "hostpy" rootfs of TESTBED-NOTES §5a: static busybox with its applet
+`tb/pybase` is the "hostpy" rootfs: static busybox with its applet
 links, Debian's python3.11 with its stdlib (minus the listed dirs), the ldd closure, and
 a minimal /etc. `tb/engine` adds one layer: the engine stand-in under /opt/engine and a
 `vllm` launcher. No `docker import`: the tar is written with `tarfile` (sorted entries,

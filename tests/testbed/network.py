@@ -2,7 +2,7 @@
 
 Both switches are bridges in namespaces of their own (tb-mgmt, tb-fabric): a bridge in
 the root netns would send bridged frames through the root FORWARD chain when
-br_netfilter is loaded (TESTBED-NOTES pitfall 2). A fabric bridge rather than one veth
+br_netfilter is loaded, where a host dockerd's DROP policy kills ssh. A fabric bridge rather than one veth
 per node pair lets 2 and 3 nodes share one code path, and its per-node port f-<short>
 is the "cable" a test can pull.
 """

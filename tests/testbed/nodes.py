@@ -1,7 +1,8 @@
 """The nodes themselves: init process, node-exec, per-node files, sshd and dockerd.
 
 A node is a `tini` that is PID 1 of its own PID namespace, with its own mount and UTS
-namespaces, living in the node's netns (TESTBED-NOTES step 1b). Inside its mount
+namespaces, living in the node's netns (not `ip netns exec`, whose /sys remount loses the
+cgroup tree dockerd needs). Inside its mount
 namespace it gets the netns's own sysfs (with the host cgroup tree bound back, or dockerd
 finds no devices cgroup), a private /etc/hosts, /dev/shm, /run/containerd and /srv/spark.
 """

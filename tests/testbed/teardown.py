@@ -1,4 +1,5 @@
-"""Ordered teardown (TESTBED-NOTES §4) and the leftover check.
+"""Ordered teardown (containers and dockerd, sshd and registry, node inits, leftovers, then
+network and files) and the leftover check.
 
 Processes are found from the process table (their argv names paths under $TB_ROOT), not
 only from PID files, so a crashed or half-finished run is cleaned up just the same. The

@@ -1,6 +1,6 @@
 """Python API of the testbed: `Testbed(root).up(nodes=2)`, `.exec(...)`, `.link(...)`, `.down()`.
 
-Bring-up order follows TESTBED-NOTES §3, with the independent waits overlapped: the
+Bring-up runs network, node inits, sshd, dockerd, registry, images, with the independent waits overlapped: the
 dockerds boot while the registry starts and the images are built and pushed, and the
 pulls run on all nodes in parallel. `up` always starts with the full teardown, so it is
 idempotent and recovers from a crashed run.

@@ -8,21 +8,26 @@ import threading
 import pytest
 
 from reconciler import apply
-from reconciler.actions import Action
-from reconciler.errors import NodeCommandError
+from reconciler.actions import Action, Guard, Payload, Pull, Step, action
+from reconciler.errors import ApplyError, NodeCommandError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.plan import Plan, plan
 from tests.scenarios import empty_facts, reference_deployment
 
+PAYLOADS: dict[Step, Payload] = {
+    Step.PULL: Pull(ref="img@sha256:1"),
+    Step.START_GUARD: Guard(state_dir="/s", config=None),
+}
 
-def action(component: str, step: str, node: str, *after: str) -> Action:
-    return Action(f"{component}.{step}@{node}", component, "create", node, f"{step} on {node}", "test", after)
+
+def step_on(step: Step, node: str, *after: str) -> Action:
+    return action(step, node, "create", f"{step.name_in_id} on {node}", "test", PAYLOADS[step], after)
 
 
 def test_neighbouring_pulls_on_distinct_nodes_form_one_batch_and_nothing_else_does() -> None:
-    pulls = [action("image", "pull", "a"), action("image", "pull", "b")]
-    guards = [action("memguard", "start", "a"), action("memguard", "start", "b")]
-    again = action("image", "pull", "a")
+    pulls = [step_on(Step.PULL, "a"), step_on(Step.PULL, "b")]
+    guards = [step_on(Step.START_GUARD, "a"), step_on(Step.START_GUARD, "b")]
+    again = step_on(Step.PULL, "a")
     grouped = apply.batches([*pulls, *guards, again])
     assert [[a.id for a in batch] for batch in grouped] == [
         ["image.pull@a", "image.pull@b"],
@@ -33,13 +38,13 @@ def test_neighbouring_pulls_on_distinct_nodes_form_one_batch_and_nothing_else_do
 
 
 def test_a_pull_waiting_for_another_is_not_batched_with_it() -> None:
-    first, second = action("image", "pull", "a"), action("image", "pull", "b", "image.pull@a")
+    first, second = step_on(Step.PULL, "a"), step_on(Step.PULL, "b", "image.pull@a")
     assert len(apply.batches([first, second])) == 2
 
 
 def test_the_fresh_bring_up_pulls_every_node_at_once() -> None:
     actions = plan(reference_deployment(), empty_facts()).actions
-    pulls = [batch for batch in apply.batches(list(actions)) if batch[0].step == "pull"]
+    pulls = [batch for batch in apply.batches(list(actions)) if batch[0].step is Step.PULL]
     assert [[a.node for a in batch] for batch in pulls] == [["spark-head", "spark-worker"]]
 
 
@@ -50,7 +55,7 @@ def run(monkeypatch: pytest.MonkeyPatch, actions: list[Action], executor: object
     the_plan = Plan("dsv41", [], actions)
     try:
         return apply.apply_plan(ctx, the_plan), out.getvalue()
-    except apply.ApplyError as error:
+    except ApplyError as error:
         return error, out.getvalue()
 
 
@@ -61,7 +66,7 @@ def test_batched_pulls_really_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
         both_running.wait()  # raises BrokenBarrierError if the two never run at the same time
         return f"pulled on {act.node}"
 
-    result, out = run(monkeypatch, [action("image", "pull", "a"), action("image", "pull", "b")], pull)
+    result, out = run(monkeypatch, [step_on(Step.PULL, "a"), step_on(Step.PULL, "b")], pull)
     assert isinstance(result, apply.ApplyResult)
     assert [message for _, message, _ in result.done] == ["pulled on a", "pulled on b"]
     assert "[1/2] done in" in out
@@ -77,8 +82,8 @@ def test_a_failed_pull_fails_the_apply_after_the_other_finished(monkeypatch: pyt
         finished.append(act.node)
         return "pulled"
 
-    error, _ = run(monkeypatch, [action("image", "pull", "a"), action("image", "pull", "b")], pull)
-    assert isinstance(error, apply.ApplyError)
+    error, _ = run(monkeypatch, [step_on(Step.PULL, "a"), step_on(Step.PULL, "b")], pull)
+    assert isinstance(error, ApplyError)
     assert error.message == "[1/2] image on a: pull on a: failed: manifest unknown"
     assert error.action.node == "a"
     assert finished == ["b"]

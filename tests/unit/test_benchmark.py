@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from reconciler import benchmark
-from reconciler.apiclient import ApiTarget
-from reconciler.benchrun import BenchError, BenchRun, BenchSettings
 from reconciler.cli import main
+from reconciler.errors import BenchError, StreamError
+from reconciler.verify import benchmark
+from reconciler.verify.apiclient import ApiTarget
+from reconciler.verify.benchrun import BenchRun, BenchSettings
 from tests.unit.test_engine_standin import KEY, MODEL, Launcher, free_port, single_argv, wait_healthy
 
 TOKEN_DELAY_S = 0.02  # the stand-in's seconds per generated token: 50 tok/s per stream
@@ -245,10 +246,10 @@ def test_without_a_usage_chunk_output_chunks_are_counted() -> None:
 
 
 def test_an_error_chunk_or_an_empty_stream_cannot_be_measured() -> None:
-    with pytest.raises(benchmark.StreamError, match="the stream carried an error"):
+    with pytest.raises(StreamError, match="the stream carried an error"):
         benchmark.read_stream(0.0, sse({"error": {"message": "EngineCore died"}}), lambda: 1.0)
     empty = benchmark.read_stream(0.0, sse(delta(role="assistant")), lambda: 1.0)
-    with pytest.raises(benchmark.StreamError, match="no output"):
+    with pytest.raises(StreamError, match="no output"):
         benchmark.decode_stream_record(empty, 0.0)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from reconciler.actions import Step
 from reconciler.facts.files import FileFacts
 from reconciler.facts.node import Facts, load_facts
 from reconciler.plan import Plan, plan
@@ -71,7 +72,7 @@ def test_non_manifest_lfs_files_are_checked_against_the_hubs_sha256() -> None:
 
 def test_deep_verify_plans_a_verify_on_every_node_of_a_converged_deployment() -> None:
     result = plan_of(load_facts(CONVERGED_FACTS), deep_verify=True)
-    verifies = [a for a in result.actions if a.step == "verify"]
+    verifies = [a for a in result.actions if a.step is Step.VERIFY]
     assert [a.node for a in verifies] == [HEAD, WORKER]
     assert all("deep verify" in a.cause for a in verifies)
     assert not any(a.component == "ranks" for a in result.actions)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import subprocess
@@ -10,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from reconciler import cli
 from reconciler.cli import main
+from reconciler.facts.node import load_facts
+from reconciler.plan import plan
 from reconciler.spec import schema_text
-from tests.scenarios import CONVERGED_FACTS, EMPTY_FACTS, FIXTURES, ROOT, SPEC_PATH
+from tests.scenarios import CONVERGED_FACTS, EMPTY_FACTS, FIXTURES, ROOT, SPEC_PATH, reference_deployment, with_serving
 
 THREE_ERRORS = str(FIXTURES / "specs/three-errors.yaml")
 
@@ -152,3 +156,32 @@ def test_schema_check_and_write(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     assert run(capsys, "schema", "--out", str(target))[0] == 0
     assert target.read_text(encoding="utf-8") == schema_text()
     assert run(capsys, "schema", "--out", str(target), "--check")[0] == 0
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("answer", "goes_ahead"), [("yes\n", True), ("y\n", False), ("\n", False)])
+def test_apply_asks_on_a_terminal_before_a_group_restart(
+    monkeypatch: pytest.MonkeyPatch, answer: str, goes_ahead: bool
+) -> None:
+    restart = plan(with_serving(reference_deployment(), kv_bytes=2_000_000_000), load_facts(CONVERGED_FACTS))
+    out = Terminal()
+    monkeypatch.setattr(sys, "stdin", Terminal(answer))
+    monkeypatch.setattr(sys, "stdout", out)
+    assert cli._confirm(restart) is goes_ahead
+    assert "restarts or stops the rank group" in out.getvalue()
+    assert ("nothing was changed" in out.getvalue()) is not goes_ahead
+
+
+def test_apply_asks_nothing_without_a_terminal_or_for_a_harmless_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    restart = plan(with_serving(reference_deployment(), kv_bytes=2_000_000_000), load_facts(CONVERGED_FACTS))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert cli._confirm(restart)
+    monkeypatch.setattr(sys, "stdin", Terminal(""))
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    assert cli._confirm(plan(reference_deployment(), load_facts(CONVERGED_FACTS)))

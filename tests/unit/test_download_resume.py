@@ -50,7 +50,8 @@ def partial_of(model_dir: Path) -> Path | None:
 def start_download(model: Model, model_dir: Path) -> subprocess.Popen[bytes]:
     code = (
         "import sys, json; from reconciler.hub import fetch; from reconciler.spec import Model\n"
-        "fetch(Model.model_validate(json.loads(sys.argv[1])), sys.argv[2], exclude_parts=False, report=print)\n"
+        "model = Model.model_validate(json.loads(sys.argv[1]))\n"
+        "fetch(model, sys.argv[2], commit=model.revision, report=print)\n"
     )
     argv = [sys.executable, "-c", code, model.model_dump_json(), str(model_dir)]
     return subprocess.Popen(argv, cwd=ROOT, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -85,7 +86,7 @@ def test_a_killed_download_resumes_mid_file(hub: StandinHub, tmp_path: Path) -> 
     hub.faults.set_rate(None)
     seen = len(hub.log.entries())
     lines: list[str] = []
-    fetch(model, str(model_dir), exclude_parts=False, report=lines.append)
+    fetch(model, str(model_dir), commit=model.revision, report=lines.append)
     after = [entry for entry in hub.log.entries(seen) if entry["file"] == resumed_path and entry["method"] == "GET"]
     print(f"{resumed_path}: {have} of {size} bytes kept; re-fetched {[e['bytes_sent'] for e in after]}")
     assert [entry["range"] for entry in after] == [f"bytes={have}-"]
@@ -99,7 +100,7 @@ def test_a_killed_download_resumes_mid_file(hub: StandinHub, tmp_path: Path) -> 
 def test_a_partial_for_another_etag_is_discarded_not_appended(hub: StandinHub, tmp_path: Path) -> None:
     model = Model(endpoint=hub.url, revision=hub.info.commit)
     model_dir = tmp_path / "model"
-    fetch(model, str(model_dir), exclude_parts=False, report=print)
+    fetch(model, str(model_dir), commit=model.revision, report=print)
     listing = {item.path: item for item in list_files(model).files}
     shard = listing[SHARD]
     metadata = model_dir / ".cache/huggingface/download" / f"{SHARD}.metadata"
@@ -108,7 +109,7 @@ def test_a_partial_for_another_etag_is_discarded_not_appended(hub: StandinHub, t
     stale = metadata.parent / f"{_short_hash(SHARD + '.metadata')}.{'0' * 64}.abcdef12.incomplete"
     stale.write_bytes(b"x" * 1000)
     seen = len(hub.log.entries())
-    fetch(model, str(model_dir), exclude_parts=False, report=print)
+    fetch(model, str(model_dir), commit=model.revision, report=print)
     gets = [e for e in hub.log.entries(seen) if e["file"] == SHARD and e["method"] == "GET"]
     assert [entry["range"] for entry in gets] == [None]
     assert not stale.exists()

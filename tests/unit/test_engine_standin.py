@@ -1,6 +1,5 @@
 """The vLLM stand-in (tests/testbed/engine) as real processes on loopback: argv, rank coupling,
-the failure semantics measured on real vLLM (REFERENCE §5) and the API's observable behaviour
-(REFERENCE §2.2, §2.3, §11)."""
+the failure semantics measured on real vLLM and the API's observable behaviour."""
 
 from __future__ import annotations
 
@@ -268,7 +267,7 @@ def test_both_ranks_accept_the_rendered_argv(group: Group) -> None:
     assert f"Uvicorn running on http://127.0.0.1:{group.port}" in group.rank0.log
 
 
-# --- rank coupling and failure semantics (REFERENCE §5) -----------------------------------------
+# --- rank coupling and failure semantics ----------------------------------------------------
 
 
 def test_rank0_listens_only_after_every_rank_joined(launcher: Launcher) -> None:
@@ -384,7 +383,7 @@ def test_the_hold_fault_makes_memory_resident(launcher: Launcher) -> None:
     assert resident_kib >= 64 * 1024
 
 
-# --- API (REFERENCE §2.2, §2.3, §11, §1.7) -------------------------------------------------------
+# --- API -------------------------------------------------------------------------------------
 
 
 def test_v1_needs_the_key_and_the_open_routes_do_not(group: Group) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.components.ranks import node_contexts
+from reconciler.components.fabric import node_contexts
 from reconciler.facts.fabric import (
     FabricFacts,
     RdmaPort,

@@ -14,7 +14,7 @@ def test_liveness_sees_a_dead_rank1_that_health_hides(launcher: Launcher) -> Non
     assert liveness_problem(deployment, "not-the-key") == "GET /v1/models answered 401"
     group.rank1.proc.kill()
     group.rank1.proc.wait(timeout=10)
-    assert health_code(deployment) == 200  # the lie, as real vLLM tells it (REFERENCE §5)
+    assert health_code(deployment) == 200  # the lie, as real vLLM tells it
     assert liveness_problem(deployment, KEY) == "POST /v1/completions answered 500"
 
 

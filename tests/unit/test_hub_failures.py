@@ -19,8 +19,9 @@ import pytest
 from huggingface_hub.utils import _http as hf_http
 
 from reconciler import hub
+from reconciler.errors import HubError
 from reconciler.facts.gather import with_hub_listing
-from reconciler.hub import HubError, list_files, translate
+from reconciler.hub import list_files, translate
 from reconciler.plan import plan, render_text
 from reconciler.spec import Model
 from tests.scenarios import converged_facts, empty_facts, reference_deployment, with_node

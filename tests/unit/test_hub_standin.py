@@ -2,7 +2,7 @@
 
 The stand-in is only useful if the real client cannot tell it from the Hub for what we use, so every
 download here goes through `snapshot_download`/`hf_hub_download`/`HfApi`, and the stand-in's request log
-proves which requests and bytes travelled (REFERENCE.md §6). Servers listen on 127.0.0.1 only.
+proves which requests and bytes travelled. Servers listen on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ def test_verify_repo_checksums_after_download_and_after_a_flipped_byte(hub: Stan
     (local / shard_name(5)).write_bytes(b"reassembled")
     flipped = api.verify_repo_checksums(info.repo_id, local_dir=local, revision=info.commit)
     assert [(m["path"], m["algorithm"]) for m in flipped.mismatches] == [(part.name, "sha256")]
-    assert flipped.extra_paths == [shard_name(5)], "a reassembled shard is not in the repo (REFERENCE §6.4)"
+    assert flipped.extra_paths == [shard_name(5)], "a reassembled shard is not in the repo"
 
 
 # --- errors and tokens --------------------------------------------------------------------------------------
@@ -353,7 +353,7 @@ def test_cut_fault_ends_a_plain_get_early(hub: StandinHub, control: StandinContr
 
 
 def test_real_client_resumes_in_process_with_range_after_a_cut(built_big: RepoInfo, tmp_path: Path) -> None:
-    """2.4.0 retries a cut body in-process from the last whole 10 MiB chunk it wrote (REFERENCE §6.2)."""
+    """2.4.0 retries a cut body in-process from the last whole 10 MiB chunk it wrote."""
     hub = _serve(built_big)
     try:
         part = next(f for f in built_big.files if f.path == f"{shard_name(5)}.part00")

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from reconciler import jsonc
+from reconciler.errors import JsoncError
+from reconciler.pi import jsonc
 
 PI_LIKE = """{
   // providers for pi; docs at https://example.com//pi (a comment with a URL)
@@ -62,7 +63,7 @@ def test_duplicate_keys_keep_the_last_like_json_parse() -> None:
     ],
 )
 def test_errors_name_the_line(text: str, line: int, message: str) -> None:
-    with pytest.raises(jsonc.JsoncError) as caught:
+    with pytest.raises(JsoncError) as caught:
         jsonc.loads(text)
     assert caught.value.line == line
     assert message in caught.value.message
@@ -188,7 +189,7 @@ def test_a_byte_order_mark_is_skipped_and_kept_like_pi_1_6() -> None:
     added = jsonc.set_member(text, ["providers"], "b", 2)
     assert added.startswith("\ufeff{\n")
     assert jsonc.remove_member(added, ["providers"], "b") == text
-    with pytest.raises(jsonc.JsoncError) as caught:
+    with pytest.raises(JsoncError) as caught:
         jsonc.loads("\ufeff{,}")
     assert (caught.value.line, caught.value.column) == (1, 2)
 
@@ -202,7 +203,7 @@ def test_a_byte_order_mark_is_skipped_and_kept_like_pi_1_6() -> None:
     ],
 )
 def test_input_past_pythons_limits_is_a_located_error(text: str, line: int, message: str) -> None:
-    with pytest.raises(jsonc.JsoncError) as caught:
+    with pytest.raises(JsoncError) as caught:
         jsonc.loads(text)
     assert caught.value.line == line
     assert message in caught.value.message

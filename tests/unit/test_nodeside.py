@@ -88,7 +88,7 @@ def test_probe_reports_files_plan_key_and_a_docker_error(tmp_path: Path, monkeyp
     assert "docker" in facts.error
     raw["docker"] = {"containers": [], "images": ["img@sha256:1"]}
     facts = node_facts_from_probe(deployment.head.model_copy(update={"model_dir": str(model)}), raw)
-    assert facts.checkpoint.plan_staged
+    assert facts.checkpoint.staged_plan == rewrite_exl3_plan(facts.checkpoint.exl3_plan or "")
     assert facts.api_key is not None
     assert (facts.api_key.present, facts.api_key.empty, facts.api_key.mode) == (True, False, 0o644)
     assert facts.images == ["img@sha256:1"]

@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import piagent, picfg
 from reconciler.apply import executor_for
 from reconciler.cli import main
 from reconciler.components.pi import desired_target, differences, plan_pi
+from reconciler.errors import PiInstallError
 from reconciler.execution import ApplyContext
 from reconciler.facts.node import Facts
 from reconciler.facts.pi import REDACTED, gather_pi, locate_pi, pi_facts_from_files
+from reconciler.pi import agent as pi_agent
+from reconciler.pi import config as pi_config
 from reconciler.plan import plan
 from reconciler.spec import Deployment
 from tests.scenarios import SPEC_PATH, empty_facts, reference_deployment, with_serving
@@ -70,14 +72,14 @@ def test_pi_on_path_is_found_with_its_package(agent: Path) -> None:
 
 def test_facts_never_hold_a_secret() -> None:
     entry = {"apiKey": "sk-live-secret", "headers": {"x-token": "t0ken"}, "models": [{"headers": {"a": "b"}}]}
-    files = picfg.PiFiles("/d", {picfg.MODELS: json.dumps({"providers": {PROVIDER: entry}})})
+    files = pi_config.PiFiles("/d", {pi_config.MODELS: json.dumps({"providers": {PROVIDER: entry}})})
     observed = pi_facts_from_files(files, PROVIDER)
     assert observed.provider == {
         "apiKey": REDACTED,
         "headers": {"x-token": REDACTED},
         "models": [{"headers": {"a": REDACTED}}],
     }
-    ours = picfg.PiFiles("/d", {picfg.MODELS: json.dumps({"providers": {PROVIDER: {"apiKey": "!printenv K"}}})})
+    ours = pi_config.PiFiles("/d", {pi_config.MODELS: json.dumps({"providers": {PROVIDER: {"apiKey": "!printenv K"}}})})
     assert pi_facts_from_files(ours, PROVIDER).provider == {"apiKey": "!printenv K"}
 
 
@@ -156,8 +158,8 @@ def test_apply_keeps_the_key_variable_the_last_install_chose(agent: Path) -> Non
     chosen = desired_target(deployment, {"key_env": "SPARK_KEY"})
     assert chosen.key_env == "SPARK_KEY"
     assert desired_target(deployment, {"key_env": "bad name"}).key_env == "DSV41_API_KEY"
-    changes = picfg.install_changes(picfg.read_files(agent, PROVIDER), chosen)
-    picfg.write_changes(agent, changes, PROVIDER)
+    changes = pi_config.install_changes(pi_config.read_files(agent, PROVIDER), chosen)
+    pi_config.write_changes(agent, changes, PROVIDER)
     facts = facts_with_pi()
     assert facts.pi is not None
     assert differences(facts.pi, desired_target(deployment, facts.pi.manifest)) == []
@@ -264,13 +266,13 @@ def test_status_without_pi(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     ],
 )
 def test_the_package_follows_the_node_version(node: str, package: str) -> None:
-    chosen, notes = piagent.choose_package(piagent.parse_node_version(node))
+    chosen, notes = pi_agent.choose_package(pi_agent.parse_node_version(node))
     assert chosen.spec == package
     assert bool(notes) == package.startswith("@mariozechner")
 
 
 @pytest.mark.parametrize("node", [None, "v18.19.0", "v20.5.1"])
 def test_no_node_or_an_old_one_is_refused_with_what_to_do(node: str | None) -> None:
-    with pytest.raises(piagent.PiInstallError) as caught:
-        piagent.choose_package(piagent.parse_node_version(node) if node else None)
+    with pytest.raises(PiInstallError) as caught:
+        pi_agent.choose_package(pi_agent.parse_node_version(node) if node else None)
     assert "Node.js 22.19" in caught.value.hint

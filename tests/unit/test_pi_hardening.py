@@ -13,10 +13,13 @@ from types import FrameType
 
 import pytest
 
-from reconciler import jsonc, piagent, picfg
+from reconciler.errors import PiConfigError
 from reconciler.facts.pi import gather_pi, package_of
-from reconciler.picfg import MODELS, SETTINGS
-from tests.unit.test_picfg import EXISTING_MODELS, EXISTING_SETTINGS, PROVIDER, REF, target
+from reconciler.pi import agent as pi_agent
+from reconciler.pi import config as pi_config
+from reconciler.pi import jsonc
+from reconciler.pi.config import MODELS, SETTINGS
+from tests.unit.test_pi_config import EXISTING_MODELS, EXISTING_SETTINGS, PROVIDER, REF, target
 
 CRLF_MODELS = EXISTING_MODELS.replace("\n", "\r\n").encode()
 CRLF_SETTINGS = EXISTING_SETTINGS.replace("\n", "\r\n").encode()
@@ -37,13 +40,13 @@ def snapshot(root: Path) -> dict[str, bytes | str]:
 
 
 def install_into(directory: Path, set_default: bool = False) -> list[str]:
-    changes = picfg.install_changes(picfg.read_files(directory, PROVIDER), target(set_default=set_default))
-    return picfg.write_changes(directory, changes, PROVIDER, stamp="20261129-210000")
+    changes = pi_config.install_changes(pi_config.read_files(directory, PROVIDER), target(set_default=set_default))
+    return pi_config.write_changes(directory, changes, PROVIDER, stamp="20261129-210000")
 
 
 def uninstall_from(directory: Path) -> None:
-    changes = picfg.uninstall_changes(picfg.read_files(directory, PROVIDER), PROVIDER)
-    picfg.write_changes(directory, changes, PROVIDER, stamp="20261129-220000")
+    changes = pi_config.uninstall_changes(pi_config.read_files(directory, PROVIDER), PROVIDER)
+    pi_config.write_changes(directory, changes, PROVIDER, stamp="20261129-220000")
 
 
 def inserted(before: bytes, after: bytes) -> bytes:
@@ -102,7 +105,7 @@ def test_a_crlf_models_json_stays_crlf_byte_for_byte_outside_our_entry(tmp_path:
     added = inserted(CRLF_MODELS, after)
     assert f'"{PROVIDER}"'.encode() in added
     assert bare_lf(after) == 0
-    assert jsonc.loads(after.decode())["providers"][PROVIDER] == picfg.provider_entry(target())
+    assert jsonc.loads(after.decode())["providers"][PROVIDER] == pi_config.provider_entry(target())
     uninstall_from(tmp_path)
     assert (tmp_path / MODELS).read_bytes() == CRLF_MODELS
 
@@ -144,7 +147,7 @@ def test_a_symlink_into_a_read_only_directory_is_refused_before_anything_is_writ
     (agent / MODELS).symlink_to(dotfiles / MODELS)
     read_only_dirs(dotfiles)
     before = snapshot(tmp_path)
-    with pytest.raises(picfg.PiConfigError) as caught:
+    with pytest.raises(PiConfigError) as caught:
         install_into(agent)
     assert f"directory {dotfiles} is not writable" in caught.value.message
     assert "Nothing was written" in caught.value.hint
@@ -166,7 +169,7 @@ def test_a_read_only_target_is_refused_before_anything_is_written(
         read_only_dirs(locked)
         expected = f"directory {locked} is not writable"
     before = snapshot(tmp_path)
-    with pytest.raises(picfg.PiConfigError) as caught:
+    with pytest.raises(PiConfigError) as caught:
         install_into(tmp_path)
     assert expected in caught.value.message
     assert snapshot(tmp_path) == before
@@ -179,12 +182,12 @@ def test_pi_install_checks_the_config_before_installing_pi(
     monkeypatch.setenv("PI_CODING_AGENT_DIR", str(tmp_path))
     read_only_dirs(tmp_path)
 
-    def no_npm() -> piagent.PiAgent:
+    def no_npm() -> pi_agent.PiAgent:
         raise AssertionError("Pi was installed although the config cannot be written")
 
-    monkeypatch.setattr(piagent, "ensure_pi", no_npm)
-    with pytest.raises(picfg.PiConfigError, match="is not writable"):
-        piagent.install(target())
+    monkeypatch.setattr(pi_agent, "ensure_pi", no_npm)
+    with pytest.raises(PiConfigError, match="is not writable"):
+        pi_agent.install(target())
     assert snapshot(tmp_path) == {}
 
 
@@ -203,7 +206,7 @@ def test_a_symlink_to_a_writable_file_is_written_through_and_kept(tmp_path: Path
 def test_a_dangling_symlink_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
     (tmp_path / MODELS).symlink_to(tmp_path / "gone.json")
     before = snapshot(tmp_path)
-    with pytest.raises(picfg.PiConfigError) as caught:
+    with pytest.raises(PiConfigError) as caught:
         install_into(tmp_path)
     assert f"{tmp_path / MODELS} is a symbolic link to {str(tmp_path / 'gone.json')!r}" in caught.value.message
     assert snapshot(tmp_path) == before
@@ -212,11 +215,11 @@ def test_a_dangling_symlink_is_refused_and_nothing_is_written(tmp_path: Path) ->
 def test_a_link_that_dangles_by_write_time_is_refused_by_the_check(tmp_path: Path) -> None:
     (tmp_path / "real.json").write_text(EXISTING_MODELS, encoding="utf-8")
     (tmp_path / MODELS).symlink_to(tmp_path / "real.json")
-    changes = picfg.install_changes(picfg.read_files(tmp_path, PROVIDER), target())
+    changes = pi_config.install_changes(pi_config.read_files(tmp_path, PROVIDER), target())
     (tmp_path / "real.json").unlink()
     before = snapshot(tmp_path)
-    with pytest.raises(picfg.PiConfigError, match="leads nowhere"):
-        picfg.write_changes(tmp_path, changes, PROVIDER)
+    with pytest.raises(PiConfigError, match="leads nowhere"):
+        pi_config.write_changes(tmp_path, changes, PROVIDER)
     assert snapshot(tmp_path) == before
 
 
@@ -224,20 +227,20 @@ def test_a_dangling_extensions_link_is_refused_by_the_check(tmp_path: Path) -> N
     (tmp_path / MODELS).write_text(EXISTING_MODELS, encoding="utf-8")
     (tmp_path / "extensions").symlink_to(tmp_path / "gone")
     before = snapshot(tmp_path)
-    with pytest.raises(picfg.PiConfigError, match="leads nowhere"):
+    with pytest.raises(PiConfigError, match="leads nowhere"):
         install_into(tmp_path)
     assert snapshot(tmp_path) == before
 
 
 def test_uninstall_removes_a_symlinked_extension_link_not_the_file_it_points_to(tmp_path: Path) -> None:
     install_into(tmp_path)
-    extension = tmp_path / picfg.extension_file(PROVIDER)
+    extension = tmp_path / pi_config.extension_file(PROVIDER)
     kept = tmp_path / "dotfiles.ts"
     extension.rename(kept)
     extension.symlink_to(kept)
     uninstall_from(tmp_path)
     assert not os.path.lexists(extension)
-    assert kept.read_text(encoding="utf-8") == picfg.extension_text(PROVIDER, picfg.DEFAULT_KEY_ENV)
+    assert kept.read_text(encoding="utf-8") == pi_config.extension_text(PROVIDER, pi_config.DEFAULT_KEY_ENV)
 
 
 def test_a_write_failing_after_the_check_is_an_error_not_a_traceback(
@@ -247,8 +250,8 @@ def test_a_write_failing_after_the_check_is_an_error_not_a_traceback(
         del text
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(picfg, "_atomic_write", full)
-    with pytest.raises(picfg.PiConfigError, match="No space left on device") as caught:
+    monkeypatch.setattr(pi_config, "_atomic_write", full)
+    with pytest.raises(PiConfigError, match="No space left on device") as caught:
         install_into(tmp_path)
     assert "every file is whole" in caught.value.hint
 
@@ -262,7 +265,7 @@ def _fifo(path: Path) -> None:
 
 def _huge(path: Path) -> None:
     with path.open("wb") as out:
-        out.truncate(picfg.MAX_FILE_BYTES + 1)  # sparse: size without the disk
+        out.truncate(pi_config.MAX_FILE_BYTES + 1)  # sparse: size without the disk
 
 
 ODD_FILES: dict[str, tuple[Callable[[Path], object], str]] = {
@@ -270,7 +273,7 @@ ODD_FILES: dict[str, tuple[Callable[[Path], object], str]] = {
     "a NUL byte": (lambda p: p.write_bytes(b'{\n  "a": 1\x00\n}\n'), ":2:9: a NUL byte"),
     "a directory": (lambda p: p.mkdir(), " is a directory, not a file"),
     "a FIFO": (_fifo, " is a FIFO (named pipe), not a file"),
-    "huge": (_huge, f" is larger than {picfg.MAX_FILE_BYTES // 2**20} MiB"),
+    "huge": (_huge, f" is larger than {pi_config.MAX_FILE_BYTES // 2**20} MiB"),
     "deeply nested": (lambda p: p.write_text('{"a": ' + "[" * 10000 + "]" * 10000 + "}"), ":1:"),
     "a huge integer": (lambda p: p.write_text('{\n  "a": ' + "1" * 5000 + "\n}"), ":2:8: an integer of 5000 digits"),
 }
@@ -297,7 +300,7 @@ def test_an_odd_file_is_a_located_error_and_nothing_is_written(tmp_path: Path, n
     make, where = ODD_FILES[kind]
     make(tmp_path / name)
     before = snapshot(tmp_path)
-    with pytest.raises(picfg.PiConfigError) as caught:
+    with pytest.raises(PiConfigError) as caught:
         install_into(tmp_path)
     assert f"{tmp_path / name}{where}" in caught.value.message
     assert "nothing was written" in caught.value.hint
@@ -323,8 +326,8 @@ def test_facts_turn_a_dangling_symlink_into_an_error(tmp_path: Path, monkeypatch
 
 def test_a_pi_dir_under_an_unknown_users_home_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PI_CODING_AGENT_DIR", "~no-such-user-here/pi")
-    with pytest.raises(picfg.PiConfigError, match="names no home directory"):
-        picfg.agent_dir()
+    with pytest.raises(PiConfigError, match="names no home directory"):
+        pi_config.agent_dir()
     facts = gather_pi(PROVIDER)
     assert facts.directory == "~no-such-user-here/pi"
     assert "names no home directory" in (facts.error or "")

@@ -17,16 +17,17 @@ from pathlib import Path
 import pytest
 
 from reconciler import cli, hub, redact
-from reconciler.apiclient import read_key_file
 from reconciler.components.apikey import read_key
-from reconciler.errors import ReconcilerError
+from reconciler.errors import ReconcilerError, SecretError
 from reconciler.execution import ApplyContext
 from reconciler.facts.node import Facts, NodeFacts
 from reconciler.health import probe_liveness
-from reconciler.loop import Loop, status_path
-from reconciler.redact import RedactingStream, SecretError, checked_secret
+from reconciler.loop import Loop
+from reconciler.loopstatus import status_path
+from reconciler.redact import RedactingStream, checked_secret
 from reconciler.spec import Model, load_spec
 from reconciler.transport.local import LocalTransport
+from reconciler.verify.apiclient import read_key_file
 
 SECRET = "hf_Zq8rW3tY6uI9oP2aS5dF7gH1jK4lM0nB"
 
@@ -243,7 +244,7 @@ def test_a_probe_that_raises_counts_as_a_failed_probe_and_the_thread_lives(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     loop = Loop(str(write_spec(tmp_path, "loop: {liveness_s: 1, failure_threshold: 2}\n")))
-    loop.serving = True
+    loop.logic.serving = True
 
     def explode() -> str | None:
         raise UnicodeEncodeError("ascii", "ключ", 0, 1, "ordinal not in range(128)")
@@ -252,11 +253,11 @@ def test_a_probe_that_raises_counts_as_a_failed_probe_and_the_thread_lives(
     thread = threading.Thread(target=loop._probe, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
-    while loop.liveness.failures < 2 and time.monotonic() < deadline:
+    while loop.logic.liveness.failures < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     loop.stopping.set()
-    assert loop.liveness.failures >= 2
-    assert "the probe itself failed: UnicodeEncodeError" in loop.liveness.detail
+    assert loop.logic.liveness.failures >= 2
+    assert "the probe itself failed: UnicodeEncodeError" in loop.logic.liveness.detail
     assert "liveness probe failed" in loop.triggers.wait(0.1)
     thread.join(timeout=5)
     assert "liveness probe failed (2x)" in capsys.readouterr().err

@@ -23,7 +23,7 @@ from reconciler.errors import ReconcilerError, SpecError
 from reconciler.service import UNIT_NAME, UnitSettings, install, render_unit, settings_for
 from tests.scenarios import ROOT, SPEC_PATH
 
-# The repository copy keeps the name; systemd installs it as UNIT_NAME.
+# The repository copy is named reconciler.service; systemd installs it as UNIT_NAME.
 EXAMPLE_PATH = ROOT / "systemd" / "reconciler.service"
 EXAMPLE = UnitSettings(
     executable="/home/nvidia/spark-reconciler/.venv/bin/reconciler",

@@ -17,14 +17,17 @@ from typing import Any
 
 import pytest
 
-from reconciler import smoke
-from reconciler.apiclient import ApiTarget
+from reconciler import commands
+from reconciler.actions import Step
 from reconciler.cli import main
 from reconciler.components import ranks
+from reconciler.errors import CheckFailedError, SmokeFailedError
 from reconciler.execution import ApplyContext
 from reconciler.plan import plan
-from reconciler.smoke import CheckFailedError, SmokeFailedError, run_smoke
 from reconciler.spec import Deployment
+from reconciler.verify import smoke
+from reconciler.verify.apiclient import ApiTarget
+from reconciler.verify.smoke import run_smoke
 from tests.scenarios import empty_facts, reference_deployment, with_serving
 from tests.unit.test_engine_standin import (
     KEY,
@@ -457,15 +460,16 @@ def test_the_smoke_step_follows_the_spec_switch() -> None:
 
 
 def executor_context(group: Group, monkeypatch: pytest.MonkeyPatch, **serving: object) -> ApplyContext:
-    monkeypatch.setattr(ranks, "read_key", lambda _ctx: KEY)
+    """The context a converge hands the rank component: the post-start smoke is passed in."""
+    monkeypatch.setattr(commands, "read_key", lambda _ctx: KEY)
     deployment = with_serving(reference_deployment(), port=group.port, **serving)
-    return ApplyContext(deployment, empty_facts(), {})
+    return ApplyContext(deployment, empty_facts(), {}, smoke=commands.smoke_after_start)
 
 
 def test_the_smoke_executor_passes_on_a_working_group(group: Group, monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = executor_context(group, monkeypatch)
     action = plan(ctx.deployment, empty_facts()).actions[-1]
-    assert ranks.EXECUTORS["smoke"](ctx, action) == f"7/7 checks passed against {group.url} (model {MODEL})"
+    assert ranks.EXECUTORS[Step.SMOKE](ctx, action) == f"7/7 checks passed against {group.url} (model {MODEL})"
 
 
 def test_the_smoke_executor_fails_the_apply_with_the_failing_checks(
@@ -474,7 +478,7 @@ def test_the_smoke_executor_fails_the_apply_with_the_failing_checks(
     ctx = executor_context(group, monkeypatch, served_model_name="other-model")
     action = plan(ctx.deployment, empty_facts()).actions[-1]
     with pytest.raises(SmokeFailedError) as failed:
-        ranks.EXECUTORS["smoke"](ctx, action)
+        ranks.EXECUTORS[Step.SMOKE](ctx, action)
     assert failed.value.message.startswith(f"smoke failed: models: lists {MODEL}, not other-model; stream: ")
     assert "startup.smoke: protocol" in failed.value.hint
     assert KEY not in failed.value.message
@@ -488,11 +492,13 @@ def test_a_hanging_engine_fails_the_smoke_step_within_its_timeout(
         return wrong_answers(method, path, body)
 
     port = int(serve(hang).rsplit(":", 1)[1])
-    monkeypatch.setattr(ranks, "read_key", lambda _ctx: KEY)
+    monkeypatch.setattr(commands, "read_key", lambda _ctx: KEY)
     deployment = with_serving(smoke_setting("protocol"), port=port)
     startup = deployment.startup.model_copy(update={"smoke_timeout_s": 1})
-    ctx = ApplyContext(deployment.model_copy(update={"startup": startup}), empty_facts(), {})
+    ctx = ApplyContext(
+        deployment.model_copy(update={"startup": startup}), empty_facts(), {}, smoke=commands.smoke_after_start
+    )
     with pytest.raises(SmokeFailedError) as failed:
-        ranks.EXECUTORS["smoke"](ctx, plan(ctx.deployment, empty_facts()).actions[-1])
+        ranks.EXECUTORS[Step.SMOKE](ctx, plan(ctx.deployment, empty_facts()).actions[-1])
     # Each check gave up after the spec's 1 s, not after the answer (3 s) or the reference's 3600 s.
     assert failed.value.message.count("ReadTimeout") == 3, failed.value.message

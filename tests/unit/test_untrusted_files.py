@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from reconciler import spec, yamlpos
-from reconciler.errors import FactsError, SpecError, SpecProblem
+from reconciler.errors import FactsError, SpecError, SpecProblem, YamlError
 from reconciler.facts import node as facts_node
 from reconciler.facts.node import load_facts
 from reconciler.spec import load_spec, parse_spec
@@ -358,13 +358,13 @@ def test_deep_nesting_is_refused_before_anything_recurses(text: str) -> None:
 def test_nesting_up_to_the_limit_is_loaded() -> None:
     depth = yamlpos.MAX_DEPTH
     assert load_located("[" * depth + "]" * depth).data is not None
-    with pytest.raises(yamlpos.YamlError):
+    with pytest.raises(YamlError):
         load_located("[" * (depth + 1) + "]" * (depth + 1))
 
 
 def test_more_values_than_the_budget_are_refused() -> None:
     text = "[" + ", ".join(["1"] * yamlpos.MAX_NODES) + "]\n"
-    with pytest.raises(yamlpos.YamlError) as caught:
+    with pytest.raises(YamlError) as caught:
         load_located(text)
     assert f"more than {yamlpos.MAX_NODES}" in caught.value.message
 

@@ -6,17 +6,17 @@ copied to /opt/engine/ and `/usr/local/bin/vllm` does
 `from engine import main; raise SystemExit(main(sys.argv[1:]))`, so the container starts exactly
 as reconciler/serving.py renders it (`vllm serve /model ...`). Python 3.11 standard library only.
 
-What it imitates, from shared/REFERENCE.md:
-- §1.2, §2.1: the argv both ranks get, the custom image's flags included (`--engram-config`,
+What it imitates:
+- The argv both ranks get, the custom image's flags included (`--engram-config`,
   `--swa-block-size`, `--linear-backend`, ...). Unknown flags exit 2 with an argparse error and
   JSON-valued flags must hold JSON, so a regression in the renderer fails tests. A missing model
   path exits 1 with vLLM's error.
-- §2.1, §11 (multi-node): rank 0 (`--node-rank 0`) listens on exactly `--master-addr:--master-port`;
+- Multi-node serving: rank 0 (`--node-rank 0`) listens on exactly `--master-addr:--master-port`;
   headless ranks (`--headless --node-rank k`) connect there (retrying until rank 0 exists), say
   hello and send heartbeats. Rank 0 opens its HTTP port only once every rank joined and
   ENGINE_STARTUP_DELAY_S passed; before that nothing listens on `--host:--port`. Every generated
   token is a real round trip: rank 0 sends a step to each peer and waits for every ack.
-- §5 (failure modes measured on real vLLM 0.32, TP=2 over two hosts):
+- The failure modes measured on real vLLM 0.32, TP=2 over two hosts:
   * a peer's connection closes: /health stays 200 until the next completion request, which gets
     HTTP 500 (EngineDeadError); rank 0 logs EngineDeadError and exits with code 0 about 1 s later;
   * a peer goes silent (link cut, SIGSTOP): requests hang while /health stays 200; after
@@ -25,13 +25,13 @@ What it imitates, from shared/REFERENCE.md:
     waits for ranks that never come and never opens its HTTP port;
   * SIGTERM: "Shutting down", then ENGINE_SHUTDOWN_S (default 12, above Docker's 10 s grace)
     before exit 0.
-- §2.2, §2.3, §11 (OpenAI server behaviour measured on vLLM 0.32): /v1 (and /v2, /inference)
+- The OpenAI server's behaviour measured on vLLM 0.32: /v1 (and /v2, /inference)
   need `Authorization: Bearer <key>` when a key is set, else 401 `{"error":"Unauthorized"}`;
   /health /ping /version /metrics /load /tokenize are open. OpenAI shapes for /v1/models,
   /v1/chat/completions and /v1/completions, vLLM's 400/404/500 errors, truncation with
   finish_reason "length", SSE streams with the final usage chunk, tool-call finish reasons
   ("tool_calls" for auto/required, "stop" for a named tool_choice).
-- §1.7: canned answers that pass the reference smoke test: "What is 17 * 23?" answers "391";
+- Canned answers that pass the reference smoke test: "What is 17 * 23?" answers "391";
   with tools, a call of the first (or the named) tool whose arguments come from the parameter
   names (`city` = the capitalised word after " in " of the last user message, e.g. "Warsaw");
   a PNG data URL is decoded (8-bit grey/RGB/RGBA, non-interlaced) and the answer names the
@@ -127,7 +127,7 @@ MAX_PNG_PIXELS = 4_000_000
 REASONING = "Let me think."
 FALLBACK_ANSWER = "Hello! I am the vLLM test stand-in; no model ran."
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
-KEYED_PREFIXES = ("/v1", "/v2", "/inference")  # what --api-key protects (REFERENCE §2.2)
+KEYED_PREFIXES = ("/v1", "/v2", "/inference")  # what --api-key protects
 FAULT_KEYS = ("ENGINE_FAULT_EXIT_AFTER_S", "ENGINE_FAULT_HANG", "ENGINE_FAULT_HOLD_MIB")
 MIB = 1024 * 1024
 PAGE = 4096
@@ -681,7 +681,7 @@ class Master:
         complete = False
         with self._cond:
             if problem is None and self.formed.is_set():
-                # torch.distributed cannot take a restarted rank into a running group (REFERENCE §5).
+                # torch.distributed cannot take a restarted rank into a running group.
                 problem = "the group already formed; a restarted rank cannot rejoin it"
             elif problem is None and rank in self._peers:
                 problem = f"rank {rank} already joined"
@@ -717,7 +717,7 @@ class Master:
                     self._cond.notify_all()
 
     def _lose(self, rank: int) -> None:
-        # Like gloo/NCCL, nothing notices a dead peer until the next collective (REFERENCE §5):
+        # Like gloo/NCCL, nothing notices a dead peer until the next collective:
         # record it quietly; the next step fails.
         with self._cond:
             early = not self.formed.is_set()
@@ -875,7 +875,7 @@ class Engine:
 
     def step(self) -> None:
         """One step (prefill or one token); raises EngineDeadError once the engine died."""
-        while self._faults.hang:  # API alive, engine dead (REFERENCE §5): hang, answer nothing
+        while self._faults.hang:  # API alive, engine dead: hang, answer nothing
             time.sleep(0.05)
         if self.dead:
             raise EngineDeadError(ENGINE_DEAD_MESSAGE)
@@ -1303,7 +1303,7 @@ def load_image(url: str) -> bytes:
     if match is None:
         if url.startswith("data:"):
             raise bad_request("Only base64 data URLs are supported for images.", "messages")
-        # The stand-in never fetches; vLLM answers 500 when an image URL is unreachable (REFERENCE §2.3).
+        # The stand-in never fetches; vLLM answers 500 when an image URL is unreachable.
         raise ApiError(
             HTTPStatus.INTERNAL_SERVER_ERROR,
             f"Cannot connect to host for image URL {url[:200]!r} (the stand-in never fetches URLs).",
@@ -1466,7 +1466,7 @@ class Generation:
 
 
 class Api:
-    """The OpenAI-compatible routes of vLLM's API server (REFERENCE §2.2, §2.3, §11)."""
+    """The OpenAI-compatible routes of vLLM's API server, as measured on vLLM 0.32."""
 
     def __init__(self, cfg: Config, engine: Engine) -> None:
         self.cfg = cfg
@@ -1492,7 +1492,7 @@ class Api:
         return hmac.compare_digest((header or "").encode(), expected)
 
     def health(self, _body: bytes) -> Reply:
-        # Liveness of the API process only: a dead peer is not noticed here (REFERENCE §5).
+        # Liveness of the API process only: a dead peer is not noticed here.
         return Reply(HTTPStatus.SERVICE_UNAVAILABLE if self.engine.dead else HTTPStatus.OK, content_type=None)
 
     def version(self, _body: bytes) -> Reply:
@@ -1588,7 +1588,7 @@ class Api:
         return bool(request.get("stream")), asked or self.cfg.force_include_usage
 
     def _room(self, prompt_tokens: int, max_tokens: int | None) -> int:
-        """Tokens the answer may use; a prompt alone over the context is an error (REFERENCE §2.3)."""
+        """Tokens the answer may use; a prompt alone over the context is an error."""
         limit = self.cfg.max_model_len
         if prompt_tokens > limit:
             # vLLM tokenizes at most max_model_len + 1 tokens of an over-long prompt, hence "at least".
@@ -1888,7 +1888,7 @@ def ending(life: Lifecycle, cfg: Config, server: ApiServer | None) -> int:
         server.server_close()
     LOG.uvicorn("Waiting for application shutdown.")
     if life.terminated:
-        # Measured: vLLM needs more than Docker's default 10 s to stop (REFERENCE §5).
+        # Measured: vLLM needs more than Docker's default 10 s to stop.
         time.sleep(cfg.settings.shutdown_s)
     LOG.uvicorn("Application shutdown complete.")
     LOG.uvicorn(f"Finished server process [{os.getpid()}]")

@@ -1,13 +1,13 @@
 """Build a small checkpoint shaped like `0xSero/DeepSeek-V4.1-Flash-Spark`, for the stand-in Hub to serve.
 
 TEST STAND-IN, not part of the product: the weights are deterministic pseudo-random bytes, not a model.
-The *shape* follows REFERENCE.md §1.6 and §1.4 (preflight, plan rewrite):
+The *shape* follows the real repo and what the reference download and launcher expect of it:
 
 - `config.json`, `model.safetensors.index.json` whose `weight_map` names six shards
   `model-0000N-of-00006.safetensors`; every shard is a valid safetensors file
   (8-byte little-endian header length, JSON header, data);
 - shards 5 and 6 exist in the repo *only* as `…safetensors.partNN` pieces (the real repo splits them because
-  of the Hub's per-file limit, §6.5); concatenating the parts gives the native shard;
+  of the Hub's 50 GB per-file limit); concatenating the parts gives the native shard;
 - `reassemble.sh` cats the parts into the shards and sha256-checks them against `sha256-manifest.txt`
   (`sha256sum` format, all six native shards);
 - EXL3 banks `exl3/qn`, `exl3/q31`, `exl3/q31s` with `L??.part.safetensors` files and

@@ -1,7 +1,7 @@
 """Fault injection and the request log of the stand-in Hub.
 
 TEST STAND-IN, not part of the product. Tests use these to reproduce what a real download meets
-(REFERENCE.md §6.1 "5xx is retried", §6.2 Range/resume) and to prove afterwards which bytes travelled:
+(5xx answers the client retries, cuts it resumes with Range) and to prove afterwards which bytes travelled:
 
 - `cut`: close the connection after N body bytes of a matching file, for the next `times` responses;
 - `fail`: answer a status (default 503) to the next `count` requests whose URL path matches a glob

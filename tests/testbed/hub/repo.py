@@ -2,7 +2,7 @@
 
 TEST STAND-IN, not part of the product. A `RepoInfo` is what the checkpoint builder records next to the files
 it writes (`standin-index.json`) and what the server loads to answer the Hub API. Everything the real
-Hugging Face Hub derives from git is derived here from file contents (REFERENCE.md §6.1, §6.4):
+Hugging Face Hub derives from git is derived here from file contents:
 
 - a file's `blob_id` is its git blob id (`sha1("blob <size>\\0" + content)`); for an LFS file it is the blob id
   of its LFS *pointer* file, as on the Hub, and the content hash is `lfs.sha256`;

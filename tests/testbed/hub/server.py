@@ -1,8 +1,8 @@
 """HTTP server answering the subset of the Hugging Face Hub API that `huggingface_hub` downloads use.
 
 TEST STAND-IN for the Hugging Face Hub, not part of the product; stdlib only (`http.server`).
-What it implements, and why, follows REFERENCE.md §6.1-§6.4 and the installed client's source
-(huggingface_hub 2.4.0: `_snapshot_download.py`, `file_download.py`, `hf_api.py`, `utils/_http.py`):
+What it implements, and why, follows the real client's source (huggingface_hub 2.4.0; see
+docs/sources.md):
 
 - `GET /api/models/{repo}[/revision/{rev}]` -> model info with `sha` and `siblings` (size, blobId, lfs with
   `?blobs=true`). 2.4.0 calls it only for a non-sha revision; 0.36/1.17 list files from `siblings`.
@@ -67,7 +67,8 @@ class UnsatisfiableRangeError(Exception):
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     """Byte range `(start, end_inclusive)` of a single-range header, None to send the whole file.
 
-    Malformed or multi-range headers are ignored (RFC 9110 allows it); a start beyond the end is unsatisfiable.
+    Malformed or multi-range headers are ignored, as HTTP allows (see docs/sources.md); a start beyond
+    the end is unsatisfiable.
     """
     match = _RANGE.fullmatch(header.strip()) if header else None
     if match is None or match[1] == match[2] == "":

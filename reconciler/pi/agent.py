@@ -20,21 +20,17 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler import picfg
 from reconciler.components.pi import target_for
-from reconciler.errors import ReconcilerError
+from reconciler.errors import PiInstallError, ReconcilerError
 from reconciler.facts.pi import locate_pi, pi_facts_from_files
 from reconciler.health import api_base
+from reconciler.pi import config
 from reconciler.spec import Deployment, Pi, Serving
 
 NPM_TIMEOUT_S = 900.0
 _NODE_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
 
 NodeVersion = tuple[int, int, int]
-
-
-class PiInstallError(ReconcilerError):
-    """Pi is missing and cannot be installed here (no node/npm, node too old, npm failed)."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +159,7 @@ def _runs_here(package: str | None) -> list[str]:
 
 def install_target(
     deployment: Deployment | None, base_url: str | None, key_env: str | None, set_default: bool | None
-) -> picfg.PiTarget:
+) -> config.PiTarget:
     """The command line over the spec: BASE_URL, --key-env and --set-default win when given.
 
     Without a spec (Pi on a laptop, say) the model entry takes the reference defaults.
@@ -183,18 +179,18 @@ def install_target(
         pi.provider,
         nodes,
         base_url=url,
-        key_env=key_env or picfg.DEFAULT_KEY_ENV,
+        key_env=key_env or config.DEFAULT_KEY_ENV,
         set_default=pi.set_default if set_default is None else set_default,
     )
 
 
-def install(target: picfg.PiTarget) -> dict[str, Any]:
+def install(target: config.PiTarget) -> dict[str, Any]:
     """Check the config can be edited, make sure Pi is there, then write what differs."""
-    directory = picfg.agent_dir()
-    changes = picfg.install_changes(picfg.read_files(directory, target.provider), target)
-    picfg.check_writable(directory, changes)  # before npm: a refusal then leaves the machine as it was
+    directory = config.agent_dir()
+    changes = config.install_changes(config.read_files(directory, target.provider), target)
+    config.check_writable(directory, changes)  # before npm: a refusal then leaves the machine as it was
     agent = ensure_pi()
-    backups = picfg.write_changes(directory, changes, target.provider)
+    backups = config.write_changes(directory, changes, target.provider)
     return {
         "ok": True,
         "dir": str(directory),
@@ -211,9 +207,9 @@ def install(target: picfg.PiTarget) -> dict[str, Any]:
 
 
 def uninstall(provider: str) -> dict[str, Any]:
-    directory = picfg.agent_dir()
-    changes = picfg.uninstall_changes(picfg.read_files(directory, provider), provider)
-    backups = picfg.write_changes(directory, changes, provider)
+    directory = config.agent_dir()
+    changes = config.uninstall_changes(config.read_files(directory, provider), provider)
+    backups = config.write_changes(directory, changes, provider)
     return {
         "ok": True,
         "dir": str(directory),
@@ -226,13 +222,15 @@ def uninstall(provider: str) -> dict[str, Any]:
 
 def status(provider: str) -> dict[str, Any]:
     """What is installed and configured here; the key variable's state, never its value."""
-    directory = picfg.agent_dir()
+    directory = config.agent_dir()
     path, package = locate_pi()
-    facts = pi_facts_from_files(picfg.read_files(directory, provider), provider, path, package)
+    facts = pi_facts_from_files(config.read_files(directory, provider), provider, path, package)
     entry = facts.provider or {}
     recorded = (facts.manifest or {}).get("key_env")
-    key_env = picfg.key_env_of(entry.get("apiKey")) or (recorded if isinstance(recorded, str) else None)
-    expected = picfg.sha256(picfg.extension_text(provider, key_env)) if key_env and picfg.is_env_name(key_env) else None
+    key_env = config.key_env_of(entry.get("apiKey")) or (recorded if isinstance(recorded, str) else None)
+    expected = (
+        config.sha256(config.extension_text(provider, key_env)) if key_env and config.is_env_name(key_env) else None
+    )
     extension = "missing" if facts.extension_sha256 is None else "current"
     if facts.extension_sha256 is not None and facts.extension_sha256 != expected:
         extension = "differs from what install writes"

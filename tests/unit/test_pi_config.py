@@ -10,15 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import jsonc, picfg
 from reconciler.components.pi import target_for
-from reconciler.picfg import MODELS, SETTINGS, PiFiles, PiTarget
+from reconciler.errors import PiConfigError
+from reconciler.pi import config as pi_config
+from reconciler.pi import jsonc
+from reconciler.pi.config import MODELS, SETTINGS, PiFiles, PiTarget
 from tests.scenarios import reference_deployment, with_serving
 
 PROVIDER = "dsv41-sparks"
 REF = "dsv41-sparks/deepseek-v4.1-flash"
-EXTENSION = picfg.extension_file(PROVIDER)
-MANIFEST = picfg.manifest_file(PROVIDER)
+EXTENSION = pi_config.extension_file(PROVIDER)
+MANIFEST = pi_config.manifest_file(PROVIDER)
 EXISTING_MODELS = """{
   // Local models. Docs: https://example.com//pi
   "providers": {
@@ -44,7 +46,7 @@ def target(set_default: bool = False, **serving: object) -> PiTarget:
         PROVIDER,
         2,
         base_url="http://127.0.0.1:8000",
-        key_env=picfg.DEFAULT_KEY_ENV,
+        key_env=pi_config.DEFAULT_KEY_ENV,
         set_default=set_default,
     )
 
@@ -57,7 +59,7 @@ def existing() -> PiFiles:
     return PiFiles("/home/u/.pi/agent", {MODELS: EXISTING_MODELS, SETTINGS: EXISTING_SETTINGS})
 
 
-def applied(before: PiFiles, changes: picfg.Changes) -> PiFiles:
+def applied(before: PiFiles, changes: pi_config.Changes) -> PiFiles:
     texts = dict(before.texts)
     for name, text in changes.writes.items():
         if text is None:
@@ -68,11 +70,11 @@ def applied(before: PiFiles, changes: picfg.Changes) -> PiFiles:
 
 
 def install(before: PiFiles, pi_target: PiTarget | None = None) -> PiFiles:
-    return applied(before, picfg.install_changes(before, pi_target or target()))
+    return applied(before, pi_config.install_changes(before, pi_target or target()))
 
 
 def uninstall(before: PiFiles) -> PiFiles:
-    return applied(before, picfg.uninstall_changes(before, PROVIDER))
+    return applied(before, pi_config.uninstall_changes(before, PROVIDER))
 
 
 # --- what install writes ---------------------------------------------------------------------------
@@ -88,23 +90,23 @@ def uninstall(before: PiFiles) -> PiFiles:
     ],
 )
 def test_base_url_is_normalised_to_end_in_v1(given: str, expected: str) -> None:
-    assert picfg.normalise_base_url(given) == expected
+    assert pi_config.normalise_base_url(given) == expected
 
 
 @pytest.mark.parametrize("bad", ["10.0.0.5:8000", "ftp://h/v1", "http://", "http://h:8000/v1?x=1"])
 def test_a_base_url_that_is_not_http_is_refused(bad: str) -> None:
-    with pytest.raises(picfg.PiConfigError, match="not an http"):
-        picfg.normalise_base_url(bad)
+    with pytest.raises(PiConfigError, match="not an http"):
+        pi_config.normalise_base_url(bad)
 
 
 @pytest.mark.parametrize("bad", ["DSV41 KEY", "KEY;rm -rf ~", "$KEY", "1KEY", ""])
 def test_the_key_variable_must_be_a_plain_name_because_sh_runs_it(bad: str) -> None:
-    with pytest.raises(picfg.PiConfigError, match="not an environment variable name"):
-        picfg.key_command(bad)
+    with pytest.raises(PiConfigError, match="not an environment variable name"):
+        pi_config.key_command(bad)
 
 
 def test_provider_entry_is_the_reference_fragment_with_a_printenv_key() -> None:
-    entry = picfg.provider_entry(target())
+    entry = pi_config.provider_entry(target())
     assert entry["name"] == "DeepSeek-V4.1-Flash (2x DGX Spark)"
     assert entry["api"] == "openai-completions"
     assert entry["baseUrl"] == "http://127.0.0.1:8000/v1"
@@ -122,13 +124,13 @@ def test_provider_entry_is_the_reference_fragment_with_a_printenv_key() -> None:
 
 def test_model_entry_follows_the_spec() -> None:
     changed = target(served_model_name="dsv41-custom", max_model_len=131072, images_per_prompt=0)
-    model = picfg.model_entry(changed)
+    model = pi_config.model_entry(changed)
     assert (model["id"], model["contextWindow"], model["input"]) == ("dsv41-custom", 131072, ["text"])
     assert changed.model_ref == "dsv41-sparks/dsv41-custom"
 
 
 def test_extension_scopes_to_the_provider_and_never_holds_the_key() -> None:
-    text = picfg.extension_text(PROVIDER, "MY_KEY")
+    text = pi_config.extension_text(PROVIDER, "MY_KEY")
     assert 'import type { ExtensionAPI } from "@mariozechner/pi-coding-agent";' in text
     assert "@earendil-works" not in text  # a value import of the new name breaks Pi 0.73.1
     assert 'const PROVIDER = "dsv41-sparks";' in text
@@ -143,11 +145,11 @@ def test_extension_scopes_to_the_provider_and_never_holds_the_key() -> None:
 
 
 def test_install_into_an_empty_dir_creates_models_extension_and_record_only() -> None:
-    changes = picfg.install_changes(files(), target())
+    changes = pi_config.install_changes(files(), target())
     assert list(changes.writes) == [MANIFEST, MODELS, EXTENSION]  # the record first
     assert changes.messages == [f"{MODELS}: provider {PROVIDER} added", f"{EXTENSION}: installed"]
     after = applied(files(), changes)
-    assert jsonc.loads(after.texts[MODELS]) == {"providers": {PROVIDER: picfg.provider_entry(target())}}
+    assert jsonc.loads(after.texts[MODELS]) == {"providers": {PROVIDER: pi_config.provider_entry(target())}}
     record = json.loads(after.texts[MANIFEST])
     assert record["created"] == [MODELS]
     assert record["key_env"] == "DSV41_API_KEY"
@@ -158,7 +160,7 @@ def test_a_second_install_changes_nothing() -> None:
     for before in (files(), existing()):
         for default in (False, True):
             once = install(before, target(set_default=default))
-            assert picfg.install_changes(once, target(set_default=default)).unchanged
+            assert pi_config.install_changes(once, target(set_default=default)).unchanged
 
 
 def test_existing_config_keeps_comments_and_other_providers_byte_for_byte() -> None:
@@ -181,7 +183,7 @@ def test_a_non_empty_enabled_models_gets_the_model_appended() -> None:
 @pytest.mark.parametrize("settings", ['{"enabledModels": []}\n', '{"theme": "dark"}\n'])
 def test_an_empty_or_missing_enabled_models_is_left_alone(settings: str) -> None:
     # An empty list offers every model; a list holding only ours would hide all the others.
-    changes = picfg.install_changes(files(**{SETTINGS: settings}), target())
+    changes = pi_config.install_changes(files(**{SETTINGS: settings}), target())
     assert SETTINGS not in changes.writes
 
 
@@ -201,16 +203,16 @@ def test_set_default_without_settings_creates_them() -> None:
 
 
 def test_a_provider_from_the_reference_installer_is_replaced_saying_what_changed() -> None:
-    old = picfg.provider_entry(target()) | {"apiKey": "$DSV41_API_KEY"}
+    old = pi_config.provider_entry(target()) | {"apiKey": "$DSV41_API_KEY"}
     before = files(**{MODELS: json.dumps({"providers": {PROVIDER: old}}, indent=2)})
-    changes = picfg.install_changes(before, target())
+    changes = pi_config.install_changes(before, target())
     assert changes.messages[0] == f"{MODELS}: provider {PROVIDER} replaced (apiKey changed)"
 
 
 def test_a_new_model_id_replaces_the_enabled_models_entry_install_added() -> None:
     once = install(existing())
     renamed = target(served_model_name="dsv41-next")
-    changes = picfg.install_changes(once, renamed)
+    changes = pi_config.install_changes(once, renamed)
     assert f"{SETTINGS}: {REF} removed from enabledModels" in changes.messages
     enabled = json.loads(applied(once, changes).texts[SETTINGS])["enabledModels"]
     assert enabled == ["other-local/other-model", "dsv41-sparks/dsv41-next"]
@@ -235,8 +237,8 @@ def test_installed_key_variable_is_recorded_and_used_by_the_extension() -> None:
     ],
 )
 def test_a_broken_file_is_an_error_naming_file_and_line(name: str, text: str, where: str) -> None:
-    with pytest.raises(picfg.PiConfigError) as caught:
-        picfg.install_changes(files(**{name: text}), target())
+    with pytest.raises(PiConfigError) as caught:
+        pi_config.install_changes(files(**{name: text}), target())
     assert where in caught.value.message
     assert "nothing was written" in caught.value.hint
 
@@ -272,16 +274,16 @@ def test_uninstall_keeps_defaults_the_user_changed_since() -> None:
 
 
 def test_uninstall_without_a_record_removes_provider_and_extension_only() -> None:
-    entry = picfg.provider_entry(target())
+    entry = pi_config.provider_entry(target())
     settings = json.dumps({"enabledModels": ["x/y", REF]})
     before = files(**{MODELS: json.dumps({"providers": {PROVIDER: entry}}), SETTINGS: settings, EXTENSION: "//"})
-    changes = picfg.uninstall_changes(before, PROVIDER)
+    changes = pi_config.uninstall_changes(before, PROVIDER)
     assert set(changes.writes) == {MODELS, EXTENSION}
     assert any("no install record" in message for message in changes.messages)
 
 
 def test_uninstall_with_nothing_installed_is_unchanged() -> None:
-    assert picfg.uninstall_changes(existing(), PROVIDER).unchanged
+    assert pi_config.uninstall_changes(existing(), PROVIDER).unchanged
 
 
 # --- the file edge ---------------------------------------------------------------------------------
@@ -290,14 +292,14 @@ def test_uninstall_with_nothing_installed_is_unchanged() -> None:
 def test_write_changes_backs_up_then_writes_atomically(tmp_path: Path) -> None:
     (tmp_path / MODELS).write_text(EXISTING_MODELS, encoding="utf-8")
     (tmp_path / MODELS).chmod(0o600)
-    changes = picfg.install_changes(picfg.read_files(tmp_path, PROVIDER), target())
-    backups = picfg.write_changes(tmp_path, changes, PROVIDER, stamp="20261129-210000")
+    changes = pi_config.install_changes(pi_config.read_files(tmp_path, PROVIDER), target())
+    backups = pi_config.write_changes(tmp_path, changes, PROVIDER, stamp="20261129-210000")
     assert backups == [str(tmp_path / f"{MODELS}.bak-dsv41-sparks-20261129-210000")]
     assert Path(backups[0]).read_text(encoding="utf-8") == EXISTING_MODELS
     assert (tmp_path / MODELS).stat().st_mode & 0o777 == 0o600  # the user's mode is kept
     assert not [path for path in tmp_path.rglob("*") if ".tmp-" in path.name]
-    uninstalled = picfg.uninstall_changes(picfg.read_files(tmp_path, PROVIDER), PROVIDER)
-    second = picfg.write_changes(tmp_path, uninstalled, PROVIDER, stamp="20261129-210000")
+    uninstalled = pi_config.uninstall_changes(pi_config.read_files(tmp_path, PROVIDER), PROVIDER)
+    second = pi_config.write_changes(tmp_path, uninstalled, PROVIDER, stamp="20261129-210000")
     assert second == [f"{backups[0]}-1"]  # the same second never overwrites the older backup
     assert (tmp_path / MODELS).read_text(encoding="utf-8") == EXISTING_MODELS
     assert not (tmp_path / "extensions").exists()
@@ -305,8 +307,8 @@ def test_write_changes_backs_up_then_writes_atomically(tmp_path: Path) -> None:
 
 def test_backup_names_carry_a_timestamp(tmp_path: Path) -> None:
     (tmp_path / MODELS).write_text("{}", encoding="utf-8")
-    changes = picfg.install_changes(picfg.read_files(tmp_path, PROVIDER), target())
-    (backup,) = picfg.write_changes(tmp_path, changes, PROVIDER)
+    changes = pi_config.install_changes(pi_config.read_files(tmp_path, PROVIDER), target())
+    (backup,) = pi_config.write_changes(tmp_path, changes, PROVIDER)
     assert re.fullmatch(r"models\.json\.bak-dsv41-sparks-\d{8}-\d{6}", Path(backup).name)
 
 
@@ -317,8 +319,8 @@ def test_a_symlinked_config_is_edited_where_it_lives(tmp_path: Path) -> None:
     agent = tmp_path / "agent"
     agent.mkdir()
     (agent / MODELS).symlink_to(dotfiles / "models.json")
-    changes = picfg.install_changes(picfg.read_files(agent, PROVIDER), target())
-    picfg.write_changes(agent, changes, PROVIDER)
+    changes = pi_config.install_changes(pi_config.read_files(agent, PROVIDER), target())
+    pi_config.write_changes(agent, changes, PROVIDER)
     assert (agent / MODELS).is_symlink()
     assert PROVIDER in jsonc.loads((dotfiles / "models.json").read_text(encoding="utf-8"))["providers"]
 
@@ -326,20 +328,20 @@ def test_a_symlinked_config_is_edited_where_it_lives(tmp_path: Path) -> None:
 def test_agent_dir_follows_pi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("PI_CODING_AGENT_DIR", raising=False)
-    assert picfg.agent_dir() == tmp_path / ".pi" / "agent"
+    assert pi_config.agent_dir() == tmp_path / ".pi" / "agent"
     monkeypatch.setenv("PI_CODING_AGENT_DIR", "~/elsewhere")
-    assert picfg.agent_dir() == tmp_path / "elsewhere"
+    assert pi_config.agent_dir() == tmp_path / "elsewhere"
 
 
 def test_nothing_is_written_when_a_file_is_broken(tmp_path: Path) -> None:
     (tmp_path / SETTINGS).write_text('{"enabledModels": ["a",, "b"]}', encoding="utf-8")
-    with pytest.raises(picfg.PiConfigError):
-        picfg.install_changes(picfg.read_files(tmp_path, PROVIDER), target())
+    with pytest.raises(PiConfigError):
+        pi_config.install_changes(pi_config.read_files(tmp_path, PROVIDER), target())
     assert os.listdir(tmp_path) == [SETTINGS]
 
 
 def test_a_broken_install_record_says_what_it_is() -> None:
-    with pytest.raises(picfg.PiConfigError) as caught:
-        picfg.uninstall_changes(files(**{MANIFEST: "{"}), PROVIDER)
+    with pytest.raises(PiConfigError) as caught:
+        pi_config.uninstall_changes(files(**{MANIFEST: "{"}), PROVIDER)
     assert MANIFEST in caught.value.message
     assert "install record" in caught.value.hint

@@ -1,15 +1,15 @@
 """The bench's arithmetic, prompts, report, table, comparison and plot: pure, no I/O.
 
-Definitions follow `vllm bench serve` (vllm/benchmarks/serve.py) so numbers can be compared
-with what users measure there, and the reference bench (REFERENCE §1.8) for decode rates:
+Definitions follow `vllm bench serve` (see docs/sources.md) so numbers can be compared
+with what users measure there, and the reference bench for decode rates:
 
 - TTFT: request sent -> first streamed chunk carrying output (content, reasoning or a tool
   call; for /v1/completions the first chunk with a choice, as vLLM counts it). A role-only
   chunk is not output: vLLM sends it together with the first token, other servers may not.
 - TPOT, per request: (latency - TTFT) / (output tokens - 1), latency = sent -> last chunk.
 - ITL: the gaps between successive output chunks, pooled over requests. With speculative
-  decoding one chunk carries several tokens, and bursty delivery makes the median ITL ~0
-  (REFERENCE §2.4): compare means and TPOT.
+  decoding one chunk carries several tokens, and bursty delivery makes the median ITL ~0:
+  compare means and TPOT.
 - Output tokens: `completion_tokens` of the final usage chunk; output chunks only when a
   server sends no usage.
 - Prefill tok/s: prompt tokens / TTFT of a 1-token completion of a fresh random prompt
@@ -33,8 +33,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.apiclient import chunk_json, shorten, sse_payloads
-from reconciler.png import BLACK, Canvas, Colour, text_width
+from reconciler.errors import StreamError
+from reconciler.verify.apiclient import chunk_json, shorten, sse_payloads
+from reconciler.verify.png import BLACK, Canvas, Colour, text_width
 
 FORMAT = "spark-reconciler-bench/1"
 PROMPT_ID_RANGE = (100, 1000)  # token ids every tokenizer has, far from special tokens
@@ -54,10 +55,6 @@ RECALL_QUESTION = "What is the pass key? Answer with the number only."
 
 Report = dict[str, Any]
 Stats = dict[str, float]
-
-
-class StreamError(ValueError):
-    """A stream that cannot be measured: no output, or an error chunk mid-stream."""
 
 
 # --- one streamed request ---------------------------------------------------------------------

@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from reconciler.errors import ReconcilerError
-from reconciler.fsutil import UntrustedFileError, read_bounded
+from reconciler.errors import ReconcilerError, UntrustedFileError
+from reconciler.fsutil import read_bounded
 from reconciler.health import api_base
 from reconciler.redact import checked_secret
 from reconciler.spec import Deployment, expand_home

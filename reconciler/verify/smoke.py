@@ -1,8 +1,8 @@
 """`reconciler smoke`: does the deployment work? The reference checks plus the protocol.
 
-The reference smoke (REFERENCE §1.7) asks what a working DeepSeek-V4.1-Flash answers: 17 * 23
+The reference smoke asks what a working DeepSeek-V4.1-Flash answers: 17 * 23
 (391), a get_weather call for Warsaw, and the colours of a red-left/blue-right image. Users
-also meet the protocol: the served model listed, 401 without the key (§2.3), reasoning split
+also meet the protocol: the served model listed, 401 without the key, reasoning split
 out by the reasoning parser, and streams framed as OpenAI clients parse them (role chunk, a
 finish_reason, a final usage chunk, [DONE]). Each check is one request (I/O) and a pure
 judgement, so every way a check fails is testable without a server.
@@ -25,7 +25,8 @@ from typing import Any, Literal
 
 import httpx
 
-from reconciler.apiclient import (
+from reconciler.errors import CheckFailedError
+from reconciler.verify.apiclient import (
     REQUEST_TIMEOUT_S,
     ApiTarget,
     JsonObject,
@@ -36,8 +37,7 @@ from reconciler.apiclient import (
     shorten,
     sse_payloads,
 )
-from reconciler.errors import ReconcilerError
-from reconciler.png import two_halves
+from reconciler.verify.png import two_halves
 
 CheckSet = Literal["all", "protocol"]
 PROTOCOL_CHECKS = ("models", "unauthorized", "stream")
@@ -63,18 +63,6 @@ WEATHER_TOOL: JsonObject = {
         },
     },
 }
-
-
-class CheckFailedError(Exception):
-    """A check's judgement: the reason it failed, shown after FAIL."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class SmokeFailedError(ReconcilerError):
-    """`apply`'s smoke step found failing checks."""
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconciler.errors import JsoncError
+
 _STRING = re.compile(r'"(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*"')
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _LITERALS: dict[str, Any] = {"true": True, "false": False, "null": None}
@@ -28,16 +30,6 @@ _WHITESPACE = " \t\r\n"
 _BOM = "\ufeff"
 # Far beyond any real config, and far below the recursion limit the parser's two frames per level meet.
 MAX_DEPTH = 200
-
-
-class JsoncError(ValueError):
-    """Text that is not JSON even with `//` comments and trailing commas; says where."""
-
-    def __init__(self, message: str, line: int, column: int) -> None:
-        super().__init__(f"line {line}, column {column}: {message}")
-        self.message = message
-        self.line = line
-        self.column = column
 
 
 @dataclass

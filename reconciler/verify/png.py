@@ -14,7 +14,7 @@ Colour = tuple[int, int, int]
 
 WHITE: Colour = (255, 255, 255)
 BLACK: Colour = (0, 0, 0)
-GLYPH_WIDTH, GLYPH_HEIGHT = 3, 5
+GLYPH_WIDTH = 3
 
 # 3x5 glyphs, rows top to bottom, '1' = ink. Text is drawn upper-cased.
 _FONT: dict[str, str] = {

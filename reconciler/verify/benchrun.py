@@ -3,7 +3,7 @@
 Steps run in order — an unrecorded warm-up, prefill per prompt length, decode per concurrency
 and kind, the recall check per context length — and the JSON report is rewritten (atomically)
 after every step, so an interrupted or failed run keeps everything it measured. The
-arithmetic lives in reconciler/benchmark.py; this module only sends requests and times them.
+arithmetic lives in reconciler/verify/benchmark.py; this module only sends requests and times them.
 """
 
 from __future__ import annotations
@@ -23,19 +23,16 @@ from typing import Any, NoReturn
 
 import httpx
 
-from reconciler import benchmark
-from reconciler.apiclient import ApiTarget, JsonObject, client, discover_model, error_text
-from reconciler.errors import ReconcilerError
+from reconciler.clock import utc_iso
+from reconciler.errors import BenchError, ReconcilerError, StreamError
+from reconciler.verify import benchmark
+from reconciler.verify.apiclient import ApiTarget, JsonObject, client, discover_model, error_text
 
 WARM_UP_PROMPT = "Say hello."
 # The reference's warm-up has no cap; a model that never emits EOS (random weights, a broken
 # tokenizer) would then run to max-model-len before the first measurement.
 WARM_UP_MAX_TOKENS = 32
 BARRIER_TIMEOUT_S = 60.0
-
-
-class BenchError(ReconcilerError):
-    """A bench step failed; the report on disk keeps the steps before it."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +65,7 @@ class BenchRun:
         with client(self.target) as http:
             model = self.target.model or discover_model(http)
             settings = self.settings.to_dict()
-            self.report = benchmark.new_report(self.settings.label, model, self.target.url, _now(), settings)
+            self.report = benchmark.new_report(self.settings.label, model, self.target.url, utc_iso(), settings)
             self.save()
             try:
                 self._warm_up(http, model)
@@ -76,10 +73,10 @@ class BenchRun:
                     message = step()
                     self.save()
                     self.progress(message)
-            except (httpx.HTTPError, benchmark.StreamError, BenchError) as exc:
+            except (httpx.HTTPError, StreamError, BenchError) as exc:
                 self._fail(self.target.redact(_describe(exc)))
         self.report["complete"] = True
-        self.report["finished"] = _now()
+        self.report["finished"] = utc_iso()
         self.save()
         return self.report
 
@@ -196,10 +193,6 @@ def _number(value: float | None) -> str:
 
 def _nonce(rng: random.Random) -> str:
     return uuid.UUID(int=rng.getrandbits(128)).hex[:12]
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _describe(exc: Exception) -> str:

@@ -9,7 +9,7 @@ It follows the reference launcher's `pi/install.sh` and fixes its two weaknesses
 - A non-empty `enabledModels` gets the model appended: otherwise Pi starts on the list's first model,
   set-default or not. An empty or missing list already offers every model and stays as it is.
 
-The core is pure (file texts in, new texts out) and edits through reconciler.jsonc, so comments, other
+The core is pure (file texts in, new texts out) and edits through `jsonc`, so comments, other
 providers and layout survive byte for byte. A manifest next to the extension records what install
 added (no secret in it), so uninstall removes exactly that and restores the defaults it replaced.
 The file edge at the bottom reads only regular UTF-8 files of a sane size, keeping their bytes exactly
@@ -26,16 +26,16 @@ import os
 import re
 import shutil
 import stat
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from reconciler import jsonc
-from reconciler.errors import ReconcilerError
+from reconciler.clock import utc_stamp
+from reconciler.errors import JsoncError, PiConfigError
 from reconciler.fsutil import atomic_write
+from reconciler.pi import jsonc
 
 DEFAULT_PROVIDER = "dsv41-sparks"
 DEFAULT_KEY_ENV = "DSV41_API_KEY"
@@ -49,10 +49,6 @@ _EMPTY_MODELS = '{\n  "providers": {}\n}\n'
 _EMPTY_SETTINGS = "{}\n"
 _DEFAULT_KEYS = ("defaultProvider", "defaultModel")
 _BROKEN_HINT = "fix the file (Pi cannot read it either), then run the command again; nothing was written"
-
-
-class PiConfigError(ReconcilerError):
-    """A Pi config file cannot be read or edited safely; nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -239,7 +235,7 @@ def load_object(files: PiFiles, name: str) -> dict[str, Any] | None:
         return None
     try:
         data = jsonc.loads(text)
-    except jsonc.JsoncError as exc:
+    except JsoncError as exc:
         raise PiConfigError(f"{files.where(name)}:{exc.line}:{exc.column}: {exc.message}", _BROKEN_HINT) from None
     if not isinstance(data, dict):
         raise PiConfigError(f"{files.where(name)}: the top level is not a JSON object", _BROKEN_HINT)
@@ -611,7 +607,7 @@ def write_changes(directory: Path, changes: Changes, provider: str, stamp: str |
     """Check every target first, back up the user's files that change (`<file>.bak-<provider>-<YYYYmmdd-HHMMSS>`),
     then write each file atomically (temp file + rename) in the order given. Returns the backups' paths."""
     check_writable(directory, changes)
-    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    stamp = stamp or utc_stamp()
     try:
         backups = [
             _backup(directory / name, provider, stamp)

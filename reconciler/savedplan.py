@@ -1,0 +1,125 @@
+"""Saved plans: `plan --out FILE` writes exactly what `apply FILE` will run, or refuses to.
+
+A saved plan holds the plan with every action's payload, a fingerprint of the spec it was made
+from and a fingerprint of the facts it saw, part by part (each node's containers, checkpoint,
+guard, ...). Applying it gathers the facts again: if any part differs (a rank was killed, a file
+changed, the spec was edited), the plan is stale and is refused, naming what changed and how to
+plan again; otherwise its actions run as saved. Facts that change by themselves all the time
+and that no action depends on (available memory, free disk, the time taken) are left out of the
+fingerprint; an action that needs free disk checks it when it runs.
+
+The file holds no secret: payloads name the key file, never the key, and facts describe the key
+file without its content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from reconciler import __version__
+from reconciler.clock import utc_iso
+from reconciler.errors import ReconcilerError, StalePlanError, UntrustedFileError
+from reconciler.facts.node import Facts
+from reconciler.fsutil import atomic_write, read_bounded
+from reconciler.plan import Plan
+from reconciler.spec import Deployment
+
+FORMAT = 1
+MAX_SAVED_BYTES = 64 * 1024 * 1024
+# Observations that move on their own and decide no action.
+_VOLATILE_NODE_FIELDS = {"memory"}
+_VOLATILE_CHECKPOINT_FIELDS = {"disk_free"}
+
+
+@dataclass(frozen=True)
+class SavedPlan:
+    plan: Plan
+    spec: str
+    facts: dict[str, str]
+    created_at: str
+    made_by: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "made_by": self.made_by,
+            "created_at": self.created_at,
+            "spec_fingerprint": self.spec,
+            "facts_fingerprint": self.facts,
+            "plan": self.plan.to_dict(),
+        }
+
+
+def _digest(value: object) -> str:
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def spec_fingerprint(deployment: Deployment) -> str:
+    """The validated spec, not its text: comments and key order do not make a plan stale."""
+    return _digest(deployment.model_dump(mode="json"))
+
+
+def facts_fingerprint(facts: Facts) -> dict[str, str]:
+    """One digest per part of the facts ('spark-worker containers', 'pi', ...), volatile fields out."""
+    parts: dict[str, str] = {}
+    for name, node in sorted(facts.nodes.items()):
+        observed = node.model_dump(mode="json", exclude=_VOLATILE_NODE_FIELDS)
+        observed["checkpoint"] = {
+            key: value for key, value in observed["checkpoint"].items() if key not in _VOLATILE_CHECKPOINT_FIELDS
+        }
+        for section, value in sorted(observed.items()):
+            parts[f"{name} {section}"] = _digest(value)
+    parts["pi"] = _digest(facts.pi.model_dump(mode="json") if facts.pi is not None else None)
+    return parts
+
+
+def saved(plan: Plan, deployment: Deployment, facts: Facts, created_at: str | None = None) -> SavedPlan:
+    return SavedPlan(plan, spec_fingerprint(deployment), facts_fingerprint(facts), created_at or utc_iso(), __version__)
+
+
+def write(path: Path, plan: SavedPlan) -> None:
+    atomic_write(str(path), (json.dumps(plan.to_dict(), indent=2) + "\n").encode("utf-8"), 0o644)
+
+
+def read(path: Path) -> SavedPlan:
+    """A saved plan from its file; any problem with the file is a ReconcilerError naming it."""
+    hint = "write it again with `reconciler plan --out FILE`"
+    try:
+        data = json.loads(read_bounded(path, limit=MAX_SAVED_BYTES).decode("utf-8"))
+    except UntrustedFileError as exc:
+        raise ReconcilerError(f"cannot read the saved plan {path}: {exc.reason}", hint) from None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ReconcilerError(f"{path} is not a saved plan (not JSON)", hint) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ReconcilerError(f"{path} is not a saved plan of this version (format {FORMAT})", hint)
+    try:
+        return SavedPlan(
+            plan=Plan.from_dict(data["plan"]),
+            spec=str(data["spec_fingerprint"]),
+            facts={str(key): str(value) for key, value in dict(data["facts_fingerprint"]).items()},
+            created_at=str(data["created_at"]),
+            made_by=str(data["made_by"]),
+        )
+    except (KeyError, TypeError, ValueError, ValidationError) as exc:
+        raise ReconcilerError(f"{path} is not a valid saved plan: {type(exc).__name__}", hint) from None
+
+
+def check_current(plan: SavedPlan, deployment: Deployment, facts: Facts, path: Path) -> None:
+    """Refuse a plan made from another spec or from facts that have changed since."""
+    replan = f"run `reconciler plan --out {path}` again, review it, then `reconciler apply {path}`"
+    if plan.plan.deployment != deployment.name or plan.spec != spec_fingerprint(deployment):
+        raise StalePlanError(f"the saved plan {path} was made from another spec (or the spec changed since)", replan)
+    now = facts_fingerprint(facts)
+    changed = sorted(part for part in {*plan.facts, *now} if plan.facts.get(part) != now.get(part))
+    if changed:
+        raise StalePlanError(
+            f"the saved plan {path} is stale: the deployment changed since {plan.created_at} ({', '.join(changed)})",
+            replan,
+        )

@@ -1,0 +1,177 @@
+"""The one converge path: the lock inside it, saved plans run as saved, questions before the
+disruptive, and `stop` never acting while an `apply` does (a race, with real threads and the
+real lock file; the nodes are replaced by facts and recording executors)."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from reconciler import apply, commands, savedplan
+from reconciler.actions import Action
+from reconciler.errors import LockBusyError, ReconcilerError, StalePlanError
+from reconciler.execution import ApplyContext, Progress
+from reconciler.facts.node import Facts, load_facts
+from reconciler.lock import deployment_lock
+from reconciler.plan import needs_confirmation, plan
+from reconciler.spec import Deployment
+from tests.scenarios import (
+    CONVERGED_FACTS,
+    converged_facts,
+    empty_facts,
+    reference_deployment,
+    with_container,
+    with_serving,
+)
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Deployment:
+    """The reference spec with its state dir (and so its lock) under tmp_path."""
+    return reference_deployment().model_copy(update={"state_dir": str(tmp_path / "state")})
+
+
+class Nodes:
+    """Stands in for gather and the executors: facts in order, executed actions recorded."""
+
+    def __init__(self, *facts: Facts, pause: float = 0.0) -> None:
+        self.facts = list(facts)
+        self.executed: list[str] = []
+        self.pause = pause
+        self.inside = threading.Event()
+        self.finished: dict[str, float] = {}
+
+    def observe(self, _deployment: Deployment, _transports: object, _liveness: object) -> Facts:
+        return self.facts.pop(0) if len(self.facts) > 1 else self.facts[0]
+
+    def executor(self, _action: Action) -> object:
+        def run(_ctx: ApplyContext, action: Action) -> str:
+            self.inside.set()
+            time.sleep(self.pause)
+            self.executed.append(action.id)
+            self.finished[threading.current_thread().name] = time.monotonic()
+            return "done"
+
+        return run
+
+
+@pytest.fixture
+def nodes(monkeypatch: pytest.MonkeyPatch, deployment: Deployment) -> Nodes:
+    fake = Nodes(empty_facts(), converged_facts(deployment))
+    monkeypatch.setattr(commands, "observe", fake.observe)
+    monkeypatch.setattr(apply, "executor_for", fake.executor)
+    return fake
+
+
+def converge(deployment: Deployment, request: commands.Converge) -> commands.ApplyOutcome:
+    return commands.converge(deployment, {}, Progress(io.StringIO()), request)
+
+
+def test_converge_plans_applies_every_action_and_plans_again(deployment: Deployment, nodes: Nodes) -> None:
+    outcome = converge(deployment, commands.Converge(doing="test"))
+    assert nodes.executed == [action.id for action in outcome.before.actions]
+    assert not outcome.after.has_changes
+
+
+def test_a_saved_plan_runs_exactly_as_saved(deployment: Deployment, nodes: Nodes, tmp_path: Path) -> None:
+    saved = savedplan.saved(plan(deployment, empty_facts()), deployment, empty_facts())
+    outcome = converge(deployment, commands.Converge(doing="test", saved=(saved, tmp_path / "p.json")))
+    assert nodes.executed == [action.id for action in saved.plan.actions]
+    assert outcome.before is saved.plan
+
+
+def test_a_stale_saved_plan_is_refused_before_anything_runs(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    converged = load_facts(CONVERGED_FACTS)
+    saved = savedplan.saved(plan(deployment, converged), deployment, converged)
+    killed = Nodes(with_container(converged, "spark-worker", status="exited", exit_code=137))
+    monkeypatch.setattr(commands, "observe", killed.observe)
+    monkeypatch.setattr(apply, "executor_for", killed.executor)
+    with pytest.raises(StalePlanError):
+        converge(deployment, commands.Converge(doing="test", saved=(saved, tmp_path / "p.json")))
+    assert killed.executed == []
+
+
+def test_a_declined_question_applies_nothing(deployment: Deployment, nodes: Nodes) -> None:
+    asked: list[list[str]] = []
+
+    def decline(result: object) -> bool:
+        asked.append(needs_confirmation(result))  # type: ignore[arg-type]
+        return False
+
+    outcome = converge(deployment, commands.Converge(doing="test", confirm=decline))
+    assert outcome.declined
+    assert nodes.executed == []
+    assert asked == [["moves 920.0 GB"]]
+
+
+def test_what_asks_first_a_group_restart_and_a_big_download_but_not_a_guard_start() -> None:
+    converged = load_facts(CONVERGED_FACTS)
+    restart = plan(with_serving(reference_deployment(), kv_bytes=2_000_000_000), converged)
+    assert needs_confirmation(restart) == ["restarts or stops the rank group (the API goes down until it is back)"]
+    assert needs_confirmation(plan(reference_deployment(), converged)) == []
+    fresh = plan(reference_deployment(), empty_facts())
+    assert needs_confirmation(fresh) == ["moves 920.0 GB"]  # downloaded once, copied once
+
+
+def test_a_plan_with_only_blockers_is_an_error_for_apply_but_not_for_the_loop(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    facts = empty_facts()
+    unreachable = {
+        name: node.model_copy(update={"reachable": False, "error": "ssh: timed out"})
+        for name, node in facts.nodes.items()
+    }
+    blocked = Nodes(facts.model_copy(update={"nodes": unreachable}))
+    monkeypatch.setattr(commands, "observe", blocked.observe)
+    with pytest.raises(ReconcilerError, match="timed out"):
+        converge(deployment, commands.Converge(doing="test"))
+    outcome = converge(deployment, commands.Converge(doing="test", blocked_is_error=False))
+    assert outcome.before.blockers
+    assert not outcome.result.done
+
+
+def test_converge_takes_the_deployment_lock(deployment: Deployment, nodes: Nodes) -> None:
+    with deployment_lock(deployment, "someone else"), pytest.raises(LockBusyError, match="someone else"):
+        converge(deployment, commands.Converge(doing="test", wait_s=0))
+    assert nodes.executed == []
+
+
+def test_stop_never_acts_while_an_apply_does(deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race: `stop` starts while an apply is in its first action; its hold is written only
+    after the apply's last action finished, and both complete."""
+    racing = Nodes(empty_facts(), converged_facts(deployment), pause=0.05)
+    monkeypatch.setattr(commands, "observe", racing.observe)
+    monkeypatch.setattr(apply, "executor_for", racing.executor)
+    held_at: list[float] = []
+    waited: list[str] = []
+    errors: list[BaseException] = []
+
+    def apply_now() -> None:
+        try:
+            converge(deployment, commands.Converge(doing="reconciler apply"))
+        except BaseException as exc:  # the assertion below reports it
+            errors.append(exc)
+
+    applying = threading.Thread(target=apply_now, name="apply")
+    applying.start()
+    assert racing.inside.wait(10)
+    stop = commands.Converge(
+        doing="reconciler stop",
+        wait_s=60,
+        first=lambda _ctx: held_at.append(time.monotonic()),
+        blocked_is_error=False,
+        on_wait=waited.append,
+    )
+    converge(deployment, stop)
+    applying.join(30)
+    assert not errors
+    assert waited
+    assert "reconciler apply" in waited[0]
+    assert held_at
+    assert held_at[0] >= racing.finished["apply"]

@@ -1,0 +1,148 @@
+"""Saved plans: the payloads a plan carries, their JSON (pinned by a golden file), and the
+refusal of a plan whose facts or spec changed since it was made."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reconciler import savedplan
+from reconciler.actions import Action, StartRank, Step
+from reconciler.errors import ReconcilerError, StalePlanError
+from reconciler.facts.gather import node_facts_from_probe, probe_args
+from reconciler.facts.memory import MemoryFacts
+from reconciler.facts.node import load_facts
+from reconciler.plan import Plan, plan
+from reconciler.transport.base import run_program
+from reconciler.transport.local import LocalTransport
+from tests.scenarios import (
+    CONVERGED_FACTS,
+    GOLDEN_DIR,
+    empty_facts,
+    reference_deployment,
+    with_container,
+    with_node,
+    with_serving,
+)
+
+GOLDEN = GOLDEN_DIR / "saved-plan-empty.json"
+CREATED = "2026-12-01T00:00:00Z"
+
+
+def saved_empty() -> savedplan.SavedPlan:
+    deployment = reference_deployment()
+    facts = empty_facts()
+    return savedplan.saved(plan(deployment, facts), deployment, facts, created_at=CREATED)
+
+
+def test_the_saved_plan_json_is_pinned(tmp_path: Path) -> None:
+    """Regenerate with tests/fixtures/regenerate.py after a deliberate change; review the diff."""
+    path = tmp_path / "plan.json"
+    savedplan.write(path, saved_empty())
+    written = json.loads(path.read_text(encoding="utf-8"))
+    written["made_by"] = "(version)"
+    assert written == json.loads(GOLDEN.read_text(encoding="utf-8"))
+
+
+def test_every_action_carries_the_payload_its_executor_runs() -> None:
+    result = saved_empty().plan
+    start = next(a for a in result.actions if a.step is Step.START_RANK and a.node == "spark-worker")
+    assert isinstance(start.payload, StartRank)
+    assert start.payload.container.command[:2] == ("vllm", "serve")
+    assert "--headless" in start.payload.container.command
+    download = next(a for a in result.actions if a.step is Step.DOWNLOAD)
+    sizes = {item.path: item.size for item in download.payload.files}  # type: ignore[attr-defined]
+    assert "model-00005-of-00006.safetensors.part01" in sizes
+    assert all(size is not None and size > 0 for size in sizes.values())
+
+
+def test_a_saved_plan_reads_back_to_the_same_plan(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    written = saved_empty()
+    savedplan.write(path, written)
+    again = savedplan.read(path)
+    assert again.plan.to_dict() == written.plan.to_dict()
+    assert [a.payload for a in again.plan.actions] == [a.payload for a in written.plan.actions]
+    assert again.facts == written.facts
+
+
+def test_the_file_holds_no_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Facts from a real probe of a head whose key file exists: the key's content is nowhere in
+    the saved plan, though the plan mounts the file and rotates nothing."""
+    key = "Zq8rW3tY6uI9oP2aS5dF7gH1jK4lM0nBvC6xE3rT9yU"
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    deployment = reference_deployment()
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "api_key").write_text(key + "\n")
+    (state / "api_key").chmod(0o644)
+    args = {**probe_args(deployment, deployment.head), "state_dir": str(state), "key_file": str(state / "api_key")}
+    raw = run_program(LocalTransport("local"), "probe", "print_probe", args)
+    raw["docker"] = {"containers": [], "images": []}
+    facts = with_node(empty_facts(), "spark-head", api_key=node_facts_from_probe(deployment.head, raw).api_key)
+    path = tmp_path / "plan.json"
+    savedplan.write(path, savedplan.saved(plan(deployment, facts), deployment, facts))
+    text = path.read_text(encoding="utf-8")
+    assert any(a.step is Step.CHMOD_KEY for a in savedplan.read(path).plan.actions)
+    assert key not in text
+    assert key[:12] not in text
+
+
+def test_facts_that_move_by_themselves_do_not_make_a_plan_stale() -> None:
+    deployment = reference_deployment()
+    written = saved_empty()
+    facts = empty_facts()
+    node = facts.nodes["spark-head"]
+    memory = MemoryFacts(total_kib=1, available_kib=2)
+    checkpoint = node.checkpoint.model_copy(update={"disk_free": 1})
+    moved = with_node(facts, "spark-head", memory=memory, checkpoint=checkpoint)
+    savedplan.check_current(written, deployment, moved.model_copy(update={"taken_at": "later"}), Path("p.json"))
+
+
+def test_a_killed_rank_makes_the_saved_plan_stale_naming_what_changed() -> None:
+    deployment = reference_deployment()
+    converged = load_facts(CONVERGED_FACTS)
+    written = savedplan.saved(plan(deployment, converged), deployment, converged)
+    killed = with_container(converged, "spark-worker", status="exited", exit_code=137)
+    with pytest.raises(StalePlanError) as stale:
+        savedplan.check_current(written, deployment, killed, Path("p.json"))
+    assert "spark-worker containers" in stale.value.message
+    assert "reconciler plan --out p.json" in stale.value.hint
+
+
+def test_an_edited_spec_makes_the_saved_plan_stale() -> None:
+    written = saved_empty()
+    edited = with_serving(reference_deployment(), kv_bytes=2_000_000_000)
+    with pytest.raises(StalePlanError, match="another spec"):
+        savedplan.check_current(written, edited, empty_facts(), Path("p.json"))
+
+
+@pytest.mark.parametrize("content", ["", "not json", "[]", '{"format": 99}', '{"format": 1, "plan": {}}'])
+def test_a_file_that_is_not_a_saved_plan_is_an_error_naming_it(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(ReconcilerError) as error:
+        savedplan.read(path)
+    assert str(path) in error.value.message
+
+
+def test_an_edited_payload_of_the_wrong_kind_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    savedplan.write(path, saved_empty())
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["plan"]["actions"][0]["payload"] = {"kind": "no-such-thing"}
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ReconcilerError, match="not a valid saved plan"):
+        savedplan.read(path)
+
+
+def test_actions_round_trip_through_their_dict_form() -> None:
+    for item in saved_empty().plan.actions:
+        assert Action.from_dict(item.to_dict()) == item
+
+
+def test_plans_round_trip_through_their_dict_form() -> None:
+    result = saved_empty().plan
+    assert Plan.from_dict(result.to_dict()).to_dict() == result.to_dict()
