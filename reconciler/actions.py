@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -36,12 +36,16 @@ SYMBOLS: dict[str, str] = {
 class Step(enum.StrEnum):
     """One kind of operation, one executor; the part before the dot is the component."""
 
+    PIN = "checkpoint.pin"
+    LINK = "checkpoint.link"
     DOWNLOAD = "checkpoint.download"
     REASSEMBLE = "checkpoint.reassemble"
     VERIFY = "checkpoint.verify"
     COPY = "checkpoint.copy"
     STAGE_PLAN = "checkpoint.stage-plan"
     PRUNE = "checkpoint.prune"
+    SWITCH = "checkpoint.switch"
+    PRUNE_REVISIONS = "checkpoint.prune-revisions"
     PULL = "image.pull"
     CREATE_KEY = "apikey.create"
     CHMOD_KEY = "apikey.chmod"
@@ -94,6 +98,48 @@ class Download(Payload):
     on_node: bool = False
 
 
+class Pin(Payload):
+    """Record on the head what the spec's branch or tag resolved to, so it does not move by itself."""
+
+    kind: Literal["pin"] = "pin"
+    record: str
+    repo: str
+    revision: str
+    commit: str
+
+
+class Link(Payload):
+    """Hardlink these files of another revision on the node into the new one: relative name ->
+    existing path. The existing files are not changed (a link adds a name, not bytes)."""
+
+    kind: Literal["link"] = "link"
+    target_dir: str
+    files: dict[str, str]
+
+
+class Switch(Payload):
+    """Point model_dir at the revision the group now serves; record the history of revisions."""
+
+    kind: Literal["switch"] = "switch"
+    model_dir: str
+    target: str
+    # Where a model_dir that is a real directory (from before revisions) goes first.
+    legacy_to: str | None
+    record: str
+    repo: str
+    history: list[str]
+
+
+class PruneRevisions(Payload):
+    """Remove revision directories no longer kept; `shared_only` trees lose only the files that
+    live on in another revision (a pre-revisions model_dir may hold files of its own)."""
+
+    kind: Literal["prune-revisions"] = "prune-revisions"
+    model_dir: str
+    remove: list[str]
+    shared_only: list[str] = Field(default_factory=list)
+
+
 class Shard(Payload):
     name: str
     # None when only the manifest knows it (the Hub lists the shard's parts, not the shard).
@@ -126,6 +172,9 @@ class Verify(Payload):
     repo: str
     commit: str
     peer_dir: str | None = None
+    # When this revision is being served: a file restored here may have been read with its bad
+    # bytes, so a repair records a group restart (this cause) on the head.
+    restart_on_repair: str | None = None
 
 
 class Copy(Payload):
@@ -213,7 +262,11 @@ class ConfigurePi(Payload):
 
 
 AnyPayload = Annotated[
-    Download
+    Pin
+    | Link
+    | Switch
+    | PruneRevisions
+    | Download
     | Reassemble
     | Verify
     | Copy
@@ -272,10 +325,13 @@ class Action:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Action:
         """An action as `to_dict` wrote it (a saved plan); raises ValueError or ValidationError."""
+        verb = data["verb"]
+        if verb not in get_args(Verb):
+            raise ValueError(f"unknown verb {verb!r:.20}")
         return cls(
             id=str(data["id"]),
             step=Step(data["step"]),
-            verb=data["verb"],
+            verb=verb,
             node=str(data["node"]),
             summary=str(data["summary"]),
             cause=str(data["cause"]),

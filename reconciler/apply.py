@@ -23,13 +23,13 @@ import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from reconciler.actions import Action, Step
-from reconciler.components import apikey, checkpoint, image, memguard, pi, ranks
+from reconciler.components import apikey, checkpoint_run, image, memguard, pi, ranks
 from reconciler.errors import ApplyError, NodeCommandError, NodeUnreachableError, ReconcilerError
 from reconciler.execution import ApplyContext, Executor
 from reconciler.plan import Plan
 
 EXECUTORS: dict[Step, Executor] = {
-    **checkpoint.EXECUTORS,
+    **checkpoint_run.EXECUTORS,
     **image.EXECUTORS,
     **apikey.EXECUTORS,
     **memguard.EXECUTORS,

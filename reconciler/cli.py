@@ -90,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
         help="exit 0 when nothing changes, 2 when something does, 1 on error",
     )
     plan_cmd.add_argument("-v", "--verbose", action="store_true", help="also say why each in-sync part needs nothing")
+    _update_revision_option(plan_cmd)
     plan_cmd.add_argument(
         "--out",
         metavar="FILE",
@@ -111,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _spec_option(apply_cmd)
     _wait_option(apply_cmd)
+    _update_revision_option(apply_cmd)
     apply_cmd.add_argument(
         "-y",
         "--yes",
@@ -177,10 +179,28 @@ def _spec_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _update_revision_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--update-revision",
+        action="store_true",
+        help="move a branch or tag in model.revision to where it points on the Hub now (else it stays pinned)",
+    )
+
+
 def _wait_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--wait", type=float, default=600, metavar="SECONDS", help="how long to wait for a running loop's pass (600)"
+        "--wait", type=_seconds, default=600, metavar="SECONDS", help="how long to wait for a running loop's pass (600)"
     )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86_400:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 86400")
+    return value
 
 
 def _json_option(parser: argparse.ArgumentParser) -> None:
@@ -222,7 +242,10 @@ def _cmd_schema(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return EXIT_OK
     target = Path(args.out)
-    current = target.read_text(encoding="utf-8") if target.exists() else None
+    try:
+        current = target.read_text(encoding="utf-8") if target.exists() else None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReconcilerError(f"cannot read {target}: {exc}", "give --out the schema file's path") from None
     if args.check:
         fresh = current == text
         if args.json:
@@ -230,7 +253,12 @@ def _cmd_schema(args: argparse.Namespace) -> int:
         elif not fresh:
             sys.stderr.write(f"error: {target} is stale\n  hint: run `reconciler schema` and commit the result\n")
         return EXIT_OK if fresh else EXIT_ERROR
-    atomic_write(str(target), text.encode("utf-8"), 0o644)
+    try:
+        atomic_write(str(target), text.encode("utf-8"), 0o644)
+    except OSError as exc:
+        raise ReconcilerError(
+            f"cannot write {target}: {exc.strerror or exc}", "give --out a writable file path"
+        ) from None
     if args.json:
         _emit_json({"ok": True, "path": str(target), "changed": current != text})
     else:
@@ -242,12 +270,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec or default_spec_path())
     if args.facts is not None:
         facts = load_facts(args.facts)
-        result = plan(loaded.deployment, facts)
+        result = plan(loaded.deployment, facts, update_revision=args.update_revision)
     else:
         with commands.session(loaded.deployment) as transports:
-            facts, result = commands.live_plan(loaded.deployment, transports)
+            facts, result = commands.live_plan(loaded.deployment, transports, update_revision=args.update_revision)
     if args.out is not None:
-        savedplan.write(Path(args.out), savedplan.saved(result, loaded.deployment, facts))
+        saved = savedplan.saved(result, loaded.deployment, facts, update_revision=args.update_revision)
+        savedplan.write(Path(args.out), saved)
         sys.stderr.write(f"saved the plan to {args.out}; run it with `reconciler apply {args.out}`\n")
     if args.json:
         _emit_json(result.to_dict())
@@ -271,6 +300,11 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec or default_spec_path())
     _warn(loaded)
     deployment = loaded.deployment
+    if args.plan_file is not None and (args.deep_verify or args.update_revision):
+        raise ReconcilerError(
+            "a saved plan runs as it was made: --deep-verify and --update-revision do not apply to it",
+            "plan again with the option (`reconciler plan --update-revision --out FILE`), or apply without a file",
+        )
     saved = None
     if args.plan_file is not None:
         path = Path(args.plan_file)
@@ -279,6 +313,7 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         doing="reconciler apply",
         wait_s=args.wait,
         deep_verify=args.deep_verify,
+        update_revision=args.update_revision,
         saved=saved,
         show=None if args.json else _show_plan,
         confirm=None if args.yes else _confirm,
@@ -378,7 +413,7 @@ def _render_status(report: dict[str, Any]) -> str:
     lines = [f"deployment {report['deployment']}: {'converged' if report['converged'] else 'NOT converged'}"]
     loop = report.get("loop")
     if loop:
-        lines.append(f"  loop: {loop['condition']} (last pass {loop['last_pass']})")
+        lines.append(f"  loop: {loop.get('condition', '?')} (last pass {loop.get('last_pass') or 'none yet'})")
         lines += [f"  loop: spec error: {loop['spec_error']}"] if loop.get("spec_error") else []
     for name, node in report["nodes"].items():
         memory = f"MemAvailable {node['mem_available_gib']:.1f} GiB" if node["mem_available_gib"] is not None else ""
@@ -434,11 +469,17 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     request = commands.Converge(doing="reconciler stop", wait_s=args.wait, first=commands.hold, blocked_is_error=False)
     with commands.session(loaded.deployment) as transports:
         outcome = commands.converge(loaded.deployment, transports, Progress(), request)
+    unstopped = commands.ranks_still_running(loaded.deployment, outcome.facts)
     if args.json:
-        _emit_json({"ok": True, "held": True, "applied": outcome.result.to_dict()})
+        _emit_json({"ok": not unstopped, "held": True, "still_running": unstopped, "applied": outcome.result.to_dict()})
+    elif unstopped:
+        sys.stderr.write(
+            f"error: held, but not stopped: {', '.join(unstopped)}\n"
+            "  hint: the hold stays; run `reconciler stop` again once the node answers\n"
+        )
     else:
         sys.stdout.write("stopped; ranks stay down until `reconciler start`\n")
-    return EXIT_OK
+    return EXIT_ERROR if unstopped else EXIT_OK
 
 
 def _cmd_start(args: argparse.Namespace) -> int:

@@ -51,10 +51,14 @@ def session(deployment: Deployment) -> Iterator[dict[str, Transport]]:
 
 
 def live_plan(
-    deployment: Deployment, transports: dict[str, Transport], *, deep_verify: bool = False
+    deployment: Deployment,
+    transports: dict[str, Transport],
+    *,
+    deep_verify: bool = False,
+    update_revision: bool = False,
 ) -> tuple[Facts, Plan]:
-    facts = gather(deployment, transports)
-    return facts, plan(deployment, facts, deep_verify=deep_verify)
+    facts = gather(deployment, transports, update_revision=update_revision)
+    return facts, plan(deployment, facts, deep_verify=deep_verify, update_revision=update_revision)
 
 
 @dataclass
@@ -64,6 +68,8 @@ class Converge:
     doing: str
     wait_s: float = 600.0
     deep_verify: bool = False
+    # Move a branch or tag of the spec to where it points on the Hub now.
+    update_revision: bool = False
     # A saved plan to run instead of planning now (refused when the facts changed since).
     saved: tuple[savedplan.SavedPlan, Path] | None = None
     # Runs under the lock before anything is observed: `stop` holds, `start` releases.
@@ -95,7 +101,7 @@ def converge(
         context = ApplyContext(deployment, Facts(nodes={}), transports, progress, smoke=smoke_after_start)
         if request.first is not None:
             request.first(context)
-        facts = observe(deployment, transports, request.liveness)
+        facts = observe(deployment, transports, request.liveness, update_revision=request.update_revision)
         before = _plan_to_run(deployment, facts, request)
         if request.show is not None:
             request.show(before)
@@ -109,19 +115,44 @@ def converge(
         context.facts = facts
         result = apply_plan(context, before)
         after_facts = observe(deployment, transports, None)
-        return ApplyOutcome(before, result, plan(deployment, after_facts), after_facts)
+        after = plan(deployment, after_facts)
+        if request.saved is None and _restart_recorded(deployment, facts, after_facts) and after.has_changes:
+            # A verify restored a file the serving group may have read: restart it now, as a
+            # plan of its own (shown, and asked for on a terminal like the first).
+            progress.line("a file the serving group mounts was restored: the group restarts")
+            if request.show is not None:
+                request.show(after)
+            if request.confirm is None or request.confirm(after):
+                context.facts = after_facts
+                result.done += apply_plan(context, after).done
+                after_facts = observe(deployment, transports, None)
+                after = plan(deployment, after_facts)
+        return ApplyOutcome(before, result, after, after_facts)
 
 
-def observe(deployment: Deployment, transports: dict[str, Transport], liveness: Liveness | None) -> Facts:
-    facts = gather(deployment, transports)
+def _restart_recorded(deployment: Deployment, before: Facts, after: Facts) -> bool:
+    """Whether this apply recorded a group restart on the head that was not there before."""
+    head = deployment.head.name
+    return before.nodes[head].restart_intent is None and after.nodes[head].restart_intent is not None
+
+
+def observe(
+    deployment: Deployment,
+    transports: dict[str, Transport],
+    liveness: Liveness | None,
+    *,
+    update_revision: bool = False,
+) -> Facts:
+    facts = gather(deployment, transports, update_revision=update_revision)
     return facts if liveness is None else facts.model_copy(update={"liveness": liveness})
 
 
 def _plan_to_run(deployment: Deployment, facts: Facts, request: Converge) -> Plan:
     if request.saved is None:
-        return plan(deployment, facts, deep_verify=request.deep_verify)
+        return plan(deployment, facts, deep_verify=request.deep_verify, update_revision=request.update_revision)
     saved, path = request.saved
-    savedplan.check_current(saved, deployment, facts, path)
+    fresh = plan(deployment, facts, update_revision=saved.update_revision)
+    savedplan.check_current(saved, deployment, facts, path, fresh)
     return saved.plan
 
 
@@ -137,6 +168,19 @@ def smoke_after_start(ctx: ApplyContext, payload: Smoke) -> str:
             "set startup.smoke: protocol (or off)",
         )
     return report.summary()
+
+
+def ranks_still_running(deployment: Deployment, facts: Facts) -> list[str]:
+    """Our rank containers that run, or may (on a node that does not answer), as 'name on node'."""
+    found: list[str] = []
+    for rank, node in deployment.ranked_nodes:
+        observed = facts.nodes.get(node.name)
+        name = container_name(deployment, rank)
+        if observed is None or not observed.reachable:
+            found.append(f"{name} on {node.name} (not answering)")
+        elif any(c.name == name and c.status == "running" for c in observed.containers):
+            found.append(f"{name} on {node.name}")
+    return found
 
 
 HOLD_FILE = "hold.json"

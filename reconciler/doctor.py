@@ -25,7 +25,7 @@ from reconciler.components.checkpoint import (
     FULL_SIZE_WORKER,
     GB,
     assess,
-    expectation,
+    checkpoint_on,
     human_bytes,
     is_part,
 )
@@ -330,13 +330,14 @@ def _disk(subject: _Subject) -> Check:
     observed = subject.observed.checkpoint
     if observed.disk_free is None:
         return subject.check("disk", "WARN", f"free space in {subject.node.model_dir} unknown")
-    head = subject.facts.nodes[subject.deployment.head.name].checkpoint
-    state = assess(observed, expectation(subject.deployment, observed.manifest or head.manifest, head.hub))
+    tree, expect = checkpoint_on(subject.deployment, subject.facts, subject.node)
+    files = tree.files if tree is not None else {}
+    state = assess(files, expect)
     free = human_bytes(observed.disk_free)
     if not (state.missing or state.corrupt or state.assemblable):
         return subject.check("disk", "PASS", f"checkpoint complete; {free} free")
     full = FULL_SIZE_HEAD if subject.node.role == "head" else FULL_SIZE_WORKER
-    present = sum(info.size for info in observed.files.values())
+    present = sum(info.size for info in files.values())
     need = state.missing_bytes if state.sizes_known else max(full - present, 0)
     basis = " (Hub listing)" if state.sizes_known else f" (full size ~{human_bytes(full)} assumed: no Hub listing)"
     message = f"{human_bytes(need)} needed{basis}, {free} free in {subject.node.model_dir}"
@@ -383,12 +384,10 @@ def _memory(subject: _Subject) -> Check:
 
 def checkpoint_weight_bytes(deployment: Deployment, facts: Facts) -> tuple[int, str]:
     """Bytes of a complete checkpoint found on a node (its own files), else the reference figure."""
-    head = facts.nodes[deployment.head.name].checkpoint
     for _, node in deployment.ranked_nodes:
-        observed = facts.nodes[node.name].checkpoint
-        state = assess(observed, expectation(deployment, observed.manifest or head.manifest, head.hub))
-        if observed.files and state.complete:
-            size = sum(info.size for name, info in observed.files.items() if not is_part(name))
+        tree, expect = checkpoint_on(deployment, facts, node)
+        if tree is not None and tree.files and assess(tree.files, expect).complete:
+            size = sum(info.size for name, info in tree.files.items() if not is_part(name))
             return size, f"the size of the checkpoint on {node.name}"
     return REFERENCE_CHECKPOINT_BYTES, "the reference checkpoint size, assumed: no node holds a complete one yet"
 

@@ -21,12 +21,14 @@ import fnmatch
 import os
 import re
 import socket
+import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from huggingface_hub import HfApi, get_token, hf_hub_url, snapshot_download
+from huggingface_hub import HfApi, get_token, hf_hub_download, hf_hub_url, snapshot_download
 from huggingface_hub._local_folder import _short_hash, write_download_metadata
 from huggingface_hub.errors import (
     EntryNotFoundError,
@@ -41,7 +43,7 @@ from huggingface_hub.utils import _http as hf_http
 from huggingface_hub.utils._headers import build_hf_headers
 
 from reconciler.errors import HubError, ReconcilerError, UntrustedFileError
-from reconciler.facts.files import HubFacts, HubFileFacts, is_inside
+from reconciler.facts.files import HubFacts, HubFileFacts, is_inside, parse_manifest
 from reconciler.fsutil import read_bounded
 from reconciler.redact import checked_secret, redact
 from reconciler.spec import Model
@@ -57,6 +59,7 @@ class HubFile:
     size: int
     etag: str
     sha256: str | None
+    blob_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,11 @@ class HubListing:
     commit: str
     files: list[HubFile]
 
-    def as_facts(self) -> HubFacts:
-        files = {item.path: HubFileFacts(size=item.size, sha256=item.sha256) for item in self.files}
-        return HubFacts(commit=self.commit, files=files)
+    def as_facts(self, manifest: dict[str, str] | None = None) -> HubFacts:
+        files = {
+            item.path: HubFileFacts(size=item.size, sha256=item.sha256, blob_id=item.blob_id) for item in self.files
+        }
+        return HubFacts(commit=self.commit, files=files, manifest=manifest)
 
 
 TOKEN_HINT = "write the token alone on one line (as the Hub shows it), or fix $HF_TOKEN"
@@ -125,6 +130,40 @@ def _bound_client_timeouts() -> None:
         return client
 
     setter(bounded_client)
+
+
+# A whole question to the Hub (resolve a branch, list a commit and read its manifest) must end:
+# read timeouts alone never fire on a server that trickles a byte now and then.
+QUESTION_DEADLINE_S = 180.0
+T = TypeVar("T")
+
+
+def within_deadline(model: Model, doing: str, ask: Callable[[], T], deadline_s: float | None = None) -> T:
+    """Run `ask` (Hub requests) and give up after the deadline with a HubError; the abandoned
+    request finishes or fails in the background, on a daemon thread, holding nothing."""
+    limit = QUESTION_DEADLINE_S if deadline_s is None else deadline_s
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(ask())
+        except BaseException as exc:  # handed to the caller's thread below
+            failure.append(exc)
+
+    worker = threading.Thread(target=run, name="hub question", daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        where = endpoint(model) or "https://huggingface.co"
+        raise HubError(
+            f"{doing} at {where} took longer than {limit:.0f} s",
+            "the Hub is slow or stalled: retry later",
+            kind="network",
+        )
+    if failure:
+        raise failure[0]
+    return outcome[0]
 
 
 @contextlib.contextmanager
@@ -305,6 +344,47 @@ def list_files(model: Model, revision: str | None = None) -> HubListing:
 
 
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+MANIFEST_LIMIT = 1024 * 1024
+
+
+def resolve(model: Model) -> str:
+    """The commit the spec's revision (a branch or tag) points at on the Hub now."""
+    with hub_call(model, f"resolving {model.repo}@{model.revision}"):
+        api = HfApi(endpoint=endpoint(model), token=token(model))
+        commit = api.model_info(model.repo, revision=model.revision, timeout=READ_TIMEOUT_S).sha
+    if not isinstance(commit, str) or not _COMMIT_RE.match(commit):
+        raise HubError(
+            f"the Hub gave no commit for {model.repo}@{model.revision} (got {commit!r:.60})",
+            "check model.endpoint: a mirror must answer the revision call with the commit sha",
+            kind="malformed",
+        )
+    return commit
+
+
+def manifest_entries(model: Model, commit: str) -> dict[str, str] | None:
+    """The manifest of `commit` (the sha256 of every native shard), fetched alone; None when the
+    repo has none."""
+    with (
+        hub_call(model, f"reading {model.manifest} of {model.repo}@{commit[:12]}"),
+        tempfile.TemporaryDirectory() as scratch,
+    ):
+        try:
+            path = hf_hub_download(
+                model.repo,
+                model.manifest,
+                revision=commit,
+                local_dir=scratch,
+                endpoint=endpoint(model),
+                token=token(model),
+            )
+        except EntryNotFoundError as exc:
+            if isinstance(exc, LocalEntryNotFoundError):  # no Hub answer at all, not "no such file"
+                raise
+            return None
+        data = read_bounded(path, limit=MANIFEST_LIMIT)
+    return parse_manifest(data.decode("utf-8", "replace"))
+
+
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 # The Hub caps one file at 50 GB; anything far beyond is an answer not to trust.
 MAX_FILE_BYTES = 1000**4
@@ -327,7 +407,8 @@ def _hub_file(entry: RepoFile) -> HubFile:
     etag = sha256 or entry.blob_id
     if not isinstance(etag, str) or not re.match(r"^[0-9a-f]{1,64}$", etag):
         raise HubError(f"the Hub lists {path} without a usable blob id", "retry later", kind="malformed")
-    return HubFile(path=path, size=size, etag=etag, sha256=sha256)
+    blob_id = entry.blob_id if isinstance(entry.blob_id, str) and re.match(r"^[0-9a-f]{40}$", entry.blob_id) else None
+    return HubFile(path=path, size=size, etag=etag, sha256=sha256, blob_id=blob_id)
 
 
 def _partials(local_dir: Path, item: HubFile) -> list[Path]:

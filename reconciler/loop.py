@@ -40,6 +40,8 @@ from reconciler.transport import Transport, close_all, connect_all
 
 DEBOUNCE_S = 0.5
 BACKOFF_BASE_S = 15.0
+# The reason the spec watcher gives: a pass for it runs even during a backoff.
+SPEC_CHANGED = "spec file changed"
 
 
 class Clock(Protocol):
@@ -102,10 +104,16 @@ class LoopLogic:
     def admits(self, reasons: list[str]) -> bool:
         """A pass now? Not during a backoff, unless the spec changed (the fix may be in it)."""
         in_backoff = self.clock.monotonic() < self.backoff_until
-        return not in_backoff or any(reason.startswith("spec") for reason in reasons)
+        return not in_backoff or SPEC_CHANGED in reasons
 
-    def pass_started(self) -> None:
+    def pass_started(self) -> Liveness:
+        """The probes' verdict for this pass to act on. Failures enough to restart the group are
+        handed over and forgotten: whatever the pass does, they must not restart it again."""
         self.serving = False
+        handed = self.liveness
+        if handed.failures >= self.settings.failure_threshold:
+            self.liveness = Liveness()
+        return handed
 
     def pass_succeeded(self, applied: bool, after: Plan) -> None:
         """The condition after a pass; a pass that acted starts liveness counting afresh."""
@@ -124,7 +132,9 @@ class LoopLogic:
         """Back off exponentially with jitter, up to the cap; returns the delay."""
         self.serving = False
         self.status.failures += 1
-        delay = min(BACKOFF_BASE_S * 2.0 ** (self.status.failures - 1), float(self.settings.max_backoff_s))
+        # The exponent is capped: 2 ** 1024 overflows a float, and 2 ** 20 periods exceed any cap.
+        growth = 2.0 ** min(self.status.failures - 1, 20)
+        delay = min(BACKOFF_BASE_S * growth, float(self.settings.max_backoff_s))
         delay *= float(self.jitter())
         self.backoff_until = self.clock.monotonic() + delay
         self.status.next_try = utc_iso(self.clock.time() + delay)
@@ -170,6 +180,8 @@ class SpecKeeper:
     path: str
     text: str
     loaded: LoadedSpec
+    # Why the text last offered is not the running spec (None: it is).
+    error: str | None = None
 
     @classmethod
     def load(cls, path: str) -> SpecKeeper:
@@ -182,14 +194,14 @@ class SpecKeeper:
 
     def offer(self, text: str) -> SpecChange:
         if text == self.text:
-            return SpecChange("same")
+            return SpecChange("invalid" if self.error else "same", error=self.error)
         self.text = text
         try:
             loaded = parse_spec(text, self.path)
         except SpecError as error:
-            return SpecChange(
-                "invalid", error=f"{error.problems[0].render().splitlines()[0]} (running the last good spec)"
-            )
+            self.error = f"{error.problems[0].render().splitlines()[0]} (running the last good spec)"
+            return SpecChange("invalid", error=self.error)
+        self.error = None
         before = self.deployment
         self.loaded = loaded
         names = [node.name for node in before.nodes], [node.name for node in loaded.deployment.nodes]
@@ -243,19 +255,18 @@ class Loop:
         self.triggers.fire("stopping")
 
     def pass_(self, reasons: list[str]) -> None:
-        clear_trips = self._reload_spec()
         self._log(f"pass: {', '.join(dict.fromkeys(reasons))}")
-        self.logic.pass_started()
-        request = commands.Converge(
-            doing="reconcile loop pass",
-            wait_s=3600,
-            first=commands.clear_trips if clear_trips else None,
-            show=self._show,
-            liveness=self.logic.liveness,
-            blocked_is_error=False,
-            on_wait=self._log,
-        )
         try:
+            clear_trips = self._reload_spec()
+            request = commands.Converge(
+                doing="reconcile loop pass",
+                wait_s=3600,
+                first=commands.clear_trips if clear_trips else None,
+                show=self._show,
+                liveness=self.logic.pass_started(),
+                blocked_is_error=False,
+                on_wait=self._log,
+            )
             outcome = commands.converge(self.deployment, self.transports, self.progress, request)
             self.last_facts = outcome.facts
             self.logic.pass_succeeded(outcome.before.has_changes, outcome.after)
@@ -264,7 +275,10 @@ class Loop:
         except Exception as exc:  # the loop must outlive any bug in a pass; the journal keeps the detail
             self._failed(f"unexpected {type(exc).__name__}: {exc}", "please report this bug")
         self.status.last_pass = utc_iso()
-        self._publish()
+        try:
+            self._publish()
+        except OSError as exc:  # a full or broken state dir must not end the loop
+            self._log(f"cannot write the status file: {exc}")
 
     def _show(self, before: Plan) -> None:
         if before.has_changes:
@@ -285,15 +299,17 @@ class Loop:
             return False
         change = self.keeper.offer(text)
         if change.kind == "invalid":
+            if change.error != self.status.spec_error:
+                self._log(f"spec error: {change.error}")
             self.status.spec_error = change.error
-            self._log(f"spec error: {change.error}")
             return False
+        self.status.spec_error = None
         if change.kind == "new":
-            self.status.spec_error = None
             self.logic.settings = self.deployment.loop
         if change.nodes_changed:
             close_all(self.transports)
             self.transports = connect_all(self.deployment)
+            self._watch_new_nodes()
         if change.deployment_changed:
             self._log("spec changed: converging to it")
             self.logic.backoff_until = 0.0
@@ -317,25 +333,35 @@ class Loop:
         self.threads = [
             threading.Thread(target=self._watch_spec, name="spec watcher", daemon=True),
             threading.Thread(target=self._probe, name="liveness probe", daemon=True),
-            *(
-                threading.Thread(target=self._watch_events, args=(node,), name=f"{node} events", daemon=True)
-                for node in self.transports
-            ),
         ]
         for thread in [*self.threads, threading.Thread(target=self._watchdog, name="watchdog", daemon=True)]:
             thread.start()
+        self._watch_new_nodes()
+
+    def _watch_new_nodes(self) -> None:
+        """A Docker event stream per node of the spec; the one of a node no longer in it ends."""
+        suffix = " events"
+        self.threads = [
+            t for t in self.threads if not t.name.endswith(suffix) or t.name[: -len(suffix)] in self.transports
+        ]
+        watched = {thread.name for thread in self.threads}
+        for node in self.transports:
+            if f"{node}{suffix}" not in watched:
+                thread = threading.Thread(target=self._watch_events, args=(node,), name=f"{node}{suffix}", daemon=True)
+                self.threads.append(thread)
+                thread.start()
 
     def _watch_spec(self) -> None:
         spec = Path(self.spec_path).resolve()
         for changes in watchfiles.watch(spec.parent, stop_event=self.stopping, debounce=200, raise_interrupt=False):
             if any(Path(changed).resolve() == spec for _, changed in changes):
-                self.triggers.fire("spec file changed")
+                self.triggers.fire(SPEC_CHANGED)
 
     def _watch_events(self, node: str) -> None:
         """Docker `die`/`oom` of our containers on one node; reconnects after any error."""
         delay = 1.0
         since = int(time.time())
-        while not self.stopping.is_set():
+        while not self.stopping.is_set() and node in self.transports:
             labels = [f"{LABEL_OWNER}={OWNER}", f"{LABEL_DEPLOYMENT}={self.deployment.name}"]
             filters = {"type": "container", "event": ["die", "oom"], "label": labels}
             stream = None

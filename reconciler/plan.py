@@ -7,18 +7,19 @@ prerequisites, and renders the result Terraform-style or as JSON.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reconciler.actions import Action, Blocker, Copy, Download, InSync, Outcome, Step
 from reconciler.components.apikey import plan_apikey
-from reconciler.components.checkpoint import plan_checkpoint
+from reconciler.components.checkpoint import placements, plan_checkpoint
 from reconciler.components.image import plan_image
 from reconciler.components.memguard import plan_memguard
 from reconciler.components.pi import plan_pi
-from reconciler.components.ranks import plan_ranks
+from reconciler.components.ranks import hold_reasons, plan_ranks
 from reconciler.errors import FactsError
 from reconciler.facts.node import Facts
+from reconciler.revisions import desired_commit
 from reconciler.spec import Deployment
 
 _SUMMARY_KINDS = {
@@ -100,24 +101,39 @@ class Plan:
         return total
 
 
-def plan(deployment: Deployment, facts: Facts, *, deep_verify: bool = False) -> Plan:
+def plan(deployment: Deployment, facts: Facts, *, deep_verify: bool = False, update_revision: bool = False) -> Plan:
     """Compose every component's conclusion into one ordered plan.
 
     Ranks never start while anything else is blocked (a checkpoint that cannot fit, a node
-    that does not answer): the rank blocker names what they wait for.
+    that does not answer): the rank blocker names what they wait for. A new revision is staged
+    on every node before the group restarts onto it; model_dir links to it, and old revisions
+    go, only after the group is ready.
     """
     _check_facts_cover_spec(deployment, facts)
+    head = facts.nodes[deployment.head.name].checkpoint
+    commit = desired_commit(deployment.model, head, update=update_revision)
+    staging = plan_checkpoint(deployment, facts, commit, deep_verify=deep_verify)
     outcome = Outcome()
-    outcome.extend(plan_checkpoint(deployment, facts, deep_verify=deep_verify))
+    outcome.extend(staging)
     for component in (plan_image, plan_apikey, plan_memguard):
         outcome.extend(component(deployment, facts))
     holding = [blocker for blocker in outcome.blockers if blocker.holds_ranks]
-    if holding:
+    # A hold or a guard trip stops the running ranks whatever else blocks: `stop` must stop.
+    if holding and not hold_reasons(deployment, facts):
         first = holding[0]
         message = f"ranks wait for {first.component} on {first.node}"
         outcome.blockers.append(Blocker(deployment.head.name, "ranks", message, first.hint))
     else:
-        outcome.extend(plan_ranks(deployment, facts, _rank_prerequisites(deployment, outcome.actions)))
+        ranks = plan_ranks(
+            deployment,
+            facts,
+            _rank_prerequisites(deployment, outcome.actions),
+            placements(deployment, facts, staging.commit),
+            after=[action.id for action in staging.actions],
+            restart=staging.restart,
+        )
+        outcome.extend(ranks)
+        outcome.actions += _after_ready(staging.after_ready, ranks)
     outcome.extend(plan_pi(deployment, facts))  # after the ranks, and never one of their prerequisites
     return Plan(
         deployment=deployment.name,
@@ -128,6 +144,23 @@ def plan(deployment: Deployment, facts: Facts, *, deep_verify: bool = False) -> 
         notes=outcome.notes,
         held=outcome.held,
     )
+
+
+def _after_ready(after_ready: list[Action], ranks: Outcome) -> list[Action]:
+    """The checkpoint's steps for after the group serves the new revision: after its restart
+    when one is planned, at once when it already serves it (or is held down)."""
+    if not after_ready:
+        return []
+    group = [action for action in ranks.actions if action.component == "ranks"]
+    restarting = any(action.step is Step.START_RANK for action in group)
+    if not restarting and (group or ranks.blockers) and not ranks.held:
+        return []
+    if not restarting:
+        return after_ready
+    return [
+        replace(item, depends_on=(*item.depends_on, group[-1].id)) if item.step is Step.SWITCH else item
+        for item in after_ready
+    ]
 
 
 def _check_facts_cover_spec(deployment: Deployment, facts: Facts) -> None:

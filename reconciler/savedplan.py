@@ -2,11 +2,11 @@
 
 A saved plan holds the plan with every action's payload, a fingerprint of the spec it was made
 from and a fingerprint of the facts it saw, part by part (each node's containers, checkpoint,
-guard, ...). Applying it gathers the facts again: if any part differs (a rank was killed, a file
-changed, the spec was edited), the plan is stale and is refused, naming what changed and how to
-plan again; otherwise its actions run as saved. Facts that change by themselves all the time
-and that no action depends on (available memory, free disk, the time taken) are left out of the
-fingerprint; an action that needs free disk checks it when it runs.
+guard, ...). Applying it gathers the facts again and plans from them: planning is pure, so if
+the deployment is as it was, that plan is the saved one, payloads and all, and the saved actions
+run. If not (a rank was killed, a file changed, the spec was edited, or the file itself was), the
+plan is stale and is refused, naming the parts of the facts that changed and how to plan again.
+Facts that moved without changing the plan (memory, an unrelated image) do not make it stale.
 
 The file holds no secret: payloads name the key file, never the key, and facts describe the key
 file without its content.
@@ -44,12 +44,15 @@ class SavedPlan:
     facts: dict[str, str]
     created_at: str
     made_by: str
+    # `plan --update-revision --out`: applying it plans the same way.
+    update_revision: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "made_by": self.made_by,
             "created_at": self.created_at,
+            "update_revision": self.update_revision,
             "spec_fingerprint": self.spec,
             "facts_fingerprint": self.facts,
             "plan": self.plan.to_dict(),
@@ -80,12 +83,27 @@ def facts_fingerprint(facts: Facts) -> dict[str, str]:
     return parts
 
 
-def saved(plan: Plan, deployment: Deployment, facts: Facts, created_at: str | None = None) -> SavedPlan:
-    return SavedPlan(plan, spec_fingerprint(deployment), facts_fingerprint(facts), created_at or utc_iso(), __version__)
+def saved(
+    plan: Plan, deployment: Deployment, facts: Facts, created_at: str | None = None, *, update_revision: bool = False
+) -> SavedPlan:
+    return SavedPlan(
+        plan,
+        spec_fingerprint(deployment),
+        facts_fingerprint(facts),
+        created_at or utc_iso(),
+        __version__,
+        update_revision,
+    )
 
 
 def write(path: Path, plan: SavedPlan) -> None:
-    atomic_write(str(path), (json.dumps(plan.to_dict(), indent=2) + "\n").encode("utf-8"), 0o644)
+    """Private (0600): the rank payloads hold the spec's environment, which may name tokens."""
+    try:
+        atomic_write(str(path), (json.dumps(plan.to_dict(), indent=2) + "\n").encode("utf-8"), 0o600)
+    except OSError as exc:
+        raise ReconcilerError(
+            f"cannot write the plan to {path}: {exc.strerror or exc}", "give --out a file path in a writable directory"
+        ) from None
 
 
 def read(path: Path) -> SavedPlan:
@@ -106,20 +124,36 @@ def read(path: Path) -> SavedPlan:
             facts={str(key): str(value) for key, value in dict(data["facts_fingerprint"]).items()},
             created_at=str(data["created_at"]),
             made_by=str(data["made_by"]),
+            update_revision=data.get("update_revision") is True,
         )
     except (KeyError, TypeError, ValueError, ValidationError) as exc:
         raise ReconcilerError(f"{path} is not a valid saved plan: {type(exc).__name__}", hint) from None
 
 
-def check_current(plan: SavedPlan, deployment: Deployment, facts: Facts, path: Path) -> None:
-    """Refuse a plan made from another spec or from facts that have changed since."""
+def check_current(plan: SavedPlan, deployment: Deployment, facts: Facts, path: Path, fresh: Plan) -> None:
+    """Refuse a plan made from another spec or version, or one that the facts no longer give.
+
+    `fresh` is the plan of the facts now. Planning is pure, so a saved plan whose facts are as
+    they were is exactly the fresh one, payloads included: any difference means the deployment
+    changed since (the fingerprint says which part) or the file was edited. Facts that changed
+    without changing the plan (an unrelated image pulled, memory moving) do not make it stale.
+    """
     replan = f"run `reconciler plan --out {path}` again, review it, then `reconciler apply {path}`"
+    if plan.made_by != __version__:
+        raise StalePlanError(
+            f"the saved plan {path} was made by reconciler {plan.made_by}, this is {__version__}", replan
+        )
     if plan.plan.deployment != deployment.name or plan.spec != spec_fingerprint(deployment):
         raise StalePlanError(f"the saved plan {path} was made from another spec (or the spec changed since)", replan)
+    saved_actions = [action.to_dict() for action in plan.plan.actions]
+    fresh_actions = [action.to_dict() for action in fresh.actions]
+    if saved_actions == fresh_actions:
+        return
     now = facts_fingerprint(facts)
     changed = sorted(part for part in {*plan.facts, *now} if plan.facts.get(part) != now.get(part))
-    if changed:
-        raise StalePlanError(
-            f"the saved plan {path} is stale: the deployment changed since {plan.created_at} ({', '.join(changed)})",
-            replan,
-        )
+    if not changed:
+        raise StalePlanError(f"the saved plan {path} differs from what its facts give: was it edited?", replan)
+    raise StalePlanError(
+        f"the saved plan {path} is stale: the deployment changed since {plan.created_at} ({', '.join(changed)})",
+        replan,
+    )

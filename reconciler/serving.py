@@ -21,10 +21,11 @@ LABEL_DEPLOYMENT = "io.spark-reconciler.deployment"
 LABEL_RANK = "io.spark-reconciler.rank"
 LABEL_NODE = "io.spark-reconciler.node"
 LABEL_CONFIG_HASH = "io.spark-reconciler.config-hash"
+LABEL_COMMIT = "io.spark-reconciler.commit"
 # Bumped only when the hashed fields change meaning, so that upgrading the reconciler
 # does not recreate every container, as unstable hashes did to docker compose users
-# (see docs/sources.md).
-HASH_SCHEME = "v1"
+# (see docs/sources.md). v2: the checkpoint's commit is part of the hash.
+HASH_SCHEME = "v2"
 
 KEY_MOUNT = "/run/secrets/dsv41-api-key"
 # vLLM reads VLLM_API_KEY; set it in the process only, at exec time, from the mounted file.
@@ -49,10 +50,14 @@ class ResolvedFabric:
 
 @dataclass(frozen=True)
 class NodeContext:
-    """What rendering needs to know about a node beyond the spec."""
+    """What rendering needs to know about a node beyond the spec: its home, its fabric, and
+    where the revision to serve is (None: the spec's model_dir and STATE_DIR/plans)."""
 
     home: str
     fabric: ResolvedFabric
+    model_path: str | None = None
+    plans_path: str | None = None
+    commit: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,8 @@ class RankContainer:
     mounts: tuple[Mount, ...]
     shm_size: str
     stop_timeout_s: int
+    # The checkpoint's commit the rank serves ('' when unknown): a new revision is a new container.
+    commit: str = ""
     network_mode: str = "host"
     ipc_mode: str = "host"
     privileged: bool = True
@@ -108,6 +115,7 @@ class RankContainer:
                 self.restart_policy,
             ],
             "ulimits": sorted(self.ulimits),
+            "commit": self.commit,
         }
         digest = hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode())
         return f"{HASH_SCHEME}:{digest.hexdigest()}"
@@ -272,12 +280,14 @@ def rank_env(deployment: Deployment, fabric: ResolvedFabric) -> dict[str, str]:
     return env
 
 
-def rank_mounts(deployment: Deployment, rank: int, home: str, head_home: str) -> tuple[Mount, ...]:
+def rank_mounts(deployment: Deployment, rank: int, context: NodeContext, head_home: str) -> tuple[Mount, ...]:
+    """The revision directory read-only at /model (never model_dir's link: a later switch of the
+    link must not change what a running rank sees), its staged plans, the kernel caches, the key."""
     node = _node_of_rank(deployment, rank)
-    state_dir = expand_home(deployment.state_dir, home).rstrip("/")
+    state_dir = expand_home(deployment.state_dir, context.home).rstrip("/")
     mounts = [
-        Mount(expand_home(node.model_dir, home), "/model", read_only=True),
-        Mount(f"{state_dir}/plans", "/plans", read_only=True),
+        Mount(context.model_path or expand_home(node.model_dir, context.home), "/model", read_only=True),
+        Mount(context.plans_path or f"{state_dir}/plans", "/plans", read_only=True),
         Mount(f"{state_dir}/cache", "/cache", read_only=False),
     ]
     if rank == 0:
@@ -303,7 +313,8 @@ def render_rank(deployment: Deployment, rank: int, contexts: dict[str, NodeConte
         entrypoint=("/bin/sh", "-c", wrapper, f"{deployment.name}-r{rank}"),
         command=tuple(vllm_argv(deployment, rank, contexts[head.name].fabric.ip)),
         env=tuple(rank_env(deployment, context.fabric).items()),
-        mounts=rank_mounts(deployment, rank, context.home, contexts[head.name].home),
+        mounts=rank_mounts(deployment, rank, context, contexts[head.name].home),
+        commit=context.commit or "",
         shm_size=deployment.serving.shm_size,
         stop_timeout_s=deployment.serving.stop_timeout_s,
         gpus=deployment.serving.gpus,
@@ -316,6 +327,7 @@ def render_rank(deployment: Deployment, rank: int, contexts: dict[str, NodeConte
         LABEL_RANK: str(rank),
         LABEL_NODE: node.name,
         LABEL_CONFIG_HASH: container.config_hash(),
+        LABEL_COMMIT: context.commit or "",
     }
     return dataclasses.replace(container, labels=labels)
 

@@ -417,6 +417,12 @@ class Model(StrictModel):
     manifest: FileName = Field(default="sha256-manifest.txt", description="In the model dir.")
     keep_parts: bool = Field(default=False, description="Reference KEEP_PARTS: keep .partNN files after reassembly.")
     exl3_plan: FileName = Field(default="J268-ho-v31-K5n.json", description="Reference PLAN_NAME, in exl3/plan/.")
+    keep_revisions: int = Field(
+        default=1,
+        ge=0,
+        le=16,
+        description="Previous revisions kept beside the served one (for a rollback without a download).",
+    )
     worker_source: Literal["peer", "hub"] = Field(default="peer", description="Default for nodes[].model_source.")
 
     @field_validator("endpoint")

@@ -6,17 +6,27 @@ tests/fixtures/facts/empty.json) so each test states only what differs.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from reconciler.components.checkpoint import NATIVE_SHARDS
+from reconciler.components.checkpoint import PARTED_SHARDS, is_part, placements
 from reconciler.components.fabric import node_contexts
 from reconciler.components.memguard import guard_config_hash
 from reconciler.facts.containers import ContainerFacts
-from reconciler.facts.files import CheckpointFacts, FileFacts, KeyFileFacts
+from reconciler.facts.files import (
+    CheckpointFacts,
+    CheckpointRecord,
+    FileFacts,
+    HubFacts,
+    KeyFileFacts,
+    Resolved,
+    RevisionFacts,
+)
 from reconciler.facts.memory import GuardFacts, GuardTrip
 from reconciler.facts.node import Facts, NodeFacts, load_facts
+from reconciler.revisions import revision_dir
 from reconciler.serving import RankContainer, render_group, rewrite_exl3_plan
-from reconciler.spec import Deployment, load_spec
+from reconciler.spec import Deployment, Node, expand_home, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests/fixtures"
@@ -39,26 +49,46 @@ def empty_facts() -> Facts:
     return load_facts(EMPTY_FACTS)
 
 
-def complete_checkpoint(deployment: Deployment) -> CheckpointFacts:
-    model = deployment.model
-    manifest = {name: f"{index:02d}" + "ab" * 31 for index, name in enumerate(NATIVE_SHARDS, start=1)}
-    files = {name: FileFacts(size=40_000_000_000, sha256=digest) for name, digest in manifest.items()}
-    for name in (
-        "config.json",
-        "model.safetensors.index.json",
-        model.manifest,
-        f"exl3/plan/{model.exl3_plan}",
-    ):
-        files[name] = FileFacts(size=4096)
-    for bank in ("qn", "q31", "q31s"):
-        files[f"exl3/{bank}/L00.part.safetensors"] = FileFacts(size=1_000_000_000)
-    return CheckpointFacts(
-        files=files, manifest=manifest, exl3_plan=EXL3_PLAN, staged_plan=rewrite_exl3_plan(EXL3_PLAN)
+COMMIT = "61f9933a00000000000000000000000000000000"
+# The model's EXL3 plan as the checkpoint ships it (bank dirs as the publisher's machine had them).
+EXL3_PLAN = '{"qdir": "/build/exl3/qn:/build/exl3/q31:/build/exl3/q31s", "layers": 61}\n'
+
+
+def listing_of(facts: Facts) -> HubFacts:
+    """The head's listing of COMMIT in the empty fixture (every file, sizes, sha256, the manifest)."""
+    return facts.nodes["spark-head"].checkpoint.hub[COMMIT]
+
+
+def revision_tree(node: Node, home: str, listing: HubFacts) -> RevisionFacts:
+    """A complete, verified revision directory of `listing` on a node, its plan staged."""
+    files: dict[str, FileFacts] = {}
+    manifest = listing.manifest or {}
+    for name, info in listing.files.items():
+        if is_part(name):
+            continue
+        files[name] = FileFacts(size=info.size, sha256=info.sha256 or manifest.get(name))
+    for shard in PARTED_SHARDS:
+        size = sum(info.size for name, info in listing.files.items() if name.startswith(shard + ".part"))
+        files[shard] = FileFacts(size=size, sha256=manifest[shard])
+    return RevisionFacts(
+        path=revision_dir(expand_home(node.model_dir, home), listing.commit),
+        files=files,
+        manifest=dict(manifest),
+        exl3_plan=EXL3_PLAN,
+        staged_plan=rewrite_exl3_plan(EXL3_PLAN),
     )
 
 
-# The model's EXL3 plan as the checkpoint ships it (bank dirs as the publisher's machine had them).
-EXL3_PLAN = '{"qdir": "/build/exl3/qn:/build/exl3/q31:/build/exl3/q31s", "layers": 61}\n'
+def complete_checkpoint(deployment: Deployment, node: Node, base: Facts) -> CheckpointFacts:
+    """A node that serves COMMIT from its revision directory, as an apply leaves it."""
+    observed = base.nodes[node.name]
+    assert observed.home is not None
+    listing = listing_of(base)
+    tree = revision_tree(node, observed.home, listing)
+    record = CheckpointRecord(repo=deployment.model.repo, history=[COMMIT])
+    if node.role == "head":
+        record = record.model_copy(update={"resolved": Resolved(revision=deployment.model.revision, commit=COMMIT)})
+    return observed.checkpoint.model_copy(update={"revisions": {COMMIT: tree}, "link": COMMIT, "record": record})
 
 
 def running(container: RankContainer) -> ContainerFacts:
@@ -79,12 +109,16 @@ def converged_facts(deployment: Deployment | None = None) -> Facts:
     base = empty_facts()
     contexts, blockers = node_contexts(deployment, base)
     assert not blockers, blockers
+    for name, placed in placements(deployment, base, COMMIT).items():
+        contexts[name] = replace(
+            contexts[name], model_path=placed.model_path, plans_path=placed.plans_path, commit=placed.commit
+        )
     containers = {rank.node: rank for rank in render_group(deployment, contexts)}
     nodes: dict[str, NodeFacts] = {}
     for name, observed in base.nodes.items():
         nodes[name] = observed.model_copy(
             update={
-                "checkpoint": complete_checkpoint(deployment),
+                "checkpoint": complete_checkpoint(deployment, deployment.node(name), base),
                 "images": [deployment.image.ref],
                 "containers": [running(containers[name])],
                 "guard": GuardFacts(running=True, config_hash=guard_config_hash(deployment)),
@@ -96,15 +130,70 @@ def converged_facts(deployment: Deployment | None = None) -> Facts:
     return base.model_copy(update={"nodes": nodes})
 
 
+def running_on(deployment: Deployment, facts: Facts, commit: str) -> Facts:
+    """The facts with every rank running as rendered for revision `commit` (its directory)."""
+    contexts, blockers = node_contexts(deployment, facts)
+    assert not blockers, blockers
+    for name, placed in placements(deployment, facts, commit).items():
+        contexts[name] = replace(
+            contexts[name], model_path=placed.model_path, plans_path=placed.plans_path, commit=placed.commit
+        )
+    for rank in render_group(deployment, contexts):
+        facts = with_node(facts, rank.node, containers=[running(rank)])
+    return facts
+
+
 def with_node(facts: Facts, name: str, **changes: object) -> Facts:
     nodes = dict(facts.nodes)
     nodes[name] = nodes[name].model_copy(update=changes)
     return facts.model_copy(update={"nodes": nodes})
 
 
+def with_tree_files(facts: Facts, node: str, files: dict[str, FileFacts], drop: list[str] | None = None) -> Facts:
+    """The facts with some files of the node's COMMIT revision replaced, added or dropped."""
+    checkpoint = facts.nodes[node].checkpoint
+    tree = checkpoint.revisions[COMMIT]
+    merged = {name: info for name, info in {**tree.files, **files}.items() if name not in (drop or [])}
+    revisions = {**checkpoint.revisions, COMMIT: tree.model_copy(update={"files": merged})}
+    return with_node(facts, node, checkpoint=checkpoint.model_copy(update={"revisions": revisions}))
+
+
+def with_hub_sha(facts: Facts, name: str, sha256: str) -> Facts:
+    """The facts with the head's listing of COMMIT giving `name` this sha256."""
+    checkpoint = facts.nodes["spark-head"].checkpoint
+    listing = checkpoint.hub[COMMIT]
+    files = {**listing.files, name: listing.files[name].model_copy(update={"sha256": sha256})}
+    hub = {**checkpoint.hub, COMMIT: listing.model_copy(update={"files": files})}
+    return with_node(facts, "spark-head", checkpoint=checkpoint.model_copy(update={"hub": hub}))
+
+
 def with_container(facts: Facts, node: str, **changes: object) -> Facts:
     container = facts.nodes[node].containers[0].model_copy(update=changes)
     return with_node(facts, node, containers=[container])
+
+
+# Commit B of the test repo: model-00003 and config.json changed, everything else as COMMIT.
+COMMIT_B = "7a3f0c1e00000000000000000000000000000000"
+
+
+def with_revision_b(facts: Facts) -> Facts:
+    """The head knows the listing of COMMIT_B as well."""
+    checkpoint = facts.nodes["spark-head"].checkpoint
+    listing = checkpoint.hub[COMMIT]
+    files = dict(listing.files)
+    files["model-00003-of-00006.safetensors"] = files["model-00003-of-00006.safetensors"].model_copy(
+        update={"sha256": "3b" * 32, "size": 48_100_000_000 - 4096}
+    )
+    files["config.json"] = files["config.json"].model_copy(update={"blob_id": "b" * 40})
+    manifest = {**(listing.manifest or {}), "model-00003-of-00006.safetensors": "3b" * 32}
+    b = listing.model_copy(update={"commit": COMMIT_B, "files": files, "manifest": manifest})
+    return with_node(
+        facts, "spark-head", checkpoint=checkpoint.model_copy(update={"hub": {**checkpoint.hub, COMMIT_B: b}})
+    )
+
+
+def with_revision(deployment: Deployment, revision: str) -> Deployment:
+    return deployment.model_copy(update={"model": deployment.model.model_copy(update={"revision": revision})})
 
 
 def golden_scenarios() -> dict[str, tuple[Deployment, Facts]]:
@@ -125,6 +214,7 @@ def golden_scenarios() -> dict[str, tuple[Deployment, Facts]]:
             ),
         ),
         "plan-kv-bytes-changed": (with_serving(deployment, kv_bytes=2_000_000_000), converged),
+        "plan-revision-change": (with_revision(deployment, COMMIT_B), with_revision_b(converged)),
         "plan-guard-tripped": (
             deployment,
             with_node(

@@ -1,23 +1,25 @@
-"""The checkpoint on every node: download, reassemble parts, verify, copy to peers, stage the plan.
+"""The checkpoint on every node, one revision (commit) at a time: staged beside, swapped in whole.
 
-The head downloads from the Hub; a worker copies from the head over the fabric (or downloads
-itself when its model_source is hub). A node's checkpoint is done when every expected file is
-present and every manifest entry matches its sha256; then its EXL3 plan is staged into the
-state dir with bank paths rewritten for the /model mount.
+The commit to serve is desired state (reconciler/revisions.py). Each node keeps it in a directory
+of its own, `<model_dir>@<commit>`: files that did not change are hardlinked from a revision the
+node already has, only the rest is downloaded on the head (or by a hub-sourced worker) and
+copied to peers, then reassembled, verified and its EXL3 plan staged. Nothing in a revision the
+ranks serve is written, renamed or removed meanwhile; the rank group restarts onto the new one
+(its config hash covers the commit), and only once it is ready does model_dir link to it and
+older revisions beyond `model.keep_revisions` go.
+
+A file found corrupt in a revision being served is restored by atomic replacement (a fresh file
+renamed over it), and the group restarts unless the file is one the engine never reads: it may
+have read the bad bytes, at load or later (the Engram tables are read from disk while serving).
 """
 
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
-import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Literal
+from dataclasses import dataclass, field, replace
 
-from reconciler import hub
 from reconciler.actions import (
     Action,
     Blocker,
@@ -25,25 +27,27 @@ from reconciler.actions import (
     Download,
     HubFile,
     InSync,
+    Link,
     Outcome,
     Payload,
+    Pin,
     Prune,
+    PruneRevisions,
     Reassemble,
     Shard,
     StagePlan,
     Step,
+    Switch,
     Verb,
     Verify,
     action,
     shorten,
 )
-from reconciler.errors import NodeCommandError
-from reconciler.execution import ApplyContext, Executor, payload_of
-from reconciler.facts.files import CheckpointFacts, HubFacts, parse_manifest
+from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
+from reconciler.revisions import desired_commit, is_commit, pinned, pre_revisions_dir, revision_dir, short
 from reconciler.serving import rewrite_exl3_plan
-from reconciler.spec import Deployment, Model, Node, SshTarget, expand_home
-from reconciler.transport.base import check, run_program
+from reconciler.spec import Deployment, Node, expand_home
 
 COMPONENT = "checkpoint"
 NATIVE_SHARDS = [f"model-0000{index}-of-00006.safetensors" for index in range(1, 7)]
@@ -117,8 +121,7 @@ class CheckpointState:
         return not (self.missing or self.assemblable or self.unverified or self.corrupt)
 
 
-def assess(observed: CheckpointFacts, expect: Expectation) -> CheckpointState:
-    files = observed.files
+def assess(files: Mapping[str, FileFacts], expect: Expectation) -> CheckpointState:
     parts = part_files(files)
     shards_with_parts = {match.group("shard") for part in parts if (match := _PART_RE.match(part))}
     absent = [name for name in expect.files if name not in files]
@@ -144,30 +147,53 @@ def human_bytes(count: int) -> str:
     return f"{count} B"
 
 
-def plan_checkpoint(deployment: Deployment, facts: Facts, deep_verify: bool = False) -> Outcome:
-    """Checkpoint actions for every reachable node; workers after the head they copy from."""
-    outcome = Outcome()
+def plan_checkpoint(deployment: Deployment, facts: Facts, commit: str | None, deep_verify: bool = False) -> Staging:
+    """Bring every reachable node to revision `commit`: the actions before the rank group may
+    restart onto it, and those for after it is ready (link model_dir, prune old revisions)."""
     head = deployment.head
-    head_facts = facts.nodes[head.name].checkpoint
-    if head_facts.hub is None and head_facts.hub_error is not None:
-        return plan_without_hub(deployment, facts, head_facts.hub_error)
-    head_done = ""
     head_view = view_of(deployment, facts, head)
-    if head_view is not None:
-        expect = expectation(deployment, head_facts.manifest, head_facts.hub)
-        head_outcome = _plan_hub_node(deployment, head_view, expect, head_facts.hub, deep_verify)
-        head_done = _last_id(head_outcome, exclude=(Step.PRUNE, Step.STAGE_PLAN))
-        outcome.extend(head_outcome)
+    listing = head_view.observed.hub.get(commit) if head_view is not None and commit is not None else None
+    if head_view is None:
+        return Staging()
+    if commit is None or listing is None:
+        error = head_view.observed.hub_error or "the Hub was not asked (no listing for this revision)"
+        return plan_without_hub(deployment, facts, error)
+    staging = Staging(commit=commit)
+    expect = expectation(deployment, listing.manifest, listing)
+    listings = head_view.observed.hub
+    head_outcome = _plan_node(deployment, head_view, expect, listings, commit, deep_verify, source=None)
+    staging.extend(head_outcome)
+    head_done = _last_id(head_outcome.actions, exclude=(Step.PRUNE, Step.STAGE_PLAN))
     for _, node in deployment.ranked_nodes[1:]:
         view = view_of(deployment, facts, node)
         if view is None:
             continue
-        expect = expectation(deployment, view.observed.manifest or head_facts.manifest, head_facts.hub)
-        if deployment.source_of(node) == "hub":
-            outcome.extend(_plan_hub_node(deployment, view, expect, head_facts.hub, deep_verify))
-        elif head_view is not None:
-            outcome.extend(_plan_peer_node(deployment, view, expect, head_view, head_done, deep_verify))
-    return outcome
+        source = None if deployment.source_of(node) == "hub" else _PeerSource(head_view, head_done)
+        staging.extend(_plan_node(deployment, view, expect, listings, commit, deep_verify, source=source))
+    if not any(blocker.node == head.name for blocker in staging.blockers):
+        staging.actions[:0] = _pin(deployment, head_view, commit)
+    for _, node in deployment.ranked_nodes:
+        view = view_of(deployment, facts, node)
+        if view is not None:
+            staging.after_ready += _switch_and_prune(deployment, view, commit)
+    return staging
+
+
+@dataclass
+class Staging(Outcome):
+    """The checkpoint's conclusion: the revision it brings every node to, the actions to run
+    before the rank group may restart onto it and those for after it is ready, and why the
+    group must restart even if nothing else changes (a corrupt file it may have read)."""
+
+    commit: str | None = None
+    after_ready: list[Action] = field(default_factory=list)
+    restart: list[str] = field(default_factory=list)
+
+    def extend(self, other: Outcome) -> None:
+        super().extend(other)
+        if isinstance(other, Staging):
+            self.after_ready += other.after_ready
+            self.restart += other.restart
 
 
 @dataclass(frozen=True)
@@ -179,6 +205,23 @@ class NodeView:
     model_dir: str
     state_dir: str
 
+    def tree(self, commit: str) -> RevisionFacts | None:
+        """Where the node has `commit`: its revision directory, or a pre-revisions model_dir."""
+        if commit in self.observed.revisions:
+            return self.observed.revisions[commit]
+        legacy = self.observed.legacy
+        return legacy if legacy is not None and self.observed.legacy_commit == commit else None
+
+    def serving(self) -> tuple[str | None, RevisionFacts | None]:
+        """The revision model_dir is now (the one the ranks serve when they run)."""
+        observed = self.observed
+        if observed.link is not None:
+            return observed.link, observed.revisions.get(observed.link)
+        return observed.legacy_commit, observed.legacy
+
+    def staged_path(self, commit: str, plan_name: str) -> str:
+        return f"{self.state_dir}/plans/{commit}/{plan_name}"
+
 
 def view_of(deployment: Deployment, facts: Facts, node: Node) -> NodeView | None:
     observed = facts.nodes[node.name]
@@ -189,64 +232,276 @@ def view_of(deployment: Deployment, facts: Facts, node: Node) -> NodeView | None
     return NodeView(node, observed.checkpoint, model_dir, expand_home(deployment.state_dir, home).rstrip("/"))
 
 
-def staged_plan_current(deployment: Deployment, observed: CheckpointFacts) -> bool:
-    """Whether the staged EXL3 plan is the model's plan rewritten for the /model mount."""
-    del deployment
-    if observed.exl3_plan is None or observed.staged_plan is None:
+@dataclass(frozen=True)
+class Placement:
+    """What a rank mounts: the revision directory, its staged plans, and the commit."""
+
+    model_path: str
+    plans_path: str
+    commit: str | None
+
+
+def placements(deployment: Deployment, facts: Facts, commit: str | None) -> dict[str, Placement]:
+    """Where each rank finds revision `commit` (None: what each node serves now)."""
+    found: dict[str, Placement] = {}
+    for _, node in deployment.ranked_nodes:
+        view = view_of(deployment, facts, node)
+        if view is None:
+            continue
+        if commit is not None:
+            found[node.name] = Placement(
+                revision_dir(view.model_dir, commit), f"{view.state_dir}/plans/{commit}", commit
+            )
+            continue
+        serving, _ = view.serving()
+        if view.observed.link is not None and serving is not None:
+            found[node.name] = Placement(
+                revision_dir(view.model_dir, serving), f"{view.state_dir}/plans/{serving}", serving
+            )
+        else:
+            found[node.name] = Placement(view.model_dir, f"{view.state_dir}/plans", serving)
+    return found
+
+
+def checkpoint_on(deployment: Deployment, facts: Facts, node: Node) -> tuple[RevisionFacts | None, Expectation]:
+    """A node's tree of the commit to serve (else of the one it serves) and what it must hold."""
+    head = facts.nodes[deployment.head.name].checkpoint
+    commit = desired_commit(deployment.model, head)
+    listing = head.hub.get(commit) if commit is not None else None
+    view = view_of(deployment, facts, node)
+    if view is None:
+        return None, expectation(deployment, None, listing)
+    tree = view.tree(commit) if commit is not None else None
+    if tree is None:
+        tree = view.serving()[1]
+    manifest = listing.manifest if listing is not None and listing.manifest else (tree.manifest if tree else None)
+    return tree, expectation(deployment, manifest, listing)
+
+
+def staged_plan_current(tree: RevisionFacts | None) -> bool:
+    """Whether the staged EXL3 plan is the revision's plan rewritten for the /model mount."""
+    if tree is None or tree.exl3_plan is None or tree.staged_plan is None:
         return False
     try:
-        return observed.staged_plan == rewrite_exl3_plan(observed.exl3_plan)
+        return tree.staged_plan == rewrite_exl3_plan(tree.exl3_plan)
     except (ValueError, KeyError, AttributeError, TypeError):
         return False
 
 
-def plan_without_hub(deployment: Deployment, facts: Facts, error: str) -> Outcome:
-    """The Hub was needed (no listing cached) and failed: nothing can be fetched or fully checked.
+def plan_without_hub(deployment: Deployment, facts: Facts, error: str) -> Staging:
+    """The Hub was needed and failed: nothing can be fetched, the target revision is unknown.
 
-    A node whose files match the manifest and whose plan is staged keeps serving: the blocker
-    then holds only the checkpoint. A node missing anything holds the ranks too, since they
-    cannot start on it; a group that already runs is left alone either way.
+    A node whose served revision matches its manifest and has its plan staged keeps serving:
+    the blocker then holds only the checkpoint (the ranks stay on what they serve). A node
+    missing anything holds the ranks too; a group that already runs is left alone either way.
     """
-    outcome = Outcome()
-    head_manifest = facts.nodes[deployment.head.name].checkpoint.manifest
+    staging = Staging()
     incomplete: list[str] = []
     for _, node in deployment.ranked_nodes:
-        observed = facts.nodes[node.name]
-        if not observed.reachable:
+        view = view_of(deployment, facts, node)
+        if view is None:
             continue
-        checkpoint = observed.checkpoint
-        state = assess(checkpoint, expectation(deployment, checkpoint.manifest or head_manifest, None))
-        if state.complete and staged_plan_current(deployment, checkpoint):
-            reason = f"files on disk match {deployment.model.manifest}; not checked against the Hub"
-            outcome.in_sync.append(InSync(node.name, COMPONENT, reason))
+        commit, tree = view.serving()
+        state = assess(tree.files, expectation(deployment, tree.manifest, None)) if tree is not None else None
+        staged = tree is not None and (view.observed.link is None or staged_plan_current(tree))
+        if state is not None and state.complete and staged:
+            shown = short(commit) if commit else "its checkpoint"
+            reason = f"serving {shown}: files on disk match {deployment.model.manifest}; not checked against the Hub"
+            staging.in_sync.append(InSync(node.name, COMPONENT, reason))
         else:
             incomplete.append(node.name)
     hint = "the next pass asks the Hub again; check model.endpoint, the network and the token"
     for name in incomplete:
         message = f"checkpoint incomplete and the Hub cannot be asked: {error}"
-        outcome.blockers.append(Blocker(name, COMPONENT, message, hint))
+        staging.blockers.append(Blocker(name, COMPONENT, message, hint))
     if not incomplete:
         message = f"cannot check the checkpoint against the Hub: {error}"
         hint = f"the files on disk match {deployment.model.manifest}, so the ranks keep serving; {hint}"
-        outcome.blockers.append(Blocker(deployment.head.name, COMPONENT, message, hint, holds_ranks=False))
-    return outcome
+        staging.blockers.append(Blocker(deployment.head.name, COMPONENT, message, hint, holds_ranks=False))
+    return staging
 
 
-def _last_id(outcome: Outcome, exclude: tuple[Step, ...]) -> str:
-    ids = [item.id for item in outcome.actions if item.step not in exclude]
+def _last_id(actions: list[Action], exclude: tuple[Step, ...]) -> str:
+    ids = [item.id for item in actions if item.step not in exclude]
     return ids[-1] if ids else ""
 
 
-def _preflight(view: NodeView, state: CheckpointState, role_full_size: int) -> Blocker | None:
-    """Refuse before any byte is written when the missing files cannot fit."""
+def _pin(deployment: Deployment, head: NodeView, commit: str) -> list[Action]:
+    """Record what a branch or tag of the spec resolved to, before anything is fetched for it."""
+    model = deployment.model
+    if is_commit(model.revision) or pinned(model, head.observed) == commit:
+        return []
+    record = head.observed.record
+    before = record.resolved.commit if record is not None and record.resolved is not None else None
+    summary = f"pin revision {model.revision} to {short(commit)} (a branch moves only when the spec or the user says)"
+    cause = f"{model.revision} was pinned to {short(before)}" if before else f"{model.revision} is not pinned yet"
+    payload = Pin(record=_record_path(head), repo=model.repo, revision=model.revision, commit=commit)
+    return [action(Step.PIN, head.node.name, "update" if before else "create", summary, cause, payload)]
+
+
+def _record_path(view: NodeView) -> str:
+    return f"{view.state_dir}/{RECORD_FILE}"
+
+
+@dataclass(frozen=True)
+class _PeerSource:
+    head: NodeView
+    after: str
+
+
+def _plan_node(
+    deployment: Deployment,
+    view: NodeView,
+    expect: Expectation,
+    listings: dict[str, HubFacts],
+    commit: str,
+    deep_verify: bool,
+    source: _PeerSource | None,
+) -> Staging:
+    """The actions that make `commit` complete on one node, in its own revision directory."""
+    node = view.node
+    target = revision_dir(view.model_dir, commit)
+    tree = view.observed.revisions.get(commit)
+    files = tree.files if tree is not None else {}
+    state = assess(files, expect)
+    serving_commit, _ = view.serving()
+    serving_here = serving_commit == commit and view.observed.link == commit
+    links = _linkable(view, expect, listings, commit, [*state.missing, *state.corrupt])
+    fetch = [name for name in [*state.missing, *state.corrupt] if name not in links]
+    fetch_state = replace(
+        state, missing=[n for n in state.missing if n in fetch], corrupt=[n for n in state.corrupt if n in fetch]
+    )
+    fetch_bytes = sum(expect.sizes.get(name, 0) for name in fetch)
+    blocker = _preflight(
+        view, fetch_bytes, all(name in expect.sizes for name in fetch), bool(fetch or state.assemblable)
+    )
+    if blocker is not None:
+        return Staging(blockers=[blocker])
+    moving = serving_commit is not None and serving_commit != commit
+    why = _revision_cause(serving_commit, commit, fetch, fetch_bytes) if moving else ""
+    actions: list[Action] = []
+    if links:
+        linked_bytes = sum(expect.sizes.get(name, 0) for name in links)
+        summary = (
+            f"stage {short(commit)} beside {short(serving_commit) if serving_commit else 'the files here'}: "
+            f"link {len(links)} unchanged files ({human_bytes(linked_bytes)}) into {_shown(node, commit)}"
+        )
+        payload = Link(target_dir=target, files=dict(sorted(links.items())))
+        cause = why or "these files are the same in a revision the node already has"
+        actions.append(_action(Step.LINK, "create", node, summary, cause, payload, actions))
+    after = "" if source is None else source.after
+    if fetch:
+        actions.append(
+            _fetch_action(
+                deployment, view, target, expect, listings[commit], fetch_state, fetch, why, source, after, actions
+            )
+        )
+    assemble = [*state.assemblable, *(name for name in fetch if name in PARTED_SHARDS)]
+    if assemble and (source is None):
+        summary = f"reassemble {', '.join(assemble)} from their .partNN files (streaming)"
+        cause = "the Hub stores these shards as parts (50 GB per-file limit)"
+        payload_assemble = Reassemble(
+            model_dir=target,
+            shards=[Shard(name=name, sha256=expect.hashes.get(name)) for name in assemble],
+            keep_parts=deployment.model.keep_parts,
+            manifest=deployment.model.manifest,
+            cache=f"{view.state_dir}/{HASH_CACHE}",
+        )
+        actions.append(_action(Step.REASSEMBLE, "create", node, summary, cause, payload_assemble, actions))
+    restart = _restart_cause(state.corrupt) if serving_here and state.corrupt else None
+    fetched_state = replace(state, missing=fetch_state.missing, corrupt=fetch_state.corrupt)
+    actions += _verify_and_prune(
+        deployment, view, target, fetched_state, expect, commit, actions, source, deep_verify, restart
+    )
+    staging = Staging(actions=actions, restart=[restart] if restart else [])
+    staging.extend(_with_plan_staging(deployment, view, commit, tree, actions))
+    if not staging.actions:
+        staging.in_sync.append(InSync(node.name, COMPONENT, _in_sync_reason(deployment, view, commit)))
+    return staging
+
+
+def _shown(node: Node, commit: str) -> str:
+    return f"{node.model_dir}@{short(commit)}"
+
+
+def _revision_cause(before: str | None, after: str, fetch: list[str], fetch_bytes: int) -> str:
+    moved = f"{len(fetch)} files change, {human_bytes(fetch_bytes)}" if fetch else "no file changes"
+    if before is None:
+        return f"revision {short(after)}: {moved}"
+    return f"revision {short(before)} -> {short(after)}: {moved}"
+
+
+def _in_sync_reason(deployment: Deployment, view: NodeView, commit: str) -> str:
+    reason = f"revision {short(commit)} complete and verified; EXL3 plan staged"
+    upstream = view.observed.upstream
+    model = deployment.model
+    if view.node.role == "head" and upstream is not None and upstream != commit and not is_commit(model.revision):
+        reason += (
+            f"; {model.revision} has moved upstream to {short(upstream)}: take it with "
+            f"`reconciler apply --update-revision`, or pin model.revision: {upstream}"
+        )
+    return reason
+
+
+def _linkable(
+    view: NodeView, expect: Expectation, listings: dict[str, HubFacts], commit: str, names: list[str]
+) -> dict[str, str]:
+    """The files of `commit` that another revision on this node holds with the same content:
+    name -> that file's path. Same content means the same verified sha256, or for a small file
+    without one the same git blob id in both revisions' listings."""
+    sources = _link_sources(view, commit)
+    found: dict[str, str] = {}
+    wanted = listings.get(commit)
+    for name in names:
+        for source_commit, tree in sources:
+            existing = tree.files.get(name)
+            if existing is None or existing.size != expect.sizes.get(name, -1):
+                continue
+            if _same_content(name, existing, expect, wanted, listings.get(source_commit or "")):
+                found[name] = f"{tree.path}/{name}"
+                break
+    return found
+
+
+def _link_sources(view: NodeView, commit: str) -> list[tuple[str | None, RevisionFacts]]:
+    """The revisions a new one may share files with, the served one first."""
+    serving_commit, serving_tree = view.serving()
+    sources: list[tuple[str | None, RevisionFacts]] = []
+    if serving_tree is not None and serving_commit != commit:
+        sources.append((serving_commit, serving_tree))
+    sources += [
+        (other, tree)
+        for other, tree in sorted(view.observed.revisions.items())
+        if other not in (commit, serving_commit)
+    ]
+    legacy = view.observed.legacy
+    if legacy is not None and all(tree is not legacy for _, tree in sources):
+        sources.append((view.observed.legacy_commit, legacy))
+    return sources
+
+
+def _same_content(
+    name: str, existing: FileFacts, expect: Expectation, wanted: HubFacts | None, other: HubFacts | None
+) -> bool:
+    digest = expect.hashes.get(name)
+    if digest is not None:
+        return existing.sha256 is not None and existing.sha256 == digest
+    if wanted is None or other is None or name not in wanted.files or name not in other.files:
+        return False
+    blob = wanted.files[name].blob_id
+    return blob is not None and blob == other.files[name].blob_id
+
+
+def _preflight(view: NodeView, need: int, sizes_known: bool, fetching: bool) -> Blocker | None:
+    """Refuse before any byte is written when what must be fetched cannot fit (linked files cost nothing)."""
     node, observed = view.node, view.observed
-    if observed.disk_free is None or not (state.missing or state.corrupt or state.assemblable):
+    if observed.disk_free is None or not fetching:
         return None
-    present = sum(info.size for info in observed.files.values())
-    need = state.missing_bytes if state.sizes_known else max(role_full_size - present, 0)
+    full = FULL_SIZE_HEAD if node.role == "head" else FULL_SIZE_WORKER
+    need = need if sizes_known else full
     if need <= observed.disk_free:
         return None
-    basis = "" if state.sizes_known else f" (sizes unknown: full size ~{human_bytes(role_full_size)} assumed)"
+    basis = "" if sizes_known else f" (sizes unknown: full size ~{human_bytes(full)} assumed)"
     return Blocker(
         node.name,
         COMPONENT,
@@ -256,65 +511,57 @@ def _preflight(view: NodeView, state: CheckpointState, role_full_size: int) -> B
     )
 
 
-def _plan_hub_node(
-    deployment: Deployment, view: NodeView, expect: Expectation, listing: HubFacts | None, deep_verify: bool
-) -> Outcome:
-    node, observed = view.node, view.observed
-    state = assess(observed, expect)
-    full = FULL_SIZE_HEAD if node.role == "head" else FULL_SIZE_WORKER
-    blocker = _preflight(view, state, full)
-    if blocker is not None:
-        return Outcome(blockers=[blocker])
-    model = deployment.model
-    actions: list[Action] = []
-    refetch = state.missing + state.corrupt
-    if refetch:
-        size = f", {human_bytes(state.missing_bytes)}" if state.sizes_known else ""
-        summary = f"download {len(refetch)} files{size} of {model.repo}@{model.revision} into {node.model_dir}"
-        payload = Download(
-            repo=model.repo,
-            commit=listing.commit if listing is not None else model.revision,
-            model_dir=view.model_dir,
-            files=repo_files(refetch, listing),
-            whole_repo=not observed.files,
-            refetch=state.corrupt,
-            on_node=node.ssh is not None,
+def _fetch_action(
+    deployment: Deployment,
+    view: NodeView,
+    target: str,
+    expect: Expectation,
+    listing: HubFacts,
+    state: CheckpointState,
+    fetch: list[str],
+    why: str,
+    source: _PeerSource | None,
+    after: str,
+    earlier: list[Action],
+) -> Action:
+    node, model = view.node, deployment.model
+    cause = "; ".join(part for part in (why, _files_cause(state, len(expect.files))) if part)
+    size = human_bytes(sum(expect.sizes.get(name, 0) for name in fetch))
+    nothing_here = not view.observed.revisions.get(listing.commit) and not _link_sources(view, listing.commit)
+    if source is not None:
+        where = _shown(node, listing.commit)
+        summary = (
+            f"copy {len(fetch)} files ({size}) from {source.head.node.name} over the fabric into {where} (resumable)"
         )
-        cause = _files_cause(state, len(expect.files))
-        actions.append(_action(Step.DOWNLOAD, "create", node, summary, cause, payload, actions))
-    to_assemble = state.assemblable or [name for name in state.missing if name in PARTED_SHARDS]
-    if to_assemble:
-        summary = f"reassemble {', '.join(to_assemble)} from their .partNN files (streaming)"
-        cause = "the Hub stores these shards as parts (50 GB per-file limit)"
-        assemble = Reassemble(
-            model_dir=view.model_dir,
-            shards=[Shard(name=name, sha256=expect.hashes.get(name)) for name in to_assemble],
-            keep_parts=model.keep_parts,
-            manifest=model.manifest,
-            cache=f"{view.state_dir}/{HASH_CACHE}",
+        payload: Payload = Copy(
+            source_node=source.head.node.name,
+            source_dir=revision_dir(source.head.model_dir, listing.commit),
+            destination_dir=target,
+            files=None if nothing_here else sorted(fetch),
+            bytes=sum(expect.sizes.get(name, 0) for name in fetch),
         )
-        actions.append(_action(Step.REASSEMBLE, "create", node, summary, cause, assemble, actions))
-    source = _Refetch(source="node-hub" if node.ssh is not None else "hub", commit=_commit(listing, model))
-    actions += _verify_and_prune(deployment, view, state, expect, source, actions, deep_verify=deep_verify)
-    return _with_plan_staging(deployment, view, actions)
+        return _action(Step.COPY, "create", node, summary, cause, payload, earlier, after=after)
+    where = _shown(node, listing.commit)
+    summary = f"download {len(fetch)} files, {size} of {model.repo}@{short(listing.commit)} into {where}"
+    payload = Download(
+        repo=model.repo,
+        commit=listing.commit,
+        model_dir=target,
+        files=repo_files(fetch, listing),
+        whole_repo=nothing_here,
+        refetch=state.corrupt,
+        on_node=node.ssh is not None,
+    )
+    return _action(Step.DOWNLOAD, "create", node, summary, cause, payload, earlier)
 
 
-def _commit(listing: HubFacts | None, model: Model) -> str:
-    return listing.commit if listing is not None else model.revision
-
-
-def repo_files(names: list[str], listing: HubFacts | None) -> list[HubFile]:
+def repo_files(names: list[str], listing: HubFacts) -> list[HubFile]:
     """The repo files that bring these model files: a parted shard comes as its `.partNN` files."""
     files: list[HubFile] = []
     for name in names:
-        if listing is None:
-            files.append(HubFile(path=patterns_for([name])[0], size=None))
-            continue
         if name in PARTED_SHARDS:
-            parts = sorted(path for path in listing.files if _shard_of(path) == name)
-            files += [
-                HubFile(path=part, size=listing.files[part].size, sha256=listing.files[part].sha256) for part in parts
-            ]
+            parts = sorted(path for path in listing.files if shard_of(path) == name)
+            files += [HubFile(path=p, size=listing.files[p].size, sha256=listing.files[p].sha256) for p in parts]
         elif name in listing.files:
             files.append(HubFile(path=name, size=listing.files[name].size, sha256=listing.files[name].sha256))
         else:
@@ -322,70 +569,43 @@ def repo_files(names: list[str], listing: HubFacts | None) -> list[HubFile]:
     return files
 
 
-def _shard_of(path: str) -> str | None:
+def shard_of(path: str) -> str | None:
     match = _PART_RE.match(path)
     return match.group("shard") if match else None
 
 
-def _plan_peer_node(
-    deployment: Deployment,
-    view: NodeView,
-    expect: Expectation,
-    head: NodeView,
-    head_done: str,
-    deep_verify: bool,
-) -> Outcome:
-    node, observed = view.node, view.observed
-    state = assess(observed, expect)
-    blocker = _preflight(view, state, FULL_SIZE_WORKER)
-    if blocker is not None:
-        return Outcome(blockers=[blocker])
-    actions: list[Action] = []
-    absent = state.missing + state.assemblable + state.corrupt
-    if absent:
-        size = f" ({human_bytes(state.missing_bytes)})" if state.sizes_known else ""
-        summary = (
-            f"copy {len(absent)} files{size} from {head.node.name} over the fabric into {node.model_dir} (resumable)"
-        )
-        payload = Copy(
-            source_node=head.node.name,
-            source_dir=head.model_dir,
-            destination_dir=view.model_dir,
-            files=None if not observed.files else sorted(absent),
-            bytes=state.missing_bytes,
-        )
-        cause = _files_cause(state, len(expect.files))
-        actions.append(_action(Step.COPY, "create", node, summary, cause, payload, [], after=head_done))
-    # Parts are never copied to a worker, so any found there are leftovers to prune.
-    worker_state = replace(state, missing=[], assemblable=[], corrupt=[])
-    source = _Refetch(source="peer", commit=_commit(None, deployment.model), peer_dir=head.model_dir)
-    actions += _verify_and_prune(
-        deployment, view, worker_state, expect, source, actions, force=bool(absent), deep_verify=deep_verify
+# Files the engine never reads: a bad byte in one cannot have reached a running group.
+_NOT_READ_BY_THE_ENGINE = ("*.md", "*.txt", "*.sh", "*.safetensors.part[0-9][0-9]", ".gitattributes")
+
+
+def _restart_cause(corrupt: list[str]) -> str | None:
+    """The rule for a corrupt file under a serving group: restart unless the engine never reads it."""
+    read = [name for name in corrupt if not any(fnmatch.fnmatchcase(name, p) for p in _NOT_READ_BY_THE_ENGINE)]
+    if not read:
+        return None
+    return (
+        f"sha256 mismatch in {shorten(read)}, which the serving group mounts: restored by atomic replacement, "
+        "then the group restarts, because the engine may have read the bad bytes (weights load lazily and the "
+        "disk-backed Engram tables are read while serving)"
     )
-    return _with_plan_staging(deployment, view, actions)
-
-
-@dataclass(frozen=True)
-class _Refetch:
-    source: Literal["hub", "peer", "node-hub"]
-    commit: str
-    peer_dir: str | None = None
 
 
 def _verify_and_prune(
     deployment: Deployment,
     view: NodeView,
+    target: str,
     state: CheckpointState,
     expect: Expectation,
-    refetch: _Refetch,
+    commit: str,
     earlier: list[Action],
-    force: bool = False,
-    deep_verify: bool = False,
+    source: _PeerSource | None,
+    deep_verify: bool,
+    restart: str | None,
 ) -> list[Action]:
     node = view.node
     actions: list[Action] = []
-    if earlier or force or state.unverified or deep_verify:
-        if earlier or force:
+    if earlier or state.unverified or deep_verify:
+        if earlier:
             cause = "new files must match their sha256 before serving"
         elif state.unverified:
             cause = f"{len(state.unverified)} files changed since last verified: {shorten(state.unverified)}"
@@ -394,49 +614,53 @@ def _verify_and_prune(
         summary = (
             f"verify files against {deployment.model.manifest} and the Hub's sha256; re-fetch only those that differ"
         )
+        serving = view.observed.link == commit
+        peer_dir = revision_dir(source.head.model_dir, commit) if source is not None else None
         payload = Verify(
-            model_dir=view.model_dir,
+            model_dir=target,
             files=dict(sorted(expect.hashes.items())),
             manifest=deployment.model.manifest,
             cache=f"{view.state_dir}/{HASH_CACHE}",
             deep=deep_verify,
-            refetch_from=refetch.source,
+            refetch_from="peer" if source is not None else ("node-hub" if node.ssh is not None else "hub"),
             repo=deployment.model.repo,
-            commit=refetch.commit,
-            peer_dir=refetch.peer_dir,
+            commit=commit,
+            peer_dir=peer_dir,
+            restart_on_repair=_restart_rule_text() if serving and restart is None else None,
         )
         actions.append(_action(Step.VERIFY, "run", node, summary, cause, payload, [*earlier, *actions]))
-    parted_refetch = any(name in PARTED_SHARDS for name in state.missing + state.corrupt)
-    if (state.parts or parted_refetch) and not deployment.model.keep_parts:
+    parted = any(name in PARTED_SHARDS for name in state.missing + state.corrupt)
+    if (state.parts or parted) and not deployment.model.keep_parts and source is None:
         summary = "delete the .partNN files of reassembled shards"
         cause = "model.keep_parts is false and the native shards are verified"
-        payload_prune = Prune(model_dir=view.model_dir)
-        actions.append(_action(Step.PRUNE, "remove", node, summary, cause, payload_prune, [*earlier, *actions]))
+        prune = Prune(model_dir=target)
+        actions.append(_action(Step.PRUNE, "remove", node, summary, cause, prune, [*earlier, *actions]))
     return actions
 
 
-def _with_plan_staging(deployment: Deployment, view: NodeView, actions: list[Action]) -> Outcome:
-    node, observed = view.node, view.observed
-    outcome = Outcome(actions=list(actions))
-    staged = staged_plan_current(deployment, observed)
-    if actions or not staged:
-        cause = (
-            "the staged EXL3 plan is missing or differs from the model's"
-            if not staged
-            else "the checkpoint changes, so the staged plan is rewritten from it"
-        )
-        summary = f"stage {deployment.state_dir}/plans/{deployment.model.exl3_plan} with banks under /model/exl3"
-        payload = StagePlan(
-            source=f"{view.model_dir}/exl3/plan/{deployment.model.exl3_plan}",
-            target=f"{view.state_dir}/plans/{deployment.model.exl3_plan}",
-            content=_rewritten(observed.exl3_plan) if not actions else None,
-        )
-        outcome.actions.append(_action(Step.STAGE_PLAN, "create", node, summary, cause, payload, actions))
-    if not outcome.actions:
-        outcome.in_sync.append(
-            InSync(node.name, COMPONENT, "all expected files present and verified; EXL3 plan staged")
-        )
-    return outcome
+def _restart_rule_text() -> str:
+    return "a file the serving group mounts was found corrupt and restored; the engine may have read the bad bytes"
+
+
+def _with_plan_staging(
+    deployment: Deployment, view: NodeView, commit: str, tree: RevisionFacts | None, actions: list[Action]
+) -> Staging:
+    staged = staged_plan_current(tree)
+    if not actions and staged:
+        return Staging()
+    cause = (
+        "the staged EXL3 plan is missing or differs from the model's"
+        if not staged
+        else "the checkpoint changes, so the staged plan is rewritten from it"
+    )
+    plan_name = deployment.model.exl3_plan
+    summary = f"stage {deployment.state_dir}/plans/{short(commit)}/{plan_name} with banks under /model/exl3"
+    payload = StagePlan(
+        source=f"{revision_dir(view.model_dir, commit)}/exl3/plan/{plan_name}",
+        target=view.staged_path(commit, plan_name),
+        content=_rewritten(tree.exl3_plan if tree is not None else None) if not actions else None,
+    )
+    return Staging(actions=[_action(Step.STAGE_PLAN, "create", view.node, summary, cause, payload, actions)])
 
 
 def _rewritten(plan_text: str | None) -> str | None:
@@ -449,6 +673,59 @@ def _rewritten(plan_text: str | None) -> str | None:
         return None
 
 
+def _switch_and_prune(deployment: Deployment, view: NodeView, commit: str) -> list[Action]:
+    """After the group serves `commit`: model_dir links to it, the record says so, and revisions
+    beyond keep_revisions go (only then: nothing the group serves is ever moved or removed)."""
+    actions: list[Action] = []
+    observed = view.observed
+    history = [commit, *[c for c in (observed.record.history if observed.record else []) if c != commit]]
+    serving, _ = view.serving()
+    if serving is not None and serving not in history:
+        history.insert(1, serving)
+    legacy_to = None
+    if observed.legacy is not None:
+        legacy_commit = observed.legacy_commit
+        keep_as_revision = (
+            legacy_commit is not None and legacy_commit != commit and legacy_commit not in observed.revisions
+        )
+        legacy_to = (
+            revision_dir(view.model_dir, legacy_commit)
+            if keep_as_revision and legacy_commit
+            else pre_revisions_dir(view.model_dir)
+        )
+    if observed.link != commit:
+        moved = f"; the directory that was there moves to {legacy_to}" if legacy_to else ""
+        summary = f"point {view.node.model_dir} at {short(commit)}{moved}"
+        cause = "the group serves the new revision"
+        payload = Switch(
+            model_dir=view.model_dir,
+            target=revision_dir(view.model_dir, commit),
+            legacy_to=legacy_to,
+            record=_record_path(view),
+            repo=deployment.model.repo,
+            history=history,
+        )
+        actions.append(action(Step.SWITCH, view.node.name, "update", summary, cause, payload))
+    kept = history[1 : 1 + deployment.model.keep_revisions]
+    known = set(observed.revisions)
+    if legacy_to is not None and observed.legacy_commit is not None and legacy_to.endswith(observed.legacy_commit):
+        known.add(observed.legacy_commit)
+    doomed = sorted(c for c in known if c != commit and c not in kept)
+    leftovers = [pre_revisions_dir(view.model_dir)] if legacy_to == pre_revisions_dir(view.model_dir) else []
+    if doomed or leftovers:
+        names = ", ".join(short(c) for c in doomed) + (", " if doomed and leftovers else "") + ", ".join(leftovers)
+        summary = f"remove revisions {names} (model.keep_revisions: {deployment.model.keep_revisions})"
+        cause = f"the group serves {short(commit)}; kept: {', '.join(short(c) for c in kept) or 'none'}"
+        payload_prune = PruneRevisions(
+            model_dir=view.model_dir,
+            remove=[revision_dir(view.model_dir, c) for c in doomed],
+            shared_only=leftovers,
+        )
+        depends = (actions[-1].id,) if actions else ()
+        actions.append(action(Step.PRUNE_REVISIONS, view.node.name, "remove", summary, cause, payload_prune, depends))
+    return actions
+
+
 def _action(
     step: Step,
     verb: Verb,
@@ -459,8 +736,8 @@ def _action(
     earlier: list[Action],
     after: str = "",
 ) -> Action:
-    """An action that runs after the last of `earlier` (or after `after`, another node's step)."""
-    depends = (earlier[-1].id,) if earlier else ((after,) if after else ())
+    """An action that runs after the last of `earlier` and after `after` (another node's step)."""
+    depends = tuple(item for item in (earlier[-1].id if earlier else "", after) if item)
     return action(step, node.name, verb, summary, cause, payload, depends)
 
 
@@ -470,30 +747,10 @@ def _files_cause(state: CheckpointState, total: int) -> str:
     if absent:
         parts.append(f"{len(absent)} of {total} expected files missing: {shorten(absent)}")
     if state.corrupt:
-        parts.append(f"sha256 mismatch (re-fetched, nothing else deleted): {shorten(state.corrupt)}")
+        parts.append(
+            f"sha256 mismatch (restored by atomic replacement, nothing else deleted): {shorten(state.corrupt)}"
+        )
     return "; ".join(parts)
-
-
-# ------------------------------------------------------------------ executors: run the payload
-
-HASH_CACHE = "hashcache.json"
-_INCOMPLETE_HINT = "run `reconciler apply` again: it re-fetches exactly the files named (nothing else is deleted)"
-
-
-def _download(ctx: ApplyContext, action: Action) -> str:
-    download = payload_of(action, Download)
-    if download.on_node:
-        fetched = fetch_on_node(ctx, action.node, download.model_dir, download.files, download.commit, download.refetch)
-        return f"{len(fetched)} files fetched by {action.node} itself"
-    model = ctx.deployment.model
-    forget(download.model_dir, download.refetch)
-    only = None if download.whole_repo else [item.path for item in download.files]
-    ctx.progress.line(
-        f"    {action.node}: downloading {download.repo}@{download.commit[:12]} into {download.model_dir}"
-    )
-    listing = hub.fetch(model, download.model_dir, commit=download.commit, report=ctx.progress.line, only=only)
-    _save_listing(ctx, action.node, listing)
-    return f"{download.repo}@{listing.commit[:12]} in {download.model_dir}"
 
 
 def patterns_for(names: list[str]) -> list[str]:
@@ -501,213 +758,6 @@ def patterns_for(names: list[str]) -> list[str]:
     return [f"{name}.part[0-9][0-9]" if name in PARTED_SHARDS else name for name in names]
 
 
-def fetch_on_node(
-    ctx: ApplyContext, node: str, model_dir: str, files: list[HubFile], commit: str, force: list[str]
-) -> list[str]:
-    """A hub-sourced worker downloads for itself with the node-side fetcher (stdlib, Range resume).
-
-    Entries the plan could only name by pattern (no listing then) are listed now, at the commit.
-    """
-    model = ctx.deployment.model
-    if any(item.size is None for item in files):
-        listing = hub.list_files(model, commit)
-        patterns = [item.path for item in files]
-        wanted = [item for item in listing.files if any(fnmatch.fnmatchcase(item.path, p) for p in patterns)]
-        files = [HubFile(path=item.path, size=item.size, sha256=item.sha256) for item in wanted]
-        commit = listing.commit
-    entries = [
-        {
-            "path": item.path,
-            "size": item.size,
-            "etag": item.sha256 or f"{commit[:16]}",
-            "sha256": item.sha256,
-            "force": (_shard_of(item.path) or item.path) in force,
-        }
-        for item in files
-    ]
-    args = {
-        "endpoint": hub.endpoint(model) or "https://huggingface.co",
-        "repo": model.repo,
-        "commit": commit,
-        "token": hub.token(model),
-        "model_dir": model_dir,
-        "files": entries,
-    }
-    result = run_program(ctx.transport(node), "fetch", "fetch", args, timeout=24 * 3600, on_line=ctx.node_lines(node))
-    return list(result["fetched"])
-
-
-def _save_listing(ctx: ApplyContext, node: str, listing: hub.HubListing) -> None:
-    """Keep the Hub's listing in STATE_DIR: later plans and verifies need no Hub request."""
-    content = listing.as_facts().model_dump_json() + "\n"
-    ctx.ops(node, "write_file", {"path": ctx.state_path(node, "hub-files.json"), "content": content})
-
-
-def forget(model_dir: str, names: list[str]) -> None:
-    """Make the Hub client fetch these files again: its metadata would call them complete."""
-    for name in names:
-        for path in (Path(model_dir) / name, Path(model_dir) / hub.DOWNLOAD_CACHE / f"{name}.metadata"):
-            path.unlink(missing_ok=True)
-
-
-def _manifest_hashes(ctx: ApplyContext, node: str, model_dir: str, manifest: str) -> dict[str, str]:
-    """The manifest as it is on the node now (the download may just have brought it)."""
-    text = ctx.ops(node, "read_text", {"path": f"{model_dir}/{manifest}"}).get("text")
-    if not isinstance(text, str):
-        raise NodeCommandError(f"{node}: {manifest} missing in {model_dir}", _INCOMPLETE_HINT)
-    return parse_manifest(text)
-
-
-def _reassemble(ctx: ApplyContext, action: Action) -> str:
-    reassemble = payload_of(action, Reassemble)
-    expected = {shard.name: shard.sha256 for shard in reassemble.shards if shard.sha256}
-    if len(expected) < len(reassemble.shards):
-        manifest = _manifest_hashes(ctx, action.node, reassemble.model_dir, reassemble.manifest)
-        expected = {**{s.name: manifest[s.name] for s in reassemble.shards if s.name in manifest}, **expected}
-    args = {
-        "model_dir": reassemble.model_dir,
-        "shards": [shard.name for shard in reassemble.shards],
-        "expected": expected,
-        "keep_parts": reassemble.keep_parts,
-        "cache": reassemble.cache,
-    }
-    built = ctx.ops(action.node, "reassemble", args)
-    return ", ".join(f"{name} ({human_bytes(size)})" for name, size in built.items())
-
-
-def _hash(ctx: ApplyContext, node: str, verify: Verify, names: list[str], deep: bool) -> dict[str, str | None]:
-    args = {"model_dir": verify.model_dir, "files": names, "cache": verify.cache, "deep": deep}
-    result: dict[str, str | None] = ctx.ops(node, "hash_files", args, timeout=6 * 3600)
-    return result
-
-
-def _differing(expected: dict[str, str], actual: dict[str, str | None]) -> tuple[list[str], list[str]]:
-    missing = sorted(name for name in expected if actual.get(name) is None)
-    wrong = sorted(name for name in expected if actual.get(name) not in (None, expected[name]))
-    return missing, wrong
-
-
-def _verify(ctx: ApplyContext, action: Action) -> str:
-    """Hash what changed (or everything, deep), then re-fetch exactly the files that differ.
-
-    The hashes are the plan's (the Hub's sha256) plus the manifest's entries as the file is on
-    the node now: a fresh node gets the manifest with the download this verify follows.
-    """
-    node, verify = action.node, payload_of(action, Verify)
-    manifest = _manifest_hashes(ctx, node, verify.model_dir, verify.manifest)
-    expected = {**{name: digest for name, digest in verify.files.items() if digest}, **manifest}
-    missing, wrong = _differing(expected, _hash(ctx, node, verify, sorted(expected), verify.deep))
-    if missing:
-        raise NodeCommandError(f"{node}: files missing after the transfer: {shorten(missing)}", _INCOMPLETE_HINT)
-    if wrong:
-        ctx.progress.line(f"    {node}: sha256 mismatch, re-fetching only: {shorten(wrong)}")
-        _refetch(ctx, node, verify, wrong)
-        missing, still_wrong = _differing({n: expected[n] for n in wrong}, _hash(ctx, node, verify, wrong, True))
-        if missing or still_wrong:
-            bad = shorten(missing + still_wrong)
-            raise NodeCommandError(f"{node}: still differs after re-fetching: {bad}", "check the disk and the source")
-        return f"{len(expected)} files verified; re-fetched {len(wrong)}: {shorten(wrong)}"
-    return f"{len(expected)} files match their sha256"
-
-
-def _refetch(ctx: ApplyContext, node: str, verify: Verify, names: list[str]) -> None:
-    """Fetch again exactly the named files, from where the plan said this node's files come."""
-    parted = [name for name in names if name in PARTED_SHARDS]
-    if verify.refetch_from == "peer":
-        assert verify.peer_dir is not None, "a peer verify carries the head's model dir"
-        _rsync(ctx, node, verify.peer_dir, verify.model_dir, names)
-        return
-    if verify.refetch_from == "node-hub":
-        fetch_on_node(
-            ctx, node, verify.model_dir, [HubFile(path=p, size=None) for p in patterns_for(names)], verify.commit, names
-        )
-    else:
-        forget(verify.model_dir, names)
-        model = ctx.deployment.model
-        hub.fetch(model, verify.model_dir, commit=verify.commit, report=ctx.progress.line, only=patterns_for(names))
-    if parted:
-        ctx.ops(node, "reassemble", {"model_dir": verify.model_dir, "shards": parted})
-
-
-def _copy(ctx: ApplyContext, action: Action) -> str:
-    copy = payload_of(action, Copy)
-    destination = _rsync(ctx, action.node, copy.source_dir, copy.destination_dir, copy.files)
-    return f"copied to {action.node}:{destination}"
-
-
-def _rsync(ctx: ApplyContext, node: str, source_dir: str, destination: str, only: list[str] | None) -> str:
-    """rsync head -> worker over the worker's SSH target; resumable; parts and caches excluded.
-
-    With `only`, exactly those files are copied again, ignoring size and time (a flipped byte
-    keeps both), so nothing else on the worker is touched.
-    """
-    head = ctx.deployment.head
-    worker = ctx.node(node)
-    if worker.ssh is None:
-        raise NodeCommandError(f"{node}: a peer copy needs an ssh: target", "add nodes[].ssh for this worker")
-    target = worker.ssh
-    ctx.ops(node, "mkdirs", {"paths": [destination]})
-    argv = rsync_argv(target, source_dir, destination, only)
-    ctx.progress.line(f"    {head.name} -> {node}: rsync over {target.host}")
-    # rsync's progress goes to stdout; redirect it to stderr so it streams like ours.
-    command = ["sh", "-c", 'exec "$@" 1>&2', "rsync", *argv]
-    result = ctx.transport(head.name).run(command, timeout=24 * 3600, on_line=ctx.node_lines(f"{head.name}->{node}"))
-    check(result, head.name, "rsync to " + node)
-    return destination
-
-
-def rsync_argv(target: SshTarget, source_dir: str, destination: str, only: list[str] | None) -> list[str]:
-    """The copy's argv: remote paths stay data, whatever characters they hold.
-
-    `--protect-args` (rsync >= 3.0; `--secluded-args` since 3.2.7, which keeps the old name)
-    sends the remote paths inside rsync's protocol instead of through the remote shell, so a
-    model dir with spaces or `;` can never run anything on the worker.
-    """
-    ssh = ["ssh", "-p", str(target.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
-    ssh += ["-o", f"UserKnownHostsFile={os.path.expanduser(target.known_hosts)}"]
-    if target.identity_file:
-        ssh += ["-i", os.path.expanduser(target.identity_file), "-o", "IdentitiesOnly=yes"]
-    remote = f"{target.user + '@' if target.user else ''}{target.host}:{destination.rstrip('/')}/"
-    argv = ["rsync", "-a", "--protect-args", "--partial", "--info=progress2"]
-    argv += ["--exclude", "*.safetensors.part[0-9][0-9]", "--exclude", ".cache/", "-e", shlex.join(ssh)]
-    source = f"{source_dir.rstrip('/')}/"
-    if only is None:
-        return [*argv, source, remote]
-    return [*argv, "-R", "--ignore-times", *(f"{source}./{name}" for name in only), remote]
-
-
-def _stage_plan(ctx: ApplyContext, action: Action) -> str:
-    stage = payload_of(action, StagePlan)
-    content = stage.content
-    if content is None:
-        text = ctx.ops(action.node, "read_text", {"path": stage.source}).get("text")
-        if not isinstance(text, str):
-            raise NodeCommandError(
-                f"{action.node}: {stage.source} is missing; the checkpoint is incomplete", _INCOMPLETE_HINT
-            )
-        try:
-            content = rewrite_exl3_plan(text)
-        except (ValueError, KeyError, AttributeError, TypeError):
-            raise NodeCommandError(
-                f"{action.node}: {stage.source} is not an EXL3 plan (JSON with a qdir)", _INCOMPLETE_HINT
-            ) from None
-    directory = stage.target.rsplit("/", 1)[0]
-    ctx.ops(action.node, "mkdirs", {"paths": [directory, f"{directory.rsplit('/', 1)[0]}/cache"]})
-    # World-readable like the checkpoint it comes from: the engine in the container reads it.
-    ctx.ops(action.node, "write_file", {"path": stage.target, "content": content, "mode": 0o644})
-    return f"staged {stage.target}"
-
-
-def _prune(ctx: ApplyContext, action: Action) -> str:
-    removed = ctx.ops(action.node, "prune_parts", {"model_dir": payload_of(action, Prune).model_dir})["removed"]
-    return f"deleted {len(removed)} part files"
-
-
-EXECUTORS: dict[Step, Executor] = {
-    Step.DOWNLOAD: _download,
-    Step.REASSEMBLE: _reassemble,
-    Step.VERIFY: _verify,
-    Step.COPY: _copy,
-    Step.STAGE_PLAN: _stage_plan,
-    Step.PRUNE: _prune,
-}
+HASH_CACHE = "hashcache.json"
+RECORD_FILE = "checkpoint.json"
+INTENT_FILE = "restart-intent.json"

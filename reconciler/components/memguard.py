@@ -13,6 +13,7 @@ from pathlib import Path
 
 from reconciler import nodeside
 from reconciler.actions import Action, Guard, GuardConfig, InSync, Outcome, Step, action
+from reconciler.errors import ReconcilerError
 from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.memory import GuardTrip
 from reconciler.facts.node import Facts
@@ -96,7 +97,8 @@ def guard_config(deployment: Deployment) -> GuardConfig:
 
 def _start(ctx: ApplyContext, action: Action) -> str:
     guard = payload_of(action, Guard)
-    assert guard.config is not None, "a guard start always carries its settings"
+    if guard.config is None:
+        raise ReconcilerError(f"{action.id}: a guard start without its settings", "plan again: `reconciler plan`")
     program = (Path(nodeside.__file__).parent / "memguard.py").read_text(encoding="utf-8")
     args = {"state_dir": guard.state_dir, "program": program, "config": guard.config.model_dump()}
     result = ctx.ops(action.node, "guard_start", args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -31,6 +32,7 @@ from reconciler.actions import (
     shorten,
 )
 from reconciler.clock import utc_iso
+from reconciler.components.checkpoint import Placement
 from reconciler.components.fabric import node_contexts
 from reconciler.components.memguard import trip_advice, trips
 from reconciler.errors import ReconcilerError
@@ -39,6 +41,7 @@ from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.node import Facts
 from reconciler.redact import redact
 from reconciler.serving import (
+    LABEL_COMMIT,
     LABEL_CONFIG_HASH,
     LABEL_DEPLOYMENT,
     LABEL_OWNER,
@@ -95,6 +98,9 @@ def _exit_description(observed: ContainerFacts) -> str:
 def describe_drift(desired: RankContainer, observed: ContainerFacts) -> str:
     """What differs between the running container and the rendered one, secrets redacted."""
     changes: list[str] = []
+    served = observed.labels.get(LABEL_COMMIT, "")
+    if served != desired.commit:
+        changes.append(f"checkpoint revision {served[:8] or 'unrecorded'} -> {desired.commit[:8] or 'unrecorded'}")
     if observed.image != desired.image:
         changes.append(f"image {observed.image} -> {desired.image}")
     changes += _flag_changes(_flags(observed.command), _flags([*desired.entrypoint, *desired.command]))
@@ -141,10 +147,20 @@ def _env_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
     return changes
 
 
-def plan_ranks(deployment: Deployment, facts: Facts, prerequisites: dict[str, list[str]]) -> Outcome:
-    """Group actions; `prerequisites` maps a node to the actions its rank must wait for."""
+def plan_ranks(
+    deployment: Deployment,
+    facts: Facts,
+    prerequisites: dict[str, list[str]],
+    placements: Mapping[str, Placement] | None = None,
+    *,
+    after: list[str] | None = None,
+    restart: list[str] | None = None,
+) -> Outcome:
+    """Group actions. `prerequisites` maps a node to the actions its rank must wait for;
+    `placements` says where each node's revision to serve is; the first stop waits for `after`
+    (the checkpoint staged everywhere); `restart` holds reasons to restart a healthy group."""
     outcome = Outcome()
-    held = _hold_reasons(deployment, facts)
+    held = hold_reasons(deployment, facts)
     if held:
         outcome.notes += held
         outcome.held += held
@@ -154,22 +170,31 @@ def plan_ranks(deployment: Deployment, facts: Facts, prerequisites: dict[str, li
     if blockers:
         outcome.blockers += blockers
         return outcome
+    for name, placed in (placements or {}).items():
+        if name in contexts:
+            contexts[name] = replace(
+                contexts[name], model_path=placed.model_path, plans_path=placed.plans_path, commit=placed.commit
+            )
     desired = render_group(deployment, contexts)
     states, strays = _match(deployment, facts, desired)
-    states = _with_group_signals(deployment, facts, states)
+    states = _with_group_signals(deployment, facts, states, restart or [])
     outcome.actions += [_remove_stray(container, node, deployment) for node, container in strays]
     if all(state.healthy for state in states):
         outcome.in_sync += [
             InSync(state.desired.node, COMPONENT, f"{state.desired.name} running, config current") for state in states
         ]
         return outcome
-    outcome.actions += group_restart(deployment, states, prerequisites, [a.id for a in outcome.actions])
+    earlier = [*(a.id for a in outcome.actions), *(after or [])[-1:]]
+    outcome.actions += group_restart(deployment, states, prerequisites, earlier)
     return outcome
 
 
-def _with_group_signals(deployment: Deployment, facts: Facts, states: list[RankState]) -> list[RankState]:
-    """Failures no container state shows: a dead engine behind a live API, a restart cut short."""
-    problem = _group_problem(deployment, facts)
+def _with_group_signals(
+    deployment: Deployment, facts: Facts, states: list[RankState], restart: list[str]
+) -> list[RankState]:
+    """Failures no container state shows: a dead engine behind a live API, a restart cut short,
+    a corrupt file the engine may have read."""
+    problem = _group_problem(deployment, facts) or (restart[0] if restart else None)
     if problem is None or not all(state.healthy for state in states):
         return states
     return [replace(state, problem=problem) if state.desired.rank == 0 else state for state in states]
@@ -185,7 +210,7 @@ def _group_problem(deployment: Deployment, facts: Facts) -> str | None:
     return None
 
 
-def _hold_reasons(deployment: Deployment, facts: Facts) -> list[str]:
+def hold_reasons(deployment: Deployment, facts: Facts) -> list[str]:
     reasons = [trip_advice(node, trip) for node, trip in trips(deployment, facts)]
     hold = facts.nodes[deployment.head.name].hold
     if hold is not None:

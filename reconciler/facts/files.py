@@ -1,7 +1,13 @@
-"""File facts: the checkpoint on a node, the staged EXL3 plan, and the API key file.
+"""File facts: the checkpoint's revisions on a node, the staged EXL3 plans, and the API key file.
 
-Hashes come from a hash cache keyed by (path, size, mtime_ns, inode), so `sha256` is
-None for a file whose content has not been verified since it last changed.
+A node keeps each checkpoint revision in a directory of its own beside the spec's model_dir,
+`<model_dir>@<commit>`, and model_dir itself is a symlink to the one the ranks serve. A model_dir
+that is a real directory is a checkpoint from before revisions were kept (or from the reference
+scripts): `legacy`, with the commit its download metadata names when it names one.
+
+Hashes come from a hash cache keyed by (path, size, mtime_ns, inode), so `sha256` is None for a
+file whose content has not been verified since it last changed. A file hardlinked into another
+revision keeps its inode and so its verified hash.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from pydantic import Field, field_validator
 
 from reconciler.facts.base import FactsModel
 
+COMMIT_PATTERN = r"^[0-9a-f]{40}$"
+
 
 def _inside_model_dir(files: dict[str, Any]) -> dict[str, Any]:
     """Every file name must stay inside the model dir: such names become fetch and copy paths."""
@@ -20,6 +28,13 @@ def _inside_model_dir(files: dict[str, Any]) -> dict[str, Any]:
         if not is_inside(name):
             raise ValueError(f"file name {name!r:.80} is not a relative path inside the model dir")
     return files
+
+
+def _commits(value: dict[str, Any]) -> dict[str, Any]:
+    for commit in value:
+        if not re.match(COMMIT_PATTERN, commit):
+            raise ValueError(f"{commit!r:.60} is not a 40-hex commit")
+    return value
 
 
 class FileFacts(FactsModel):
@@ -30,27 +45,32 @@ class FileFacts(FactsModel):
 class HubFileFacts(FactsModel):
     size: int = Field(ge=0)
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    # The git blob id: what tells two versions of a small (non-LFS) file apart.
+    blob_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}$")
 
 
 class HubFacts(FactsModel):
-    """The repo at the pinned commit, as the Hub lists it (cached in STATE_DIR after a download)."""
+    """The repo at one commit, as the Hub lists it, with the entries of its manifest (cached in
+    STATE_DIR/hub/ on the head, one file per commit)."""
 
-    commit: str
+    commit: str = Field(pattern=COMMIT_PATTERN)
     files: dict[str, HubFileFacts] = Field(default_factory=dict)
+    # The manifest's sha256 of every native shard: the Hub lists two of them only as parts.
+    manifest: dict[str, str] | None = None
 
-    @field_validator("files")
+    @field_validator("files", "manifest")
     @classmethod
-    def _inside(cls, files: dict[str, HubFileFacts]) -> dict[str, HubFileFacts]:
-        return _inside_model_dir(files)
+    def _inside(cls, files: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if files is None else _inside_model_dir(files)
 
 
-class CheckpointFacts(FactsModel):
-    """Files under the model dir (relative paths), the manifest found there, free disk, Hub listing."""
+class RevisionFacts(FactsModel):
+    """One checkpoint tree on a node: its files, its manifest and EXL3 plan, its staged plan."""
 
+    path: str
     files: dict[str, FileFacts] = Field(default_factory=dict)
     manifest: dict[str, str] | None = None
-    # The model's EXL3 plan and the one staged for the ranks, as text (None: not there); the
-    # checkpoint component judges whether the staged one is current.
+    # The model's EXL3 plan and the one staged for the ranks (STATE_DIR/plans/<commit>/), as text.
     exl3_plan: str | None = None
     staged_plan: str | None = None
 
@@ -59,10 +79,46 @@ class CheckpointFacts(FactsModel):
     def _inside(cls, files: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if files is None else _inside_model_dir(files)
 
+
+class Resolved(FactsModel):
+    """A branch or tag of the spec pinned to the commit it pointed at when first converged."""
+
+    revision: str
+    commit: str = Field(pattern=COMMIT_PATTERN)
+    since: str | None = None
+
+
+class CheckpointRecord(FactsModel):
+    """STATE_DIR/checkpoint.json on a node: which commits it served, most recent first, and (on
+    the head) what a branch of the spec was pinned to."""
+
+    repo: str
+    history: list[str] = Field(default_factory=list)
+    resolved: Resolved | None = None
+    serving_since: str | None = None
+
+
+class CheckpointFacts(FactsModel):
+    """The revisions on a node, what model_dir is, free disk, and (on the head) the Hub's view."""
+
+    revisions: dict[str, RevisionFacts] = Field(default_factory=dict)
+    # The commit whose directory model_dir links to; None when it is no such link.
+    link: str | None = None
+    legacy: RevisionFacts | None = None
+    legacy_commit: str | None = Field(default=None, pattern=COMMIT_PATTERN)
+    record: CheckpointRecord | None = None
     disk_free: int | None = None
-    hub: HubFacts | None = None
-    # Why `hub` is unknown when the Hub was asked and failed (down, slow, refusing, wrong).
+    # Listings by commit; on the head only.
+    hub: dict[str, HubFacts] = Field(default_factory=dict)
+    # Why a listing that was needed is unknown: the Hub was asked and failed.
     hub_error: str | None = None
+    # The commit model.revision points at on the Hub now (asked for a branch or tag).
+    upstream: str | None = Field(default=None, pattern=COMMIT_PATTERN)
+
+    @field_validator("revisions", "hub")
+    @classmethod
+    def _by_commit(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _commits(value)
 
 
 class KeyFileFacts(FactsModel):

@@ -6,10 +6,11 @@ is tested on recorded probe output; only `gather` touches the network.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -18,10 +19,19 @@ from reconciler.clock import utc_iso
 from reconciler.errors import ReconcilerError
 from reconciler.facts.containers import container_from_inspect
 from reconciler.facts.fabric import fabric_from_probe
-from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, KeyFileFacts, parse_manifest
+from reconciler.facts.files import (
+    CheckpointFacts,
+    CheckpointRecord,
+    FileFacts,
+    HubFacts,
+    KeyFileFacts,
+    RevisionFacts,
+    parse_manifest,
+)
 from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, parse_meminfo
 from reconciler.facts.node import Facts, Hold, NodeFacts, RestartIntent
 from reconciler.facts.pi import gather_pi
+from reconciler.revisions import desired_commit, is_commit
 from reconciler.serving import LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, Node, expand_home
 from reconciler.transport.base import Transport, run_program
@@ -36,6 +46,7 @@ def probe_args(deployment: Deployment, node: Node) -> dict[str, Any]:
         "key_file": deployment.key_file() if node.role == "head" else None,
         "label": f"{LABEL_OWNER}={OWNER}",
         "gid_index": node.fabric.gid_index,
+        "head": node.role == "head",
     }
 
 
@@ -107,42 +118,80 @@ def _state_file(model: type[StateFile], raw: object, unreadable: StateFile) -> S
 
 
 def _checkpoint(model_dir: str, raw: dict[str, Any]) -> CheckpointFacts:
-    cache = raw.get("hash_cache")
-    cache = cache if isinstance(cache, dict) else {}
-    files: dict[str, FileFacts] = {}
-    for relative, (size, mtime_ns, inode) in raw["model_files"].items():
-        cached = cache.get(f"{model_dir.rstrip('/')}/{relative}")
-        files[relative] = FileFacts(size=size, sha256=_cached_digest(cached, [size, mtime_ns, inode]))
-    manifest = parse_manifest(raw["manifest"]) if isinstance(raw.get("manifest"), str) else None
+    state = raw["checkpoint"]
+    digests = _Digests(raw.get("hash_cache"))
+    revisions = {commit: digests.tree(tree) for commit, tree in dict(state.get("revisions") or {}).items()}
+    legacy = state.get("legacy")
+    legacy_commit = state.get("legacy_commit")
     return CheckpointFacts(
-        files=files,
-        manifest=manifest,
-        exl3_plan=_text(raw.get("source_plan")),
-        staged_plan=_text(raw.get("staged_plan")),
+        revisions=revisions,
+        link=_linked_commit(state.get("link"), model_dir, revisions),
+        legacy=digests.tree(legacy) if isinstance(legacy, dict) else None,
+        legacy_commit=legacy_commit if isinstance(legacy_commit, str) else None,
+        record=_state_file(CheckpointRecord, state.get("record"), None),
         disk_free=raw.get("disk_free") if isinstance(raw.get("disk_free"), int) else None,
-        hub=_cached_listing(raw.get("hub_files")),
+        hub=_cached_listings(raw.get("hub_listings")),
     )
 
 
-def _cached_digest(entry: object, key: list[int]) -> str | None:
-    """The cached sha256 when the cache entry is (size, mtime_ns, inode, digest) of this very file."""
-    if not isinstance(entry, list) or len(entry) != 4 or entry[:3] != key:
+def _linked_commit(target: object, model_dir: str, revisions: dict[str, RevisionFacts]) -> str | None:
+    """The commit of the revision directory model_dir links to (a link elsewhere is no revision)."""
+    if not isinstance(target, str):
         return None
-    digest = entry[3]
-    return digest if isinstance(digest, str) and _SHA256_RE.match(digest) else None
+    name = target.rstrip("/").rsplit("/", 1)[-1]
+    base, _, commit = name.partition("@")
+    linked = base == model_dir.rstrip("/").rsplit("/", 1)[-1] and commit in revisions
+    return commit if linked else None
+
+
+def _cache_entry(entry: object) -> TypeGuard[list[Any]]:
+    """A hash cache entry: [size, mtime_ns, inode, sha256]."""
+    if not isinstance(entry, list) or len(entry) != 4 or not all(isinstance(value, int) for value in entry[:3]):
+        return False
+    return isinstance(entry[3], str) and _SHA256_RE.match(entry[3]) is not None
+
+
+class _Digests:
+    """The node's hash cache: by path, and by (size, mtime_ns, inode), so that a file hardlinked
+    into another revision keeps the hash verified under its first name."""
+
+    def __init__(self, cache: object) -> None:
+        self.by_path: dict[str, str] = {}
+        self.by_inode: dict[tuple[int, int, int], str] = {}
+        for path, entry in (cache if isinstance(cache, dict) else {}).items():
+            if _cache_entry(entry):
+                self.by_path[str(path)] = entry[3]
+                self.by_inode[(entry[0], entry[1], entry[2])] = entry[3]
+
+    def tree(self, raw: dict[str, Any]) -> RevisionFacts:
+        root = str(raw["path"]).rstrip("/")
+        files = {
+            relative: FileFacts(size=size, sha256=self.by_inode.get((size, mtime_ns, inode)))
+            for relative, (size, mtime_ns, inode) in dict(raw.get("files") or {}).items()
+        }
+        manifest = raw.get("manifest")
+        return RevisionFacts(
+            path=root,
+            files=files,
+            manifest=parse_manifest(manifest) if isinstance(manifest, str) else None,
+            exl3_plan=_text(raw.get("exl3_plan")),
+            staged_plan=_text(raw.get("staged_plan")),
+        )
 
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
-def _cached_listing(raw: object) -> HubFacts | None:
-    """The Hub listing the last download saved; one that cannot be read is asked for again."""
-    if not raw:
-        return None
-    try:
-        return HubFacts.model_validate(raw)
-    except ValidationError:
-        return None
+def _cached_listings(raw: object) -> dict[str, HubFacts]:
+    """The listings the head cached, by commit; one that cannot be read is asked for again."""
+    listings: dict[str, HubFacts] = {}
+    for item in raw if isinstance(raw, list) else []:
+        try:
+            listing = HubFacts.model_validate(item)
+        except ValidationError:
+            continue
+        listings[listing.commit] = listing
+    return listings
 
 
 def _guard(raw: dict[str, Any]) -> GuardFacts:
@@ -173,7 +222,7 @@ def probe_node(deployment: Deployment, node: Node, transport: Transport) -> Node
     return node_facts_from_probe(node, raw)
 
 
-def gather(deployment: Deployment, transports: dict[str, Transport]) -> Facts:
+def gather(deployment: Deployment, transports: dict[str, Transport], *, update_revision: bool = False) -> Facts:
     """Probe all nodes at once; an unreachable node becomes facts saying so, not an exception."""
     with ThreadPoolExecutor(max_workers=max(1, len(deployment.nodes))) as pool:
         futures = {
@@ -181,23 +230,66 @@ def gather(deployment: Deployment, transports: dict[str, Transport]) -> Facts:
         }
         nodes = {name: future.result() for name, future in futures.items()}
     head = deployment.head.name
-    nodes[head] = with_hub_listing(deployment, nodes[head])
+    nodes[head] = with_hub_listing(deployment, nodes[head], transports[head], update_revision=update_revision)
     pi = gather_pi(deployment.pi.provider) if deployment.pi.enabled else None  # this machine's Pi, local files
     return Facts(taken_at=utc_iso(), nodes=nodes, pi=pi)
 
 
-def with_hub_listing(deployment: Deployment, head: NodeFacts) -> NodeFacts:
-    """Ask the Hub what the checkpoint holds when the head has no listing cached yet.
+def with_hub_listing(
+    deployment: Deployment, head: NodeFacts, transport: Transport | None = None, *, update_revision: bool = False
+) -> NodeFacts:
+    """What the Hub says, as far as the plan needs it.
 
-    One request per pass, and only until the first download wrote the listing to STATE_DIR. A
-    Hub that is down, slow or wrong leaves the listing unknown with the reason, which the
-    checkpoint component shows as its blocker; nothing else needs the Hub.
+    For a branch or tag, where it points now (one light request: the plan pins it, and says when
+    it moved). For the commit to serve, its listing and manifest, unless the head has them
+    cached; a listing asked for is cached (STATE_DIR/hub/) so later passes need no Hub. A Hub
+    that is down, slow or wrong leaves what it would have said unknown, with the reason, which
+    the checkpoint component shows as its blocker; nothing else needs the Hub.
     """
-    if not head.reachable or head.checkpoint.hub is not None:
+    if not head.reachable:
         return head
-    try:
-        update: dict[str, object] = {"hub": hub.list_files(deployment.model).as_facts()}
-    except ReconcilerError as exc:
-        update = {"hub_error": exc.message}
-    checkpoint = head.checkpoint.model_copy(update=update)
+    model = deployment.model
+    checkpoint = head.checkpoint
+    problem: str | None = None
+    if not is_commit(model.revision):
+        try:
+            upstream = hub.within_deadline(model, "resolving the revision", lambda: hub.resolve(model))
+            checkpoint = checkpoint.model_copy(update={"upstream": upstream})
+        except ReconcilerError as exc:
+            problem = exc.message
+    commit = desired_commit(model, checkpoint, update=update_revision)
+    if commit is not None and commit not in checkpoint.hub:
+        wanted = commit
+        try:
+            listing = hub.within_deadline(
+                model,
+                f"listing {model.repo}@{wanted[:12]}",
+                lambda: hub.list_files(model, wanted).as_facts(hub.manifest_entries(model, wanted)),
+            )
+        except ReconcilerError as exc:
+            problem = exc.message
+        else:
+            checkpoint = checkpoint.model_copy(update={"hub": {**checkpoint.hub, commit: listing}})
+            _cache_listing(deployment, transport, listing)
+            problem = None
+    if problem is not None and (commit is None or commit not in checkpoint.hub):
+        checkpoint = checkpoint.model_copy(update={"hub_error": problem})
     return head.model_copy(update={"checkpoint": checkpoint})
+
+
+def listing_path(deployment: Deployment, commit: str) -> str:
+    return f"{deployment.state_dir.rstrip('/')}/hub/{deployment.model.repo.replace('/', '--')}@{commit}.json"
+
+
+def _cache_listing(deployment: Deployment, transport: Transport | None, listing: HubFacts) -> None:
+    """Keep a listing the Hub gave: a commit's files never change, so it is never asked again.
+    A cache, not a change to the deployment: a failure to write it costs one request next pass."""
+    if transport is None:
+        return
+    request = {
+        "call": "write_file",
+        "args": {"path": listing_path(deployment, listing.commit), "content": listing.model_dump_json() + "\n"},
+        "private_dir": deployment.state_dir,
+    }
+    with contextlib.suppress(ReconcilerError, OSError):
+        run_program(transport, "ops", "run", request, timeout=60)

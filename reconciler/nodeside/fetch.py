@@ -64,7 +64,8 @@ def _download(args: dict[str, Any], item: dict[str, Any], target: str) -> int:
         started = time.monotonic()
         last = started
         done = have if mode == "ab" else 0
-        with open(partial, mode) as out:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if mode == "ab" else os.O_TRUNC)
+        with os.fdopen(os.open(partial, flags, 0o644), mode) as out:
             while block := response.read(CHUNK):
                 out.write(block)
                 done += len(block)

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import stat
 import subprocess
@@ -195,6 +196,11 @@ def hash_files(args: dict[str, Any]) -> None:
         except OSError:
             continue
         keys[relative] = [info.st_size, info.st_mtime_ns, info.st_ino]
+    by_inode = {tuple(entry[:3]): entry[3] for entry in cache.values() if isinstance(entry, list) and len(entry) == 4}
+    for name, key in keys.items():
+        # A file hardlinked into another revision: same inode, size and mtime, so the same bytes.
+        if not deep and (cache.get(f"{root}/{name}") or [])[:3] != key and tuple(key) in by_inode:
+            cache[f"{root}/{name}"] = [*key, by_inode[tuple(key)]]
     stale = [name for name, key in keys.items() if deep or (cache.get(f"{root}/{name}") or [])[:3] != key]
     meter = _Meter("hashing", sum(keys[name][0] for name in stale))
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
@@ -241,7 +247,9 @@ def reassemble(args: dict[str, Any]) -> None:
 def _assemble(root: str, shard: str, parts: list[str], temporary: str) -> str:
     digest = hashlib.sha256()
     meter = _Meter(f"reassembling {shard}", sum(os.path.getsize(os.path.join(root, p)) for p in parts))
-    with open(temporary, "wb") as out:
+    # Never through a symlink planted at the temporary name.
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(descriptor, "wb") as out:
         for part in parts:
             with open(os.path.join(root, part), "rb") as source:
                 while block := source.read(CHUNK):
@@ -330,10 +338,115 @@ def guard_stop(args: dict[str, Any]) -> None:
     _reply({"stopped": stopped})
 
 
+def disk_free(args: dict[str, Any]) -> None:
+    """Free bytes where `path` is, or would be once created."""
+    probe = os.path.expanduser(args["path"])
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe.rstrip("/")) or "/"
+    try:
+        info = os.statvfs(probe or "/")
+    except OSError:
+        _reply({"free": None})
+        return
+    _reply({"free": info.f_bavail * info.f_frsize})
+
+
 def remove_file(args: dict[str, Any]) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.expanduser(args["path"]))
     _reply({"ok": True})
+
+
+REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _inside(root: str, relative: str) -> str:
+    path = os.path.normpath(os.path.join(root, relative))
+    if not path.startswith(root.rstrip("/") + "/"):
+        raise SystemExit(f"refusing {relative!r}: it would land outside {root}")
+    return path
+
+
+def link_files(args: dict[str, Any]) -> None:
+    """Hardlink existing files into a new revision dir: {relative name: existing path}.
+
+    A link adds a name and changes nothing of the file (its inode, bytes and mtime stay), so the
+    revision being served is untouched; an existing name is replaced by a rename, never written.
+    """
+    root = os.path.expanduser(args["target_dir"]).rstrip("/")
+    linked = 0
+    for relative, source in sorted(args["files"].items()):
+        target = _inside(root, relative)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.exists(target) and os.stat(target).st_ino == os.stat(source).st_ino:
+            continue
+        temporary = f"{target}.link-{secrets.token_hex(6)}"
+        os.link(source, temporary)
+        os.replace(temporary, target)
+        linked += 1
+    _reply({"linked": linked})
+
+
+def _is_revision_of(model_dir: str, path: str) -> bool:
+    base = model_dir.rstrip("/")
+    head, at, commit = path.rstrip("/").partition("@")
+    return (head == base and bool(at) and REVISION_RE.match(commit) is not None) or path == f"{base}.pre-revisions"
+
+
+def switch_model_dir(args: dict[str, Any]) -> None:
+    """Point model_dir at a revision dir: a symlink swapped in by rename. A model_dir that is a
+    real directory (from before revisions) is first moved to `legacy_to`."""
+    model_dir = os.path.expanduser(args["model_dir"]).rstrip("/")
+    target = os.path.expanduser(args["target"]).rstrip("/")
+    if not _is_revision_of(model_dir, target) or not os.path.isdir(target):
+        raise SystemExit(f"refusing to point {model_dir} at {target}: not one of its revision directories")
+    if os.path.isdir(model_dir) and not os.path.islink(model_dir):
+        legacy_to = args.get("legacy_to")
+        if not legacy_to or not _is_revision_of(model_dir, legacy_to) or os.path.exists(legacy_to):
+            raise SystemExit(f"{model_dir} is a directory and there is no free place to move it to ({legacy_to})")
+        os.rename(model_dir, legacy_to)
+    temporary = f"{model_dir}.link-{secrets.token_hex(6)}"
+    os.symlink(os.path.basename(target), temporary)
+    os.replace(temporary, model_dir)
+    _fsync_directory(os.path.dirname(model_dir))
+    _reply({"model_dir": model_dir, "target": target})
+
+
+def _remove_shared(root: str) -> list[str]:
+    """Remove the files of a tree that live on in another revision (more than one link); what is
+    left (files found nowhere else) stays, and is returned."""
+    kept: list[str] = []
+    for directory, _, names in os.walk(root, topdown=False):
+        for name in names:
+            path = os.path.join(directory, name)
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode) and info.st_nlink < 2:
+                kept.append(os.path.relpath(path, root))
+            else:
+                os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
+    return kept
+
+
+def remove_revisions(args: dict[str, Any]) -> None:
+    """Remove revision dirs of model_dir (never the one it links to, never anything else)."""
+    model_dir = os.path.expanduser(args["model_dir"]).rstrip("/")
+    serving = os.path.realpath(model_dir)
+    removed, kept = [], []
+    for path in args["remove"]:
+        path = os.path.expanduser(path).rstrip("/")
+        if not _is_revision_of(model_dir, path) or os.path.realpath(path) == serving or not os.path.isdir(path):
+            continue
+        shutil.rmtree(path)
+        removed.append(path)
+    for path in args.get("shared_only") or []:
+        path = os.path.expanduser(path).rstrip("/")
+        if _is_revision_of(model_dir, path) and os.path.isdir(path) and os.path.realpath(path) != serving:
+            kept += _remove_shared(path)
+            if not os.path.exists(path):
+                removed.append(path)
+    _reply({"removed": removed, "kept": kept})
 
 
 def run(request: dict[str, Any]) -> None:
@@ -356,5 +469,9 @@ OPERATIONS = {
         guard_start,
         guard_stop,
         remove_file,
+        disk_free,
+        link_files,
+        switch_model_dir,
+        remove_revisions,
     )
 }

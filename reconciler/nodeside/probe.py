@@ -244,6 +244,64 @@ def host_state() -> dict[str, Any]:
     }
 
 
+COMMIT_LENGTH = 40
+HEX = set("0123456789abcdef")
+
+
+def is_commit(text: str) -> bool:
+    return len(text) == COMMIT_LENGTH and set(text) <= HEX
+
+
+def tree(path: str, manifest: str, plan: str, staged: str | None) -> dict[str, Any]:
+    """One checkpoint tree: its files, manifest and EXL3 plan texts, and its staged plan."""
+    return {
+        "path": path,
+        "files": list_files(path),
+        "manifest": read_text(os.path.join(path, manifest)),
+        "exl3_plan": read_text(os.path.join(path, "exl3", "plan", plan)),
+        "staged_plan": read_text(staged) if staged else None,
+    }
+
+
+def legacy_commit(model_dir: str, state_dir: str) -> str | None:
+    """The commit a pre-revisions model dir holds: the old cached listing says, or the Hub
+    client's download metadata (its first line is the commit)."""
+    listing = read_json(os.path.join(state_dir, "hub-files.json"))
+    if isinstance(listing, dict) and isinstance(listing.get("commit"), str) and is_commit(listing["commit"]):
+        return str(listing["commit"])
+    metadata = read_text(os.path.join(model_dir, ".cache", "huggingface", "download", "config.json.metadata"))
+    first = (metadata or "").split("\n", 1)[0].strip()
+    return first if is_commit(first) else None
+
+
+def checkpoint_state(model_dir: str, state_dir: str, manifest: str, plan: str) -> dict[str, Any]:
+    """model_dir (a link to a revision, a real directory from before revisions, or absent) and
+    every revision directory beside it, `<model_dir>@<commit>`."""
+    base = model_dir.rstrip("/")
+    parent, name = os.path.split(base)
+    revisions = {}
+    for entry in list_dir(parent):
+        head, at, commit = entry.partition("@")
+        path = os.path.join(parent, entry)
+        if head == name and at and is_commit(commit) and os.path.isdir(path) and not os.path.islink(path):
+            revisions[commit] = tree(path, manifest, plan, os.path.join(state_dir, "plans", commit, plan))
+    link = os.readlink(base) if os.path.islink(base) else None
+    legacy = os.path.isdir(base) and link is None
+    return {
+        "link": link,
+        "legacy": tree(base, manifest, plan, None) if legacy else None,
+        "legacy_commit": legacy_commit(base, state_dir) if legacy else None,
+        "revisions": revisions,
+        "record": read_json(os.path.join(state_dir, "checkpoint.json")),
+    }
+
+
+def hub_listings(state_dir: str) -> list[Any]:
+    """The head's cached Hub listings, one file per commit (STATE_DIR/hub/)."""
+    directory = os.path.join(state_dir, "hub")
+    return [read_json(os.path.join(directory, name)) for name in list_dir(directory) if name.endswith(".json")]
+
+
 def probe(args: dict[str, Any]) -> dict[str, Any]:
     state_dir = expand(args["state_dir"])
     model_dir = expand(args["model_dir"])
@@ -251,12 +309,9 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "home": os.path.expanduser("~"),
         "meminfo": meminfo(),
-        "model_files": list_files(model_dir) if os.path.isdir(model_dir) else {},
-        "manifest": read_text(os.path.join(model_dir, args["manifest"])),
-        "source_plan": read_text(os.path.join(model_dir, "exl3", "plan", args["exl3_plan"])),
-        "staged_plan": read_text(os.path.join(state_dir, "plans", args["exl3_plan"])),
+        "checkpoint": checkpoint_state(model_dir, state_dir, args["manifest"], args["exl3_plan"]),
         "hash_cache": read_json(os.path.join(state_dir, "hashcache.json")) or {},
-        "hub_files": read_json(os.path.join(state_dir, "hub-files.json")),
+        "hub_listings": hub_listings(state_dir) if args.get("head") else [],
         "disk_free": disk_free(model_dir),
         "key_file": stat_key_file(expand(args["key_file"])) if args.get("key_file") else None,
         "guard_running": process_alive(os.path.join(state_dir, "memguard.pid")),

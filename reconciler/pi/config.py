@@ -83,8 +83,13 @@ def manifest_file(provider: str) -> str:
 def normalise_base_url(url: str) -> str:
     """The API's address as Pi needs it: http(s), no trailing slash, ending in /v1."""
     text = url.strip().rstrip("/")
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+    try:
+        parts = urlsplit(text)
+        _ = parts.port  # raises ValueError for a port that is not a number
+        valid = parts.scheme in ("http", "https") and bool(parts.netloc) and not parts.query and not parts.fragment
+    except ValueError:  # an unclosed IPv6 bracket, a bad port
+        valid = False
+    if not valid:
         raise PiConfigError(
             f"base URL {url!r} is not an http(s) URL",
             "give the API's address, e.g. http://10.10.10.10:8000 (/v1 is added when missing)",

@@ -29,10 +29,19 @@ class LocalTransport:
         on_line: LineSink | None = None,
     ) -> CommandResult:
         self.round_trips += 1
-        if on_line is None:
-            completed = subprocess.run(list(argv), input=stdin, capture_output=True, timeout=timeout, check=False)
-            return CommandResult(completed.returncode, completed.stdout, completed.stderr)
-        return _run_streaming(list(argv), stdin, timeout, on_line)
+        try:
+            if on_line is None:
+                completed = subprocess.run(list(argv), input=stdin, capture_output=True, timeout=timeout, check=False)
+                return CommandResult(completed.returncode, completed.stdout, completed.stderr)
+            return _run_streaming(list(argv), stdin, timeout, on_line)
+        except subprocess.TimeoutExpired:
+            raise NodeUnreachableError(
+                f"{self.node}: {argv[0]} did not finish within {timeout:g} s", "the machine may be overloaded"
+            ) from None
+        except OSError as exc:
+            raise NodeUnreachableError(
+                f"{self.node}: cannot run {argv[0]}: {exc.strerror or exc}", f"install {argv[0]} on this machine"
+            ) from None
 
     def docker(self) -> Any:
         if self._docker is None:

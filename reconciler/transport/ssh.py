@@ -115,7 +115,10 @@ class SshTransport:
         on_line: LineSink | None = None,
     ) -> CommandResult:
         self.round_trips += 1
-        channel = self._transport().open_session(timeout=timeout)
+        try:
+            channel = self._transport().open_session(timeout=timeout)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise self._lost(exc) from None
         try:
             channel.exec_command(shlex.join(argv))
             if stdin is not None:
@@ -123,8 +126,17 @@ class SshTransport:
             channel.shutdown_write()
             stdout, stderr = _drain(channel, timeout, self.node, LineSplitter(on_line) if on_line else None)
             return CommandResult(channel.recv_exit_status(), stdout, stderr)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise self._lost(exc) from None
         finally:
             channel.close()
+
+    def _lost(self, exc: BaseException) -> NodeUnreachableError:
+        """A channel refused or a connection dropped mid-command: transient, retried by apply."""
+        return NodeUnreachableError(
+            f"{self.node}: the SSH connection failed: {type(exc).__name__}: {exc}",
+            "check the node and its sshd (MaxSessions, load); the next pass tries again",
+        )
 
     def docker(self) -> Any:
         if self._docker is None:

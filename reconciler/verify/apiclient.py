@@ -9,6 +9,7 @@ server echoes back is passed through `ApiTarget.redact` before it is shown.
 from __future__ import annotations
 
 import json
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +46,14 @@ class ApiTarget:
 
 def base_url(url: str) -> str:
     """'http://h:8000/v1/' -> 'http://h:8000': requests name their /v1 paths themselves."""
-    if not url.startswith(("http://", "https://")):
-        raise ReconcilerError(f"'{url}' is not an http(s) URL", "write it like http://127.0.0.1:8000")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # raises ValueError for a port that is not a number
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # an unclosed IPv6 bracket, a port that is not a number
+        valid = False
+    if not valid or any(char.isspace() or not char.isprintable() for char in url):
+        raise ReconcilerError(f"{url!r} is not an http(s) URL", "write it like http://127.0.0.1:8000")
     return url.rstrip("/").removesuffix("/v1")
 
 

@@ -1,7 +1,9 @@
-"""CLI: python3 -m tests.testbed COMMAND (install, up, down, exec, link, image-ref, rebuild-engine, real-engine-*).
+"""CLI: python3 -m tests.testbed COMMAND (install, up, down, exec, link, image-ref, rebuild-engine, hub-*, real-*).
 
 Runs from the repository root with the system python3 (stdlib only), as root.
 $TB_ROOT (default /tmp/testbed) holds all testbed state and caches.
+`hub-commits` prints the two commits the :5080 Hub stand-in serves (`A <sha>`, `B <sha>`);
+`hub-branch NAME A|B|SHA` points a branch (e.g. main) of the running stand-in at one of them.
 """
 
 from __future__ import annotations
@@ -9,8 +11,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import urllib.error
 
-from tests.testbed.config import TestbedError, node_named
+from tests.testbed import services
+from tests.testbed.config import HOST_IP, HUB_PORT, TestbedError, node_named
+from tests.testbed.hub.control import StandinControl
 from tests.testbed.install import install
 from tests.testbed.realengine import lane
 from tests.testbed.testbed import Testbed
@@ -33,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("image-ref", help="print an image's digest reference")
     ref.add_argument("image", choices=("pybase", "engine"))
     sub.add_parser("rebuild-engine", help="push a new engine image from tests/testbed/engine and pull it on the nodes")
+    sub.add_parser("hub-commits", help="print the Hub stand-in's commits A and B")
+    branch = sub.add_parser("hub-branch", help="point a branch of the running Hub stand-in at commit A, B or a sha")
+    branch.add_argument("name")
+    branch.add_argument("commit")
     sub.add_parser(
         "real-engine-prepare", help="the real-engine lane's vLLM CPU venv, tiny model and tb/vllm layers (cached)"
     )
@@ -61,11 +70,28 @@ def main(argv: list[str]) -> int:
         print(testbed.images()[args.image])
     elif args.command == "rebuild-engine":
         testbed.rebuild_engine()
+    elif args.command == "hub-commits":
+        a, b = services.hub_commits(testbed.layout)
+        print(f"A {a}\nB {b}")
+    elif args.command == "hub-branch":
+        _move_branch(testbed, args.name, args.commit)
     elif args.command == "real-engine-prepare":
         lane.prepare(testbed.layout)
     elif args.command == "real-engine-up":
         print(lane.up(testbed))
     return 0
+
+
+def _move_branch(testbed: Testbed, name: str, commit: str) -> None:
+    a, b = services.hub_commits(testbed.layout)
+    target = {"A": a, "B": b}.get(commit, commit)
+    try:
+        branches = StandinControl(f"http://{HOST_IP}:{HUB_PORT}").move_branch(name, target)
+    except urllib.error.HTTPError as error:
+        raise TestbedError(f"hub-branch: {error.read().decode(errors='replace')}") from None
+    except OSError as error:
+        raise TestbedError(f"hub-branch: the Hub stand-in on {HOST_IP}:{HUB_PORT} does not answer: {error}") from None
+    print(" ".join(f"{branch}={sha}" for branch, sha in sorted(branches.items())))
 
 
 if __name__ == "__main__":

@@ -113,7 +113,18 @@ class Layout:
 
     @property
     def hub(self) -> Path:
+        """The Hub stand-in's build of commit A (`main` at start): `standin-index.json` and `repo/`."""
         return self.root / "hub"
+
+    @property
+    def hub_revision(self) -> Path:
+        """The build of commit B, the revision after A (its unchanged files are hardlinks into A's build)."""
+        return self.hub / "revision-B"
+
+    @property
+    def hub_commits_json(self) -> Path:
+        """`{"repo_id", "commits": {"A": sha, "B": sha}, "differs": [repo paths]}`, written by the hub build."""
+        return self.hub / "commits.json"
 
     @property
     def registry(self) -> Path:

@@ -2,17 +2,30 @@
 
 Both listen only on the testbed host address, which the nodes reach over the mgmt switch;
 nothing binds a wildcard address.
+
+The hub stand-in on :5080 serves two commits of the synthetic checkpoint (model revisions):
+A, built into `$TB_ROOT/hub`, and B (`build_revision`: shard `model-00003-of-00006.safetensors`
+regenerated, `config.json` with `"checkpoint_tag": "B"` instead of "A", the manifest updated, every
+other file a hardlink of A's), built into `$TB_ROOT/hub/revision-B`. `main` resolves to A at every
+start; tests move it with `StandinControl(...).move_branch("main", b)` (`POST /_standin/branches`),
+and a restart (`start_hub`) resets it unless `branches=` says otherwise. Tests read the two shas with
+`hub_commits(layout)` -> (A, B) (from the builds' `standin-index.json`), or from
+`$TB_ROOT/hub/commits.json` (`{"repo_id", "commits": {"A": sha, "B": sha}, "differs": [paths]}`).
+Both builds are cached and rebuilt when any file of tests/testbed/hub changes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from tests.testbed import proc
 from tests.testbed.config import HOST_IP, HUB_PORT, PACKAGE_DIR, REGISTRY, REPO_ROOT, Layout, TestbedError
+from tests.testbed.hub.repo import INDEX_NAME
 from tests.testbed.web import http_status
 
 HUB_PACKAGE = PACKAGE_DIR / "hub"
@@ -66,26 +79,77 @@ def _hub_source_hash() -> str:
     return sha.hexdigest()
 
 
+def _hub_built(layout: Layout) -> bool:
+    return all((root / INDEX_NAME).is_file() for root in (layout.hub, layout.hub_revision)) and (
+        layout.hub_commits_json.is_file()
+    )
+
+
 def build_hub(layout: Layout) -> bool:
-    """Build the checkpoint into $TB_ROOT/hub once; True if it was (re)built."""
+    """Build commits A and B of the checkpoint into $TB_ROOT/hub once; True if they were (re)built."""
     stamp = layout.cache / "hub.stamp"
     want = _hub_source_hash()
-    if layout.hub.is_dir() and stamp.is_file() and stamp.read_text().strip() == want:
+    if _hub_built(layout) and stamp.is_file() and stamp.read_text().strip() == want:
         return False
     shutil.rmtree(layout.hub, ignore_errors=True)
     stamp.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "tests.testbed.hub", "build", "--out", str(layout.hub)]
-    result = proc.run(argv, check=False, timeout=600, cwd=REPO_ROOT)
-    if result.returncode != 0:
-        raise TestbedError(f"hub build failed ({result.returncode}):\n{(result.stderr or result.stdout)[-2000:]}")
+    hub = [sys.executable, "-m", "tests.testbed.hub"]
+    for argv in (
+        [*hub, "build", "--out", str(layout.hub)],
+        [*hub, "build-revision", "--base", str(layout.hub), "--out", str(layout.hub_revision)],
+    ):
+        result = proc.run(argv, check=False, timeout=600, cwd=REPO_ROOT)
+        if result.returncode != 0:
+            raise TestbedError(f"hub build failed ({result.returncode}):\n{(result.stderr or result.stdout)[-2000:]}")
+    _write_hub_commits(layout)
     layout.cache.mkdir(parents=True, exist_ok=True)
     stamp.write_text(want + "\n")
     return True
 
 
-def start_hub(layout: Layout, root: Path | None = None, port: int = HUB_PORT) -> None:
-    """A Hub stand-in serving one built repo (default: the synthetic checkpoint on :5080)."""
-    argv = [sys.executable, "-m", "tests.testbed.hub", "serve", "--root", str(root or layout.hub)]
+def _index(root: Path) -> dict[str, object]:
+    try:
+        data: dict[str, object] = json.loads((root / INDEX_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise TestbedError(f"no hub build in {root}: run `python3 -m tests.testbed up`") from None
+    return data
+
+
+def _files(index: dict[str, object]) -> dict[str, str]:
+    files = index.get("files")
+    return {str(f["path"]): str(f["sha256"]) for f in files} if isinstance(files, list) else {}
+
+
+def _write_hub_commits(layout: Layout) -> None:
+    a, b = _index(layout.hub), _index(layout.hub_revision)
+    files_a, files_b = _files(a), _files(b)
+    differs = sorted(p for p in files_a.keys() | files_b.keys() if files_a.get(p) != files_b.get(p))
+    document = {"repo_id": a["repo_id"], "commits": {"A": a["commit"], "B": b["commit"]}, "differs": differs}
+    layout.hub_commits_json.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+
+
+def hub_commits(layout: Layout) -> tuple[str, str]:
+    """(A, B): the commit shas the :5080 stand-in serves, read from the builds' indexes."""
+    return str(_index(layout.hub)["commit"]), str(_index(layout.hub_revision)["commit"])
+
+
+def hub_roots(layout: Layout) -> list[Path]:
+    """The build roots :5080 serves, oldest commit first (B only if built)."""
+    return [layout.hub] + ([layout.hub_revision] if (layout.hub_revision / INDEX_NAME).is_file() else [])
+
+
+def start_hub(
+    layout: Layout, root: Path | None = None, port: int = HUB_PORT, *, branches: Mapping[str, str] | None = None
+) -> None:
+    """A Hub stand-in: by default commits A and B of the synthetic checkpoint on :5080, `main` -> A;
+    with `root`, that one build (the real-engine lane's tiny model). `branches` points branches at
+    served commits (e.g. `{"main": hub_commits(layout)[1]}`)."""
+    roots = [root] if root is not None else hub_roots(layout)
+    argv = [sys.executable, "-m", "tests.testbed.hub", "serve"]
+    for served in roots:
+        argv += ["--root", str(served)]
+    for name, commit in (branches or {}).items():
+        argv += ["--branch", f"{name}={commit}"]
     argv += ["--host", HOST_IP, "--port", str(port)]
     log = layout.hub_log(port)
     proc.spawn_detached(argv, log, cwd=REPO_ROOT)

@@ -4,6 +4,11 @@ Bring-up runs network, node inits, sshd, dockerd, registry, images, with the ind
 dockerds boot while the registry starts and the images are built and pushed, and the
 pulls run on all nodes in parallel. `up` always starts with the full teardown, so it is
 idempotent and recovers from a crashed run.
+
+The Hub stand-in on :5080 serves two commits of the checkpoint, A (`main`) and B (one shard and
+`config.json` changed); `services.hub_commits(testbed.layout)` gives (A, B), `$TB_ROOT/hub/commits.json`
+the same for shell use, and `StandinControl("http://198.19.0.1:5080").move_branch("main", B)` moves
+`main` (see tests/testbed/services.py).
 """
 
 from __future__ import annotations
@@ -148,8 +153,10 @@ class Testbed:
             print("  note: tests/testbed/hub/__main__.py not found; hub stand-in skipped")
             return
         if services.build_hub(self.layout):
-            print(f"  hub checkpoint built into {self.layout.hub}")
+            print(f"  hub checkpoint built: commit A into {self.layout.hub}, B into {self.layout.hub_revision}")
         services.start_hub(self.layout)
+        a, b = services.hub_commits(self.layout)
+        print(f"  hub serves commits A={a} (main) and B={b}")
 
     # ------------------------------------------------------------ images
 

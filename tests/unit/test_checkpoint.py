@@ -6,7 +6,7 @@ from reconciler.actions import Step
 from reconciler.facts.files import FileFacts
 from reconciler.facts.node import Facts, load_facts
 from reconciler.plan import Plan, plan
-from tests.scenarios import CONVERGED_FACTS, empty_facts, reference_deployment, with_node
+from tests.scenarios import COMMIT, CONVERGED_FACTS, empty_facts, reference_deployment, with_node, with_tree_files
 
 HEAD, WORKER = "spark-head", "spark-worker"
 
@@ -39,12 +39,13 @@ def test_preflight_blocks_before_any_byte_when_the_head_disk_is_too_small() -> N
     assert any(b.component == "ranks" and "wait for checkpoint" in b.message for b in result.blockers)
 
 
-def test_preflight_uses_the_reference_full_size_when_the_hub_cannot_say() -> None:
+def test_without_a_listing_nothing_is_fetched_and_the_blocker_says_why() -> None:
     facts = empty_facts()
-    head = facts.nodes[HEAD].checkpoint.model_copy(update={"hub": None, "disk_free": 600_000_000_000})
+    head = facts.nodes[HEAD].checkpoint.model_copy(update={"hub": {}})
     result = plan_of(with_node(facts, HEAD, checkpoint=head))
-    blocker = next(b for b in result.blockers if b.node == HEAD)
-    assert "full size ~700.0 GB assumed" in blocker.message
+    assert not any(a.component == "checkpoint" for a in result.actions)
+    blocker = next(b for b in result.blockers if b.node == HEAD and b.component == "checkpoint")
+    assert "no listing for this revision" in blocker.message
 
 
 def test_a_worker_disk_too_small_blocks_only_the_copy_and_the_ranks() -> None:
@@ -56,14 +57,9 @@ def test_a_worker_disk_too_small_blocks_only_the_copy_and_the_ranks() -> None:
 
 def test_non_manifest_lfs_files_are_checked_against_the_hubs_sha256() -> None:
     converged = load_facts(CONVERGED_FACTS)
-    listing = empty_facts().nodes[HEAD].checkpoint.hub
-    assert listing is not None
     bank = "exl3/qn/L00.part.safetensors"
-    expected = listing.files[bank].sha256
-    files = dict(converged.nodes[HEAD].checkpoint.files)
-    files[bank] = FileFacts(size=5_000_000_000, sha256="f" * 64)
-    checkpoint = converged.nodes[HEAD].checkpoint.model_copy(update={"files": files, "hub": listing})
-    result = plan_of(with_node(converged, HEAD, checkpoint=checkpoint))
+    expected = converged.nodes[HEAD].checkpoint.hub[COMMIT].files[bank].sha256
+    result = plan_of(with_tree_files(converged, HEAD, {bank: FileFacts(size=5_000_000_000, sha256="f" * 64)}))
     download = next(a for a in result.actions if a.id == "checkpoint.download@spark-head")
     assert "sha256 mismatch" in download.cause
     assert bank in download.cause

@@ -45,7 +45,7 @@ class Nodes:
         self.inside = threading.Event()
         self.finished: dict[str, float] = {}
 
-    def observe(self, _deployment: Deployment, _transports: object, _liveness: object) -> Facts:
+    def observe(self, _deployment: Deployment, _transports: object, _liveness: object, **_options: bool) -> Facts:
         return self.facts.pop(0) if len(self.facts) > 1 else self.facts[0]
 
     def executor(self, _action: Action) -> object:

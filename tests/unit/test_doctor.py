@@ -12,7 +12,7 @@ from reconciler.cli import main
 from reconciler.doctor import Check, DoctorInput, NodeProbe, Report, checkpoint_weight_bytes, doctor_input
 from reconciler.facts.node import load_facts
 from reconciler.spec import Deployment
-from tests.scenarios import CONVERGED_FACTS, FIXTURES, SPEC_PATH, empty_facts, reference_deployment
+from tests.scenarios import COMMIT, CONVERGED_FACTS, FIXTURES, SPEC_PATH, empty_facts, reference_deployment
 from tests.testbed import fakesys
 
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -54,12 +54,9 @@ def raw_probe(ip: str, **changes: Any) -> dict[str, Any]:
         "hostname": "spark",
         "home": "/home/nvidia",
         "meminfo": meminfo(total_gib=121.6, available_gib=118.0),
-        "model_files": {},
-        "manifest": None,
-        "source_plan": None,
-        "staged_plan": None,
+        "checkpoint": {"link": None, "legacy": None, "legacy_commit": None, "revisions": {}, "record": None},
         "hash_cache": {},
-        "hub_files": None,
+        "hub_listings": [],
         "disk_free": 2 * 10**12,
         "key_file": None,
         "guard_running": False,
@@ -141,7 +138,7 @@ def test_memory_while_the_ranks_run_reports_the_loaded_state() -> None:
 def test_weights_come_from_a_complete_checkpoint_when_one_exists() -> None:
     deployment = reference_deployment()
     size, basis = checkpoint_weight_bytes(deployment, load_facts(CONVERGED_FACTS))
-    files = load_facts(CONVERGED_FACTS).nodes[HEAD].checkpoint.files
+    files = load_facts(CONVERGED_FACTS).nodes[HEAD].checkpoint.revisions[COMMIT].files
     assert (size, basis) == (sum(f.size for f in files.values()), "the size of the checkpoint on spark-head")
     assert checkpoint_weight_bytes(deployment, empty_facts())[0] == doctor.REFERENCE_CHECKPOINT_BYTES
 
@@ -268,7 +265,9 @@ def test_disk_uses_the_hub_listing_like_the_checkpoint_preflight() -> None:
     names += [f"model-0000{index}-of-00006.safetensors" for index in range(1, 5)]
     names += [f"model-0000{index}-of-00006.safetensors.part0{part}" for index in (5, 6) for part in (0, 1)]
     listing = {"commit": "c" * 40, "files": {name: {"size": 30 * 10**9} for name in names}}
-    tight = raw_probe(SPARK_IPS[HEAD], hub_files=listing, disk_free=100 * 10**9)
+    pinned = {"repo": "0xSero/DeepSeek-V4.1-Flash-Spark", "resolved": {"revision": "main", "commit": "c" * 40}}
+    checkpoint = {"link": None, "legacy": None, "legacy_commit": None, "revisions": {}, "record": pinned}
+    tight = raw_probe(SPARK_IPS[HEAD], hub_listings=[listing], checkpoint=checkpoint, disk_free=100 * 10**9)
     disk = find(run_doctor(head=probe(tight)), HEAD, "disk")
     assert disk.status == "FAIL"
     assert disk.message.startswith("360.0 GB needed (Hub listing), 100.0 GB free in ~/models/")

@@ -4,6 +4,7 @@ the failure semantics measured on real vLLM and the API's observable behaviour."
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import signal
@@ -526,3 +527,26 @@ def test_the_key_is_never_logged(group: Group) -> None:
     assert KEY not in group.rank0.log
     assert KEY not in group.rank1.log
     assert "API key required on /v1 (from VLLM_API_KEY)" in group.rank0.log
+
+
+# --- which checkpoint was loaded (stand-in only) ------------------------------------------------
+
+
+def test_loaded_reports_the_config_tag_on_an_open_route(launcher: Launcher) -> None:
+    config = json.dumps({"model_type": "deepseek_v4", "checkpoint_tag": "B"}, indent=2).encode()
+    (launcher.model_dir / "config.json").write_bytes(config)
+    group = start_group(launcher)
+    sha = hashlib.sha256(config).hexdigest()
+    answer = httpx.get(f"{group.url}/_standin/loaded", timeout=5)
+    assert answer.status_code == 200, "open like /health: no key"
+    assert answer.json() == {"model": str(launcher.model_dir), "config_sha256": sha, "checkpoint_tag": "B"}
+    line = f"loaded {launcher.model_dir}: config.json sha256 {sha[:12]}, checkpoint_tag B"
+    group.rank0.wait_log(line)
+    group.rank1.wait_log(line)
+
+
+def test_loaded_without_a_config_reports_nulls(group: Group) -> None:
+    answer = httpx.get(f"{group.url}/_standin/loaded", timeout=5).json()
+    assert answer["config_sha256"] is None
+    assert answer["checkpoint_tag"] is None
+    assert "no config.json" in group.rank0.log

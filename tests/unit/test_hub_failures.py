@@ -136,11 +136,11 @@ def test_a_listing_with_a_path_that_leaves_the_model_dir_is_refused() -> None:
 def test_a_failed_listing_becomes_the_checkpoints_blocker_and_ranks_keep_serving() -> None:
     deployment = reference_deployment()
     facts = converged_facts(deployment)
-    head = facts.nodes[HEAD].checkpoint.model_copy(update={"hub": None})
+    head = facts.nodes[HEAD].checkpoint.model_copy(update={"hub": {}})
     facts = with_node(facts, HEAD, checkpoint=head)
     outage = deployment.model_copy(update={"model": Model(endpoint="http://127.0.0.1:1")})
     observed = with_hub_listing(outage, facts.nodes[HEAD])
-    assert observed.checkpoint.hub is None
+    assert observed.checkpoint.hub == {}
     assert observed.checkpoint.hub_error is not None
     assert "cannot reach http://127.0.0.1:1" in observed.checkpoint.hub_error
 
@@ -155,7 +155,7 @@ def test_a_failed_listing_becomes_the_checkpoints_blocker_and_ranks_keep_serving
 def test_without_the_hub_a_dead_rank_is_still_restarted() -> None:
     deployment = reference_deployment()
     facts = converged_facts(deployment)
-    head = facts.nodes[HEAD].checkpoint.model_copy(update={"hub": None, "hub_error": "cannot reach the Hub"})
+    head = facts.nodes[HEAD].checkpoint.model_copy(update={"hub": {}, "hub_error": "cannot reach the Hub"})
     facts = with_node(facts, HEAD, checkpoint=head)
     worker = facts.nodes[WORKER].containers[0].model_copy(update={"status": "exited", "exit_code": 0})
     facts = with_node(facts, WORKER, containers=[worker])
@@ -165,7 +165,7 @@ def test_without_the_hub_a_dead_rank_is_still_restarted() -> None:
 
 def test_without_the_hub_an_incomplete_checkpoint_blocks_the_ranks_naming_the_cause() -> None:
     facts = empty_facts()
-    head = facts.nodes[HEAD].checkpoint.model_copy(update={"hub": None, "hub_error": "the Hub answered HTTP 500"})
+    head = facts.nodes[HEAD].checkpoint.model_copy(update={"hub": {}, "hub_error": "the Hub answered HTTP 500"})
     result = plan(reference_deployment(), with_node(facts, HEAD, checkpoint=head))
     checkpoint = [b for b in result.blockers if b.component == "checkpoint"]
     assert {b.node for b in checkpoint} == {HEAD, WORKER}

@@ -11,7 +11,7 @@ from reconciler.actions import Blocker
 from reconciler.clock import utc_iso
 from reconciler.facts.memory import GuardFacts, GuardTrip
 from reconciler.facts.node import load_facts
-from reconciler.loop import BACKOFF_BASE_S, DEBOUNCE_S, LoopLogic, SpecKeeper, Triggers
+from reconciler.loop import BACKOFF_BASE_S, DEBOUNCE_S, SPEC_CHANGED, LoopLogic, SpecKeeper, Triggers
 from reconciler.plan import Plan, plan
 from reconciler.spec import Loop as LoopSettings
 from tests.scenarios import CONVERGED_FACTS, SPEC_PATH, reference_deployment, with_container, with_node
@@ -179,7 +179,7 @@ def test_an_invalid_edit_keeps_the_last_good_spec_and_says_where() -> None:
     assert change.error is not None
     assert "running the last good spec" in change.error
     assert kept.deployment == good
-    assert kept.offer(kept.text).kind == "same"
+    assert kept.offer(kept.text).kind == "invalid", "offered again, the invalid text is still invalid"
 
 
 def test_a_valid_edit_replaces_the_spec_and_says_whether_it_changes_anything() -> None:
@@ -198,3 +198,46 @@ def test_a_fixed_spec_after_an_invalid_one_is_taken() -> None:
     fixed = kept.offer(original + "loop: {resync_s: 60}\n")
     assert fixed.kind == "new"
     assert fixed.deployment_changed
+
+
+def test_failed_probes_are_handed_to_one_pass_only_even_if_it_fails() -> None:
+    """A pass that restarts the group after enough failed probes, then fails (a smoke, a later
+    step): the next pass must not restart the group again for the same old probes."""
+    brain = logic(FakeClock(), failure_threshold=2)
+    brain.probed("HTTP 500")
+    brain.probed("HTTP 500")
+    handed = brain.pass_started()
+    assert handed.failures == 2
+    brain.pass_failed("smoke failed")
+    assert brain.pass_started().failures == 0
+
+
+def test_failed_probes_below_the_threshold_stay_counted_across_passes() -> None:
+    brain = logic(FakeClock(), failure_threshold=3)
+    brain.probed("HTTP 500")
+    assert brain.pass_started().failures == 1
+    assert brain.liveness.failures == 1
+
+
+def test_a_thousand_failed_passes_in_a_row_do_not_overflow_the_backoff() -> None:
+    brain = logic(FakeClock(), max_backoff_s=1)
+    for _ in range(1100):
+        delay = brain.pass_failed("boom")
+    assert delay == 1
+
+
+def test_a_node_named_like_the_spec_reason_does_not_skip_the_backoff() -> None:
+    brain = logic(FakeClock())
+    brain.pass_failed("boom")
+    assert not brain.admits(["spec-worker: dsv41-r1 die"])
+    assert brain.admits([SPEC_CHANGED])
+
+
+def test_an_invalid_edit_undone_clears_the_error() -> None:
+    kept = keeper()
+    original = kept.text
+    assert kept.offer(original + "bogus: [\n").kind == "invalid"
+    assert kept.offer(original + "bogus: [\n").kind == "invalid", "the same invalid text stays invalid"
+    undone = kept.offer(original)
+    assert (undone.kind, undone.error) == ("new", None)
+    assert kept.offer(original).error is None

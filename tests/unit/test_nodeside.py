@@ -63,23 +63,37 @@ def test_reassemble_concatenates_parts_in_order_and_prune_removes_only_parts(tmp
     assert (tmp_path / "model-00006-of-00006.safetensors.part00").exists()
 
 
-def test_probe_reports_files_plan_key_and_a_docker_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_probe_reports_revisions_plans_key_and_a_docker_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """model_dir links to one revision directory beside it; another sits there too; the staged
+    plan of each is under STATE_DIR/plans/<commit>/; a hardlinked file keeps its verified hash."""
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
     deployment = reference_deployment()
-    model = tmp_path / "model"
-    (model / "exl3/plan").mkdir(parents=True)
+    served, other = "a" * 40, "b" * 40
+    model = tmp_path / "models" / "DeepSeek-V4.1-Flash-Spark"
+    revision = Path(f"{model}@{served}")
+    (revision / "exl3/plan").mkdir(parents=True)
     plan_text = json.dumps({"qdir": "/x/exl3/qn:/x/exl3/q31"})
-    (model / "exl3/plan/J268-ho-v31-K5n.json").write_text(plan_text)
-    (model / "config.json").write_text("{}")
+    (revision / "exl3/plan/J268-ho-v31-K5n.json").write_text(plan_text)
+    (revision / "config.json").write_text("{}")
+    Path(f"{model}@{other}").mkdir()
+    os.link(revision / "config.json", Path(f"{model}@{other}") / "config.json")
+    model.symlink_to(revision.name)
     state = tmp_path / "state"
-    (state / "plans").mkdir(parents=True)
-    (state / "plans/J268-ho-v31-K5n.json").write_text(rewrite_exl3_plan(plan_text))
+    (state / "plans" / served).mkdir(parents=True)
+    (state / "plans" / served / "J268-ho-v31-K5n.json").write_text(rewrite_exl3_plan(plan_text))
     (state / "api_key").write_text("k\n")
     (state / "api_key").chmod(0o644)
+    run_program(
+        NODE,
+        "ops",
+        "hash_files",
+        {"model_dir": str(revision), "files": ["config.json"], "cache": str(state / "hashcache.json")},
+    )
     args = {**probe_args(deployment, deployment.head), "model_dir": str(model), "state_dir": str(state)}
     args["key_file"] = str(state / "api_key")
     raw = run_program(NODE, "probe", "print_probe", args)
-    assert set(raw["model_files"]) == {"config.json", "exl3/plan/J268-ho-v31-K5n.json"}
+    assert set(raw["checkpoint"]["revisions"]) == {served, other}
+    assert set(raw["checkpoint"]["revisions"][served]["files"]) == {"config.json", "exl3/plan/J268-ho-v31-K5n.json"}
     assert "error" in raw["docker"]
     assert raw["key_file"] == {"present": True, "size": 2, "mode": 0o644}
     facts = node_facts_from_probe(deployment.head, raw)
@@ -88,7 +102,13 @@ def test_probe_reports_files_plan_key_and_a_docker_error(tmp_path: Path, monkeyp
     assert "docker" in facts.error
     raw["docker"] = {"containers": [], "images": ["img@sha256:1"]}
     facts = node_facts_from_probe(deployment.head.model_copy(update={"model_dir": str(model)}), raw)
-    assert facts.checkpoint.staged_plan == rewrite_exl3_plan(facts.checkpoint.exl3_plan or "")
+    checkpoint = facts.checkpoint
+    assert checkpoint.link == served
+    tree = checkpoint.revisions[served]
+    assert tree.staged_plan == rewrite_exl3_plan(tree.exl3_plan or "")
+    digest = hashlib.sha256(b"{}").hexdigest()
+    assert tree.files["config.json"].sha256 == digest
+    assert checkpoint.revisions[other].files["config.json"].sha256 == digest
     assert facts.api_key is not None
     assert (facts.api_key.present, facts.api_key.empty, facts.api_key.mode) == (True, False, 0o644)
     assert facts.images == ["img@sha256:1"]

@@ -16,6 +16,7 @@ from reconciler.facts.node import Facts, Hold, load_facts
 from reconciler.plan import Plan, plan, render_text
 from reconciler.spec import Deployment
 from tests.scenarios import (
+    COMMIT,
     CONVERGED_FACTS,
     GOLDEN_DIR,
     converged_facts,
@@ -23,8 +24,10 @@ from tests.scenarios import (
     golden_scenarios,
     reference_deployment,
     with_container,
+    with_hub_sha,
     with_node,
     with_serving,
+    with_tree_files,
 )
 
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -79,12 +82,16 @@ def test_converged_facts_give_no_changes() -> None:
 def test_bring_up_from_empty_is_complete_and_ordered() -> None:
     result = plan_of(empty_facts())
     assert_dependencies_come_first(result)
-    assert ids(result)[-4:] == [
+    assert ids(result)[0] == "checkpoint.pin@spark-head"
+    assert ids(result)[-6:] == [
         "ranks.start-dsv41-r1@spark-worker",
         "ranks.start-dsv41-r0@spark-head",
         "ranks.wait-ready@spark-head",
         "ranks.smoke@spark-head",
+        "checkpoint.switch@spark-head",
+        "checkpoint.switch@spark-worker",
     ]
+    assert by_id(result, "checkpoint.switch@spark-worker").depends_on == ("ranks.smoke@spark-head",)
     rank1 = by_id(result, "ranks.start-dsv41-r1@spark-worker")
     rank0 = by_id(result, "ranks.start-dsv41-r0@spark-head")
     assert rank1.id in rank0.depends_on
@@ -98,7 +105,7 @@ def test_bring_up_from_empty_is_complete_and_ordered() -> None:
     copy = by_id(result, "checkpoint.copy@spark-worker")
     assert copy.depends_on == ("checkpoint.verify@spark-head",)
     assert position(result, "memguard.start@spark-worker") < position(result, "memguard.start@spark-head")
-    assert result.summary() == {"add": 12, "change": 0, "replace": 0, "destroy": 1, "stop": 0, "run": 4}
+    assert result.summary() == {"add": 13, "change": 2, "replace": 0, "destroy": 1, "stop": 0, "run": 4}
 
 
 def test_every_action_has_node_component_verb_and_cause() -> None:
@@ -263,36 +270,47 @@ def test_a_hold_keeps_the_group_down_until_start() -> None:
     assert "reconciler start" in result.notes[0]
 
 
-def test_a_corrupt_shard_is_refetched_and_nothing_else_is_touched() -> None:
+def test_a_corrupt_shard_is_restored_atomically_and_the_group_restarts() -> None:
+    """The serving group may have read the bad bytes (weights load lazily, Engram tables are read
+    from disk while serving): the file is replaced whole, then the group restarts, saying why."""
     converged = load_facts(CONVERGED_FACTS)
-    files = dict(converged.nodes[HEAD].checkpoint.files)
-    files["model-00003-of-00006.safetensors"] = FileFacts(size=40_000_000_000, sha256="0" * 64)
-    checkpoint = converged.nodes[HEAD].checkpoint.model_copy(update={"files": files})
-    result = plan_of(with_node(converged, HEAD, checkpoint=checkpoint))
+    corrupt = FileFacts(size=45_000_000_000, sha256="0" * 64)
+    result = plan_of(with_tree_files(converged, HEAD, {"model-00003-of-00006.safetensors": corrupt}))
     download = by_id(result, "checkpoint.download@spark-head")
     assert "sha256 mismatch" in download.cause
     assert "model-00003-of-00006.safetensors" in download.cause
-    assert ids(result) == [
+    assert [item.path for item in download.payload.files] == ["model-00003-of-00006.safetensors"]  # type: ignore[attr-defined]
+    assert ids(result)[:3] == [
         "checkpoint.download@spark-head",
         "checkpoint.verify@spark-head",
         "checkpoint.stage-plan@spark-head",
     ]
+    stop = by_id(result, "ranks.stop-dsv41-r0@spark-head")
+    assert "restored by atomic replacement" in stop.cause
+    assert "may have read the bad bytes" in stop.cause
+    assert "checkpoint.switch@spark-head" not in ids(result)
+
+
+def test_a_corrupt_file_the_engine_never_reads_restarts_nothing() -> None:
+    converged = load_facts(CONVERGED_FACTS)
+    manifest_file = converged.nodes[HEAD].checkpoint.revisions[COMMIT].files["README.md"]
+    changed = {"README.md": manifest_file.model_copy(update={"sha256": "0" * 64})}
+    listing = with_hub_sha(converged, "README.md", "1" * 64)
+    result = plan_of(with_tree_files(listing, HEAD, changed))
+    assert "checkpoint.download@spark-head" in ids(result)
+    assert not any(action.component == "ranks" for action in result.actions)
 
 
 def test_an_unverified_file_is_verified_without_downloading() -> None:
     converged = load_facts(CONVERGED_FACTS)
-    files = dict(converged.nodes[WORKER].checkpoint.files)
-    files["model-00001-of-00006.safetensors"] = FileFacts(size=40_000_000_000)
-    checkpoint = converged.nodes[WORKER].checkpoint.model_copy(update={"files": files})
-    result = plan_of(with_node(converged, WORKER, checkpoint=checkpoint))
+    unverified = {"model-00001-of-00006.safetensors": FileFacts(size=45_000_000_000)}
+    result = plan_of(with_tree_files(converged, WORKER, unverified))
     assert ids(result) == ["checkpoint.verify@spark-worker", "checkpoint.stage-plan@spark-worker"]
 
 
 def test_leftover_parts_are_pruned_unless_kept() -> None:
     converged = load_facts(CONVERGED_FACTS)
-    files = dict(converged.nodes[HEAD].checkpoint.files)
-    files["model-00005-of-00006.safetensors.part00"] = FileFacts(size=10)
-    facts = with_node(converged, HEAD, checkpoint=converged.nodes[HEAD].checkpoint.model_copy(update={"files": files}))
+    facts = with_tree_files(converged, HEAD, {"model-00005-of-00006.safetensors.part00": FileFacts(size=10)})
     assert "checkpoint.prune@spark-head" in ids(plan_of(facts))
     deployment = reference_deployment()
     keep = deployment.model_copy(update={"model": deployment.model.model_copy(update={"keep_parts": True})})
@@ -301,11 +319,8 @@ def test_leftover_parts_are_pruned_unless_kept() -> None:
 
 def test_parts_present_are_reassembled_not_downloaded() -> None:
     converged = load_facts(CONVERGED_FACTS)
-    files = dict(converged.nodes[HEAD].checkpoint.files)
-    del files["model-00006-of-00006.safetensors"]
-    files["model-00006-of-00006.safetensors.part00"] = FileFacts(size=10)
-    files["model-00006-of-00006.safetensors.part01"] = FileFacts(size=10)
-    facts = with_node(converged, HEAD, checkpoint=converged.nodes[HEAD].checkpoint.model_copy(update={"files": files}))
+    parts = {f"model-00006-of-00006.safetensors.part0{n}": FileFacts(size=10) for n in (0, 1)}
+    facts = with_tree_files(converged, HEAD, parts, drop=["model-00006-of-00006.safetensors"])
     result = plan_of(facts)
     head_steps = [a.id for a in result.actions if a.node == HEAD and a.component == "checkpoint"]
     assert head_steps == [
@@ -334,7 +349,7 @@ def test_missing_image_is_pulled_on_that_node_only() -> None:
 def test_plan_json_is_complete_and_serialisable() -> None:
     data = json.loads(json.dumps(plan_of(empty_facts()).to_dict()))
     assert data["changes"] is True
-    assert data["summary"]["add"] == 12
+    assert data["summary"]["add"] == 13
     assert {"id", "component", "verb", "node", "summary", "cause", "depends_on", "target"} <= set(data["actions"][0])
     assert [n["name"] for n in data["nodes"]] == [HEAD, WORKER]
 
@@ -342,3 +357,19 @@ def test_plan_json_is_complete_and_serialisable() -> None:
 def test_facts_round_trip_through_json() -> None:
     facts = converged_facts()
     assert Facts.model_validate_json(facts.to_json()) == facts
+
+
+def test_stop_stops_the_running_ranks_even_when_something_else_blocks_them() -> None:
+    """A hold written while a worker's disk is too full for a repair: the ranks still stop."""
+    converged = load_facts(CONVERGED_FACTS)
+    corrupt = {"model-00002-of-00006.safetensors": FileFacts(size=45_000_000_000, sha256="0" * 64)}
+    facts = with_tree_files(converged, WORKER, corrupt)
+    worker = facts.nodes[WORKER].checkpoint.model_copy(update={"disk_free": 10**9})
+    facts = with_node(facts, WORKER, checkpoint=worker)
+    held = with_node(facts, HEAD, hold=Hold(since="2026-11-29T21:00:00Z"))
+    result = plan_of(held)
+    assert any(b.component == "checkpoint" for b in result.blockers)
+    assert {a.id for a in result.actions if a.component == "ranks"} == {
+        "ranks.halt-dsv41-r0@spark-head",
+        "ranks.halt-dsv41-r1@spark-worker",
+    }

@@ -20,7 +20,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler import cli, redact
+from reconciler import cli, redact, savedplan
 from reconciler.errors import FactsError, ReconcilerError, SpecError
 from reconciler.facts.node import load_facts
 from reconciler.plan import plan, render_text
@@ -158,3 +158,25 @@ def test_a_key_with_an_odd_byte_is_refused_and_never_printed(
     for piece in (core[:at], core[at:]):
         if len(piece) >= 8:
             assert piece not in output
+
+
+SAVED = savedplan.saved(
+    plan(load_spec(SPEC_PATH).deployment, load_facts(EMPTY_FACTS)),
+    load_spec(SPEC_PATH).deployment,
+    load_facts(EMPTY_FACTS),
+).to_dict()
+
+
+@BUDGET
+@given(mutated([SAVED]))
+def test_a_mutated_saved_plan_is_refused_or_runs_only_as_the_facts_give_it(tmp_path: Path, document: Any) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    deployment = load_spec(SPEC_PATH).deployment
+    facts = load_facts(EMPTY_FACTS)
+    try:
+        saved = savedplan.read(path)
+        savedplan.check_current(saved, deployment, facts, path, plan(deployment, facts))
+    except ReconcilerError:
+        return
+    assert [a.to_dict() for a in saved.plan.actions] == [a.to_dict() for a in plan(deployment, facts).actions]

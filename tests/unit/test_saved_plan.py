@@ -96,9 +96,10 @@ def test_facts_that_move_by_themselves_do_not_make_a_plan_stale() -> None:
     facts = empty_facts()
     node = facts.nodes["spark-head"]
     memory = MemoryFacts(total_kib=1, available_kib=2)
-    checkpoint = node.checkpoint.model_copy(update={"disk_free": 1})
+    checkpoint = node.checkpoint.model_copy(update={"disk_free": (node.checkpoint.disk_free or 0) + 10**9})
     moved = with_node(facts, "spark-head", memory=memory, checkpoint=checkpoint)
-    savedplan.check_current(written, deployment, moved.model_copy(update={"taken_at": "later"}), Path("p.json"))
+    moved = moved.model_copy(update={"taken_at": "later"})
+    savedplan.check_current(written, deployment, moved, Path("p.json"), plan(deployment, moved))
 
 
 def test_a_killed_rank_makes_the_saved_plan_stale_naming_what_changed() -> None:
@@ -107,7 +108,7 @@ def test_a_killed_rank_makes_the_saved_plan_stale_naming_what_changed() -> None:
     written = savedplan.saved(plan(deployment, converged), deployment, converged)
     killed = with_container(converged, "spark-worker", status="exited", exit_code=137)
     with pytest.raises(StalePlanError) as stale:
-        savedplan.check_current(written, deployment, killed, Path("p.json"))
+        savedplan.check_current(written, deployment, killed, Path("p.json"), plan(deployment, killed))
     assert "spark-worker containers" in stale.value.message
     assert "reconciler plan --out p.json" in stale.value.hint
 
@@ -116,7 +117,7 @@ def test_an_edited_spec_makes_the_saved_plan_stale() -> None:
     written = saved_empty()
     edited = with_serving(reference_deployment(), kv_bytes=2_000_000_000)
     with pytest.raises(StalePlanError, match="another spec"):
-        savedplan.check_current(written, edited, empty_facts(), Path("p.json"))
+        savedplan.check_current(written, edited, empty_facts(), Path("p.json"), plan(edited, empty_facts()))
 
 
 @pytest.mark.parametrize("content", ["", "not json", "[]", '{"format": 99}', '{"format": 1, "plan": {}}'])
@@ -126,6 +127,40 @@ def test_a_file_that_is_not_a_saved_plan_is_an_error_naming_it(tmp_path: Path, c
     with pytest.raises(ReconcilerError) as error:
         savedplan.read(path)
     assert str(path) in error.value.message
+
+
+def test_an_unrelated_image_pulled_since_does_not_make_the_plan_stale() -> None:
+    deployment = reference_deployment()
+    converged = load_facts(CONVERGED_FACTS)
+    written = savedplan.saved(plan(deployment, converged), deployment, converged)
+    pulled = with_node(converged, "spark-worker", images=[*converged.nodes["spark-worker"].images, "busybox:latest"])
+    savedplan.check_current(written, deployment, pulled, Path("p.json"), plan(deployment, pulled))
+
+
+def test_a_payload_edited_in_the_file_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """What is shown is summaries; what runs is payloads: an edited payload must not run."""
+    deployment = reference_deployment()
+    facts = empty_facts()
+    path = tmp_path / "plan.json"
+    savedplan.write(path, savedplan.saved(plan(deployment, facts), deployment, facts))
+    data = json.loads(path.read_text(encoding="utf-8"))
+    start = next(a for a in data["plan"]["actions"] if a["step"] == "ranks.start")
+    start["payload"]["container"]["image"] = "docker.io/evil/miner:latest"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    edited = savedplan.read(path)
+    with pytest.raises(StalePlanError, match="was it edited"):
+        savedplan.check_current(edited, deployment, facts, path, plan(deployment, facts))
+
+
+@pytest.mark.parametrize("field", ["verb", "step"])
+def test_an_action_with_an_unknown_verb_or_step_is_refused(tmp_path: Path, field: str) -> None:
+    path = tmp_path / "plan.json"
+    savedplan.write(path, saved_empty())
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["plan"]["actions"][0][field] = "destroy"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ReconcilerError, match="not a valid saved plan"):
+        savedplan.read(path)
 
 
 def test_an_edited_payload_of_the_wrong_kind_is_refused(tmp_path: Path) -> None:

@@ -146,8 +146,8 @@ def test_labels_identify_owner_deployment_rank_node_and_versioned_hash() -> None
     assert labels[LABEL_DEPLOYMENT] == "dsv41"
     assert labels[LABEL_RANK] == "1"
     assert labels[LABEL_NODE] == "spark-worker"
-    assert labels[LABEL_CONFIG_HASH].startswith("v1:")
-    assert len(labels[LABEL_CONFIG_HASH]) == len("v1:") + 64
+    assert labels[LABEL_CONFIG_HASH].startswith("v2:")
+    assert len(labels[LABEL_CONFIG_HASH]) == len("v2:") + 64
 
 
 def test_config_hash_is_stable_and_follows_semantic_changes_only() -> None:

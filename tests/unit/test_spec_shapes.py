@@ -8,7 +8,7 @@ import tracemalloc
 
 import pytest
 
-from reconciler.components.checkpoint import rsync_argv
+from reconciler.components.checkpoint_run import rsync_argv
 from reconciler.errors import SpecError, SpecProblem
 from reconciler.plan import plan
 from reconciler.spec import SshTarget, names_api_key, parse_spec

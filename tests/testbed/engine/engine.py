@@ -42,6 +42,15 @@ What it imitates:
   than base64 data URLs are never fetched: they get the 500 vLLM gives for an unreachable URL.
   Once the engine died, /health answers 503 for the second before the process exits.
 
+Which checkpoint it loaded (stand-in only: real vLLM has no such route): at startup every rank reads
+`<model dir>/config.json` (the `vllm serve DIR` argument, `/model` in the container), remembers its
+sha256 and its "checkpoint_tag" (None if absent, or if the file is missing or not a JSON object:
+no weights are read, so an empty model dir still starts) and logs one line,
+`loaded /model: config.json sha256 <first 12 hex>, checkpoint_tag B`. Rank 0 answers
+`GET /_standin/loaded` on its API port, open like /health (no key):
+`{"model": "/model", "config_sha256": "<64 hex>"|null, "checkpoint_tag": "B"|null}`. Tests use it to see
+which model revision a group serves after a restart onto a new revision.
+
 Tokens: one token is 4 UTF-8 bytes. A prompt counts ceil(bytes / 4) of its rendered text plus 64
 per image; output is cut into pieces of at least 4 bytes that never split a character, one piece
 per token. Chat answers start with a short fixed reasoning text (the reasoning parser is set),
@@ -86,6 +95,7 @@ import base64
 import binascii
 import contextlib
 import functools
+import hashlib
 import hmac
 import json
 import math
@@ -279,6 +289,38 @@ class Settings:
 
 
 @dataclass(frozen=True)
+class Loaded:
+    """What this rank read of the checkpoint at startup: `config.json` only (stand-in: no weights)."""
+
+    model: str
+    config_sha256: str | None
+    checkpoint_tag: str | None
+
+    def to_json(self) -> JsonObject:
+        return {"model": self.model, "config_sha256": self.config_sha256, "checkpoint_tag": self.checkpoint_tag}
+
+    def describe(self) -> str:
+        if self.config_sha256 is None:
+            return f"loaded {self.model}: no config.json"
+        return (
+            f"loaded {self.model}: config.json sha256 {self.config_sha256[:12]}, checkpoint_tag {self.checkpoint_tag}"
+        )
+
+
+def read_loaded(model: str) -> Loaded:
+    try:
+        data = (Path(model) / "config.json").read_bytes()
+    except OSError:
+        return Loaded(model, None, None)
+    try:
+        document = json.loads(data)
+    except ValueError:
+        document = None
+    tag = document.get("checkpoint_tag") if isinstance(document, dict) else None
+    return Loaded(model, hashlib.sha256(data).hexdigest(), tag if isinstance(tag, str) else None)
+
+
+@dataclass(frozen=True)
 class Config:
     model: str
     served_names: tuple[str, ...]
@@ -295,6 +337,7 @@ class Config:
     tool_parser: str | None
     force_include_usage: bool
     settings: Settings
+    loaded: Loaded
 
     @property
     def headless(self) -> bool:
@@ -374,6 +417,7 @@ def make_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         tool_parser=args.tool_call_parser,
         force_include_usage=args.enable_force_include_usage,
         settings=load_settings(env),
+        loaded=read_loaded(args.model),
     )
 
 
@@ -1483,6 +1527,7 @@ class Api:
             "/v1/models": {"GET": self.models},
             "/v1/chat/completions": {"POST": self.chat},
             "/v1/completions": {"POST": self.completions},
+            "/_standin/loaded": {"GET": self.loaded},  # stand-in only, see the module docstring
         }
 
     def authorized(self, header: str | None) -> bool:
@@ -1494,6 +1539,9 @@ class Api:
     def health(self, _body: bytes) -> Reply:
         # Liveness of the API process only: a dead peer is not noticed here.
         return Reply(HTTPStatus.SERVICE_UNAVAILABLE if self.engine.dead else HTTPStatus.OK, content_type=None)
+
+    def loaded(self, _body: bytes) -> Reply:
+        return json_reply(self.cfg.loaded.to_json())
 
     def version(self, _body: bytes) -> Reply:
         return json_reply({"version": VERSION})
@@ -1899,6 +1947,7 @@ def log_start(parser: argparse.ArgumentParser, args: argparse.Namespace, cfg: Co
     LOG.info("api_server.py", f"vLLM API server version {VERSION}")
     LOG.info("utils.py", f"non-default args: {non_default_args(parser, args)}")
     LOG.warning("standin.py", "this is a TEST STAND-IN for vLLM: no GPU, no weights, canned answers")
+    LOG.info("standin.py", cfg.loaded.describe())
     if not cfg.headless:
         source = "--api-key" if args.api_key else "VLLM_API_KEY" if cfg.api_key else None
         LOG.info("api_server.py", f"API key required on /v1 (from {source})" if source else "no API key: /v1 is open")

@@ -13,6 +13,13 @@ The *shape* follows the real repo and what the reference download and launcher e
 - EXL3 banks `exl3/qn`, `exl3/q31`, `exl3/q31s` with `L??.part.safetensors` files and
   `exl3/plan/J268-ho-v31-K5n.json` whose `qdir` is a colon list of bank paths.
 
+`config.json` carries `"checkpoint_tag"` (default "A") so that a test can tell revisions apart from what an
+engine loaded. `build_revision(base, out)` derives a second commit ("B") from a built one, the way a model
+repo's next commit looks: exactly one native shard among 1-4 (default `model-00003-of-00006.safetensors`)
+holds other data of the same size (same safetensors header, so `model.safetensors.index.json` stays valid and
+byte-identical), `config.json` says `"checkpoint_tag": "B"`, and `sha256-manifest.txt` names the new shard
+hash; every other file is a hardlink to the base's (byte-identical, no extra disk).
+
 Output layout: `<out>/repo/…` holds the repo files, `<out>/standin-index.json` the `RepoInfo`
 (pinned commit, per-file size, git blob id, sha256, LFS flag) that `serve` loads.
 """
@@ -23,6 +30,7 @@ import fnmatch
 import hashlib
 import itertools
 import json
+import os
 import shutil
 import struct
 from collections.abc import Iterable, Iterator
@@ -38,6 +46,7 @@ from .repo import (
     RepoInfo,
     compute_commit,
     describe_file,
+    load_repo_info,
     save_repo_info,
 )
 
@@ -52,6 +61,11 @@ BANK_LAYERS = 3
 BANK_FILE_BYTES = 32 * 1024
 PLAN_NAME = "J268-ho-v31-K5n.json"
 MANIFEST_NAME = "sha256-manifest.txt"
+CONFIG_NAME = "config.json"
+INDEX_JSON_NAME = "model.safetensors.index.json"
+DEFAULT_TAG = "A"
+REVISION_TAG = "B"
+REVISION_SHARD = 3  # the shard `build_revision` regenerates by default
 # What the Hub stores through LFS: matched by .gitattributes, or simply large.
 LFS_PATTERNS = ("*.safetensors", "*.safetensors.part[0-9][0-9]")
 LFS_SIZE_THRESHOLD = MIB
@@ -233,14 +247,18 @@ def plan_document() -> dict[str, Any]:
     }
 
 
-def config_document() -> dict[str, Any]:
-    return {
+def config_document(tag: str | None = DEFAULT_TAG) -> dict[str, Any]:
+    """The repo's `config.json`; `checkpoint_tag` names the revision (the engine stand-in reports it)."""
+    document: dict[str, Any] = {
         "architectures": ["DeepseekV4ForCausalLM"],
         "model_type": "deepseek_v4",
         "num_hidden_layers": SHARD_COUNT * LAYERS_PER_SHARD,
         "torch_dtype": "bfloat16",
         "standin": "spark-reconciler test checkpoint; not a model",
     }
+    if tag is not None:
+        document["checkpoint_tag"] = tag
+    return document
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:
@@ -248,10 +266,23 @@ def _write_json(path: Path, document: dict[str, Any]) -> None:
     path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _write_metadata(files: Path, manifest: dict[str, str], weight_map: dict[str, str], total: int) -> None:
-    _write_json(files / "config.json", config_document())
-    _write_json(files / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
-    (files / MANIFEST_NAME).write_text("".join(f"{sha}  {name}\n" for name, sha in sorted(manifest.items())))
+def manifest_text(manifest: dict[str, str]) -> str:
+    """`sha256sum` lines, sorted by shard name."""
+    return "".join(f"{sha}  {name}\n" for name, sha in sorted(manifest.items()))
+
+
+def read_manifest(path: Path) -> dict[str, str]:
+    """shard name -> sha256 of a `sha256-manifest.txt`."""
+    pairs = (line.split("  ", 1) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    return {name: sha for sha, name in pairs}
+
+
+def _write_metadata(
+    files: Path, manifest: dict[str, str], weight_map: dict[str, str], total: int, tag: str | None
+) -> None:
+    _write_json(files / CONFIG_NAME, config_document(tag))
+    _write_json(files / INDEX_JSON_NAME, {"metadata": {"total_size": total}, "weight_map": weight_map})
+    (files / MANIFEST_NAME).write_text(manifest_text(manifest))
     (files / "reassemble.sh").write_text(REASSEMBLE_SH)
     (files / "reassemble.sh").chmod(0o755)
     (files / ".gitattributes").write_text(GITATTRIBUTES)
@@ -284,22 +315,89 @@ def build_checkpoint(
     part_mib: float = 2.5,
     seed: int = 0,
     repo_id: str = DEFAULT_REPO_ID,
+    tag: str | None = DEFAULT_TAG,
 ) -> RepoInfo:
     """Write the checkpoint under `out/repo`, its index to `out/standin-index.json`, and return its `RepoInfo`.
 
     Shards 1-4 are `shard_mib` MiB of tensor data, shards 5-6 are 1.5x that and split every `part_mib` MiB.
+    `config.json` gets `"checkpoint_tag": tag` (left out when `tag` is None).
     Rebuilding replaces `out/repo` and the index (nothing else in `out` is touched).
     """
     part_bytes = _check_sizes(shard_mib, part_mib)
+    files = _fresh_output(out)
+    manifest, weight_map = _write_shards(files, shard_mib, part_bytes, seed)
+    total = sum(t.nbytes for n in range(1, SHARD_COUNT + 1) for t in shard_tensors(n, _shard_bytes(n, shard_mib)))
+    _write_banks(files, seed)
+    _write_metadata(files, manifest, weight_map, total, tag)
+    info = describe_repo(repo_id, files)
+    save_repo_info(out, info)
+    return info
+
+
+def _fresh_output(out: Path) -> Path:
     files = out / FILES_DIR
     if files.exists():
         shutil.rmtree(files)
     (out / INDEX_NAME).unlink(missing_ok=True)
     files.mkdir(parents=True)
-    manifest, weight_map = _write_shards(files, shard_mib, part_bytes, seed)
-    total = sum(t.nbytes for n in range(1, SHARD_COUNT + 1) for t in shard_tensors(n, _shard_bytes(n, shard_mib)))
-    _write_banks(files, seed)
-    _write_metadata(files, manifest, weight_map, total)
-    info = describe_repo(repo_id, files)
+    return files
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:  # another file system, or links not allowed: a copy is byte-identical too
+        shutil.copy2(source, target)
+
+
+def _regenerate_shard(source: Path, target: Path, label: str) -> str:
+    """Same safetensors header and size as `source`, other tensor data; returns the new sha256."""
+    with source.open("rb") as stream:
+        prefix = stream.read(8)
+        (header_len,) = struct.unpack("<Q", prefix)
+        header = prefix + stream.read(header_len)
+    data_bytes = source.stat().st_size - len(header)
+    return write_file(target, itertools.chain([header], random_blocks(0, label, data_bytes)))
+
+
+def build_revision(base: Path, out: Path, *, tag: str = REVISION_TAG, shard: int = REVISION_SHARD) -> RepoInfo:
+    """Derive the next commit of the checkpoint built in `base`, write it like `build_checkpoint` into `out`.
+
+    It differs from the base in exactly three repo files: native shard `shard` (1-4: a shard that exists
+    whole, not as parts) regenerated with other data of the same size and header, `config.json` with
+    `"checkpoint_tag": tag`, and `sha256-manifest.txt` with the new shard's hash. Every other file is
+    hardlinked from the base (copied if a link is impossible), so it is byte-identical.
+    `model.safetensors.index.json` is one of those: the shard's tensors keep their names and sizes.
+    Reproducible: the same base and arguments give the same bytes and commit. `out` must not be `base`.
+    """
+    if shard in PARTED_SHARDS or not 1 <= shard <= SHARD_COUNT:
+        whole = [n for n in range(1, SHARD_COUNT + 1) if n not in PARTED_SHARDS]
+        raise ValueError(f"shard must be one of the whole shards {whole}, not {shard}")
+    if out.resolve() == base.resolve():
+        raise ValueError(f"build_revision needs an output directory other than its base {base}")
+    base_info = load_repo_info(base)
+    name = shard_name(shard)
+    base_file = base_info.file(name)
+    if base_file is None:
+        raise ValueError(f"{base} has no {name}")
+    changed = {name, CONFIG_NAME, MANIFEST_NAME}
+    files = _fresh_output(out)
+    kept: list[RepoFile] = []
+    for f in base_info.files:
+        if f.path not in changed:
+            _link_or_copy(base_info.local_path(f), files / f.path)
+            kept.append(f)
+    new_sha = _regenerate_shard(base_info.local_path(base_file), files / name, f"revision {tag} of {base_file.sha256}")
+    config = json.loads((base_info.files_dir / CONFIG_NAME).read_text(encoding="utf-8"))
+    config["checkpoint_tag"] = tag
+    _write_json(files / CONFIG_NAME, config)
+    manifest = read_manifest(base_info.files_dir / MANIFEST_NAME)
+    manifest[name] = new_sha
+    (files / MANIFEST_NAME).write_text(manifest_text(manifest))
+    described = kept + [describe_file(files, path, lfs=is_lfs(path, (files / path).stat().st_size)) for path in changed]
+    described.sort(key=lambda f: f.path)
+    repo_id = base_info.repo_id
+    info = RepoInfo(repo_id=repo_id, commit=compute_commit(repo_id, described), files=tuple(described), files_dir=files)
     save_repo_info(out, info)
     return info

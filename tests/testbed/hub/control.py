@@ -1,8 +1,8 @@
 """Client for the stand-in Hub's test controls (`/_standin/...`), stdlib only.
 
 TEST STAND-IN machinery, not part of the product: lets tests (in-process or against `serve` in another
-process or network namespace) read the request log and inject faults at run time. See `faults.py` for
-the rules and `server.py` for the routes.
+process or network namespace) read the request log, inject faults and move branches at run time. See
+`faults.py` for the rules and `server.py` for the routes.
 """
 
 from __future__ import annotations
@@ -26,7 +26,21 @@ class StandinControl:
             return json.loads(response.read())
 
     def health(self) -> dict[str, Any]:
+        """`{"ok", "repo_id", "commit" (what main resolves to), "commits" (served, oldest first), "branches"}`."""
         answer: dict[str, Any] = self._call("GET", "/_standin/health")
+        return answer
+
+    def commits(self) -> list[str]:
+        """The served commits, oldest first."""
+        return [str(c) for c in self.health()["commits"]]
+
+    def branches(self) -> dict[str, str]:
+        answer: dict[str, str] = self._call("GET", "/_standin/branches")
+        return answer
+
+    def move_branch(self, name: str, commit: str) -> dict[str, str]:
+        """Point branch `name` (e.g. "main") at a served commit, like a push to the repo; returns the branches."""
+        answer: dict[str, str] = self._call("POST", "/_standin/branches", {name: commit})
         return answer
 
     def log(self, since: int = 0) -> list[dict[str, Any]]:

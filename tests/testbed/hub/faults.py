@@ -139,7 +139,7 @@ class Faults:
 
 @dataclass
 class LogEntry:
-    """One request as the stand-in saw it; `bytes_sent` counts body bytes only."""
+    """One request as the stand-in saw it; `bytes_sent` counts body bytes only, `file` is the repo path sent."""
 
     seq: int
     time: float
@@ -152,6 +152,7 @@ class LogEntry:
     status: int = 0
     bytes_sent: int = 0
     file: str | None = None
+    commit: str | None = None  # the served commit the request's revision resolved to (None: no revision)
     note: str | None = None
 
 

@@ -18,20 +18,32 @@ docs/sources.md):
   with a token configured, a missing token is 401 `RepoNotFound`, a wrong one 401
   `Invalid credentials in Authorization header` (client: `HfHubHTTPError`).
 
-Test controls live under `/_standin/` (no token needed, never logged): `GET /_standin/health`,
-`GET|DELETE /_standin/log[?since=N]`, `GET|POST|DELETE /_standin/faults` (see `faults.py`).
+Several commits of the one repo can be served (one built root each, given oldest first: the stand-in has no
+git graph, commit i's parent is commit i-1). Every endpoint that takes a revision accepts any served commit
+sha (40 hex) or a branch name (`main`, also spelled `refs/heads/main`); a branch resolves to one served commit,
+`main` to the first root's unless told otherwise. Each commit shows its own files, `sha`, `lastModified`
+(one day per commit after COMMIT_DATE) and, with `expand`, each entry's `lastCommit` is the commit that last
+changed it, as on the Hub. A request without a revision (`/api/models/{repo}`) means `main`.
+
+Test controls live under `/_standin/` (no token needed, never logged): `GET /_standin/health` (repo, the
+commit `main` resolves to, the served `commits`, the `branches`), `GET|POST /_standin/branches`
+(`{"main": "<commit>"}` moves or creates branches; answers the branches), `GET|DELETE /_standin/log[?since=N]`
+(each entry's `commit` is the commit its revision resolved to), `GET|POST|DELETE /_standin/faults`
+(see `faults.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hmac
 import json
+import os
 import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
@@ -46,7 +58,10 @@ EXPAND_PAGE_SIZE = 50  # … and with it
 SEND_STEP = 1 << 20
 BAD_TOKEN_MESSAGE = "Invalid credentials in Authorization header"
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
-_BRANCHES = ("main", "refs/heads/main")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_BRANCH = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,99}")
+BRANCH_PREFIX = "refs/heads/"
+DEFAULT_BRANCH = "main"
 
 
 class HubError(Exception):
@@ -85,20 +100,52 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     return None if end < start else (start, end)
 
 
+def commit_date(index: int) -> str:
+    """The date of the `index`-th served commit: COMMIT_DATE, then one day later per commit."""
+    start = datetime.datetime.fromisoformat(COMMIT_DATE.replace("Z", "+00:00"))
+    return (start + datetime.timedelta(days=index)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+
+def branch_name(revision: str) -> str:
+    """`refs/heads/main` and `main` name the same branch."""
+    return revision.removeprefix(BRANCH_PREFIX)
+
+
 class StandinHub:
-    """One repo served on `host:port` (port 0 picks a free one); `start()` runs it in a daemon thread."""
+    """One repo at one or more commits, served on `host:port` (port 0 picks a free one).
+
+    `root` is one build directory (`build_checkpoint`'s `out`) or several, oldest commit first, all of
+    the same repo. `branches` maps branch names to served commits; `main` defaults to the first root's
+    commit. `start()` runs the server in a daemon thread.
+    """
 
     def __init__(
         self,
-        root: Path,
+        root: Path | str | Sequence[Path | str],
         *,
+        branches: Mapping[str, str] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
         cdn_host: str | None = None,
     ) -> None:
-        self.info: RepoInfo = load_repo_info(root)
+        roots = [root] if isinstance(root, str | os.PathLike) else list(root)
+        infos = [load_repo_info(Path(r)) for r in roots]
+        if not infos:
+            raise ValueError("StandinHub needs at least one built root")
+        if len({i.repo_id for i in infos}) > 1:
+            raise ValueError(f"all roots must hold the same repo, not {sorted({i.repo_id for i in infos})}")
+        if len({i.commit for i in infos}) < len(infos):
+            raise ValueError("two roots hold the same commit")
+        self.repo_id = infos[0].repo_id
+        self.infos: dict[str, RepoInfo] = {i.commit: i for i in infos}
+        self._index = {commit: n for n, commit in enumerate(self.infos)}
+        self._last_changed = _last_changed(infos)
+        self._lock = threading.Lock()
+        self._branches: dict[str, str] = {DEFAULT_BRANCH: infos[0].commit}
+        for name, commit in (branches or {}).items():
+            self.move_branch(name, commit)
         self.token = token
         self.page_size = page_size
         self.cdn_host = cdn_host
@@ -106,6 +153,70 @@ class StandinHub:
         self.log = RequestLog()
         self._server = _HubServer((host, port), self)
         self._thread: threading.Thread | None = None
+
+    # --- commits and branches ---------------------------------------------------------------------------
+
+    @property
+    def commits(self) -> tuple[str, ...]:
+        """The served commits, oldest first."""
+        return tuple(self.infos)
+
+    @property
+    def info(self) -> RepoInfo:
+        """The commit `main` resolves to now (with one root: the only one)."""
+        return self.infos[self.branches()[DEFAULT_BRANCH]]
+
+    def branches(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._branches)
+
+    def move_branch(self, name: str, commit: str) -> None:
+        """Point branch `name` (created if new) at a served commit, as a push to the real repo would."""
+        name = branch_name(str(name))
+        if not _BRANCH.fullmatch(name) or _COMMIT.fullmatch(name):
+            raise ValueError(f"bad branch name {name!r}")
+        if commit not in self.infos:
+            raise ValueError(f"{commit!r} is not a served commit (served: {', '.join(self.infos)})")
+        with self._lock:
+            self._branches[name] = commit
+
+    def resolve(self, revision: str) -> RepoInfo | None:
+        """The served commit a revision names (a served sha or a branch), None if it names none."""
+        if revision in self.infos:
+            return self.infos[revision]
+        commit = self.branches().get(branch_name(revision))
+        return None if commit is None else self.infos[commit]
+
+    def commit_index(self, commit: str) -> int:
+        return self._index[commit]
+
+    def last_changed(self, commit: str, path: str) -> str:
+        """The commit, at or before `commit`, that last changed `path` (a file, or anything under a directory)."""
+        changed = self._last_changed[commit]
+        if path in changed:
+            return changed[path]
+        prefix = path + "/"
+        under = [c for p, c in changed.items() if p.startswith(prefix)]
+        return max(under, key=self.commit_index, default=commit)
+
+    def by_sha256(self, sha256: str) -> tuple[RepoInfo, RepoFile] | None:
+        for info in self.infos.values():
+            file = info.by_sha256(sha256)
+            if file is not None:
+                return info, file
+        return None
+
+    def health(self) -> dict[str, Any]:
+        branches = self.branches()
+        return {
+            "ok": True,
+            "repo_id": self.repo_id,
+            "commit": branches[DEFAULT_BRANCH],
+            "commits": list(self.infos),
+            "branches": branches,
+        }
+
+    # --- server -----------------------------------------------------------------------------------------
 
     @property
     def host(self) -> str:
@@ -243,11 +354,11 @@ class _Handler(BaseHTTPRequestHandler):
         if len(segments) < 3:
             raise HubError(404, "Not Found")
         kind, repo_id, rest = segments[0], f"{unquote(segments[1])}/{unquote(segments[2])}", segments[3:]
-        if kind != "models" or repo_id != self.hub.info.repo_id:
+        if kind != "models" or repo_id != self.hub.repo_id:
             raise HubError(404, "Repository not found", "RepoNotFound")
         params = parse_qs(query)
         handlers: dict[tuple[str, str], Callable[[], None]] = {
-            ("GET", ""): lambda: self._model_info("main", params),
+            ("GET", ""): lambda: self._model_info(DEFAULT_BRANCH, params),
             ("GET", "revision"): lambda: self._model_info(unquote(rest[1]), params),
             ("GET", "tree"): lambda: self._tree(unquote(rest[1]), "/".join(unquote(s) for s in rest[2:]), params),
             ("POST", "paths-info"): lambda: self._paths_info(unquote(rest[1]), body),
@@ -257,25 +368,27 @@ class _Handler(BaseHTTPRequestHandler):
             raise HubError(404, "Not Found")
         handlers[(method, action)]()
 
-    def _commit_of(self, revision: str) -> str:
-        info = self.hub.info
-        if revision in _BRANCHES or revision == info.commit:
-            return info.commit
-        raise HubError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
+    def _commit_of(self, revision: str) -> RepoInfo:
+        info = self.hub.resolve(revision)
+        if info is None:
+            raise HubError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
+        if self._entry is not None:
+            self._entry.commit = info.commit
+        return info
 
     def _model_info(self, revision: str, params: dict[str, list[str]]) -> None:
-        info = self.hub.info
-        commit = self._commit_of(revision)
+        hub = self.hub
+        info = self._commit_of(revision)
         blobs = params.get("blobs", ["false"])[0].lower() == "true"
         self._send_json(
             {
-                "_id": info.commit[:24],
+                "_id": hub.commits[0][:24],  # the repo's id: the same at every revision
                 "id": info.repo_id,
                 "modelId": info.repo_id,
                 "author": info.repo_id.split("/")[0],
-                "sha": commit,
-                "lastModified": COMMIT_DATE,
-                "createdAt": COMMIT_DATE,
+                "sha": info.commit,
+                "lastModified": commit_date(hub.commit_index(info.commit)),
+                "createdAt": commit_date(0),
                 "private": self.hub.token is not None,
                 "disabled": False,
                 "gated": False,
@@ -291,10 +404,10 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _tree(self, revision: str, path: str, params: dict[str, list[str]]) -> None:
-        self._commit_of(revision)
+        info = self._commit_of(revision)
         recursive = params.get("recursive", ["false"])[0].lower() == "true"
         expand = params.get("expand", ["false"])[0].lower() == "true"
-        entries = _tree_entries(self.hub.info, path.strip("/"), recursive=recursive)
+        entries = _tree_entries(info, path.strip("/"), recursive=recursive)
         cursor = int(params.get("cursor", ["0"])[0] or 0)
         size = min(self.hub.page_size, EXPAND_PAGE_SIZE) if expand else self.hub.page_size
         page = entries[cursor : cursor + size]
@@ -304,19 +417,27 @@ class _Handler(BaseHTTPRequestHandler):
                 {"recursive": str(recursive).lower(), "expand": str(expand).lower(), "cursor": cursor + size}
             )
             headers["Link"] = f'<http://{self._host()}{self.path.split("?")[0]}?{next_query}>; rel="next"'
-        self._send_json([_entry_json(self.hub.info, e, expand) for e in page], headers)
+        self._send_json([self._entry_json(info, e, expand) for e in page], headers)
+
+    def _entry_json(self, info: RepoInfo, path: str, expand: bool) -> dict[str, Any]:
+        entry = _entry_json(info, path)
+        if expand:
+            changed = self.hub.last_changed(info.commit, path)
+            date = commit_date(self.hub.commit_index(changed))
+            entry["lastCommit"] = {"id": changed, "title": COMMIT_TITLE, "date": date}
+        return entry
 
     def _paths_info(self, revision: str, body: bytes) -> None:
-        self._commit_of(revision)
+        info = self._commit_of(revision)
         if (self.headers.get("Content-Type") or "").startswith("application/json"):
             data = json.loads(body or b"{}")
             paths, expand = [str(p) for p in data.get("paths", [])], bool(data.get("expand", False))
         else:
             form = parse_qs(body.decode())
             paths, expand = form.get("paths", []), form.get("expand", ["false"])[0].lower() == "true"
-        known = set(_all_entries(self.hub.info))
+        known = set(_all_entries(info))
         found = [p.strip("/") for p in paths if p.strip("/") in known]
-        self._send_json([_entry_json(self.hub.info, p, expand) for p in found])
+        self._send_json([self._entry_json(info, p, expand) for p in found])
 
     def _host(self) -> str:
         return self.headers.get("Host") or f"{self.hub.host}:{self.hub.port}"
@@ -324,13 +445,13 @@ class _Handler(BaseHTTPRequestHandler):
     # --- files ----------------------------------------------------------------------------------------------
 
     def _resolve(self, method: str, segments: list[str]) -> None:
-        info = self.hub.info
         repo_id = f"{unquote(segments[0])}/{unquote(segments[1])}"
-        if repo_id != info.repo_id:
+        if repo_id != self.hub.repo_id:
             raise HubError(404, "Repository not found", "RepoNotFound")
         if method not in ("GET", "HEAD"):
             raise HubError(405, "Method Not Allowed")
-        commit = self._commit_of(unquote(segments[3]))
+        info = self._commit_of(unquote(segments[3]))
+        commit = info.commit
         path = "/".join(unquote(s) for s in segments[4:])
         file = info.file(path)
         if file is None:
@@ -338,7 +459,7 @@ class _Handler(BaseHTTPRequestHandler):
         if file.lfs and self.hub.cdn_host is not None:
             self._redirect_to_cdn(file, commit)
             return
-        self._send_file(method, file, {"X-Repo-Commit": commit, **_file_headers(file)})
+        self._send_file(method, info, file, {"X-Repo-Commit": commit, **_file_headers(file)})
 
     def _redirect_to_cdn(self, file: RepoFile, commit: str) -> None:
         # The real Hub answers LFS files with a 302 to another host; its metadata rides on the 302 itself.
@@ -350,12 +471,13 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _cdn(self, method: str, path: str) -> None:
-        file = self.hub.info.by_sha256(path.rsplit("/", 1)[-1])
-        if file is None or method not in ("GET", "HEAD"):
+        found = self.hub.by_sha256(path.rsplit("/", 1)[-1])
+        if found is None or method not in ("GET", "HEAD"):
             raise HubError(404, "Not Found")
-        self._send_file(method, file, {"ETag": f'"{file.sha256}"'})
+        info, file = found
+        self._send_file(method, info, file, {"ETag": f'"{file.sha256}"'})
 
-    def _send_file(self, method: str, file: RepoFile, headers: dict[str, str]) -> None:
+    def _send_file(self, method: str, info: RepoInfo, file: RepoFile, headers: dict[str, str]) -> None:
         if self._entry is not None:
             self._entry.file = file.path
         try:
@@ -372,7 +494,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers["Content-Range"] = f"bytes {start}-{end}/{file.size}"
         self._send_head(206 if span is not None else 200, headers)
         if method == "GET" and length > 0:
-            self._stream(self.hub.info.local_path(file), start, length, self.hub.faults.take_cut(file.path))
+            self._stream(info.local_path(file), start, length, self.hub.faults.take_cut(file.path))
 
     def _stream(self, local: Path, start: int, length: int, cut: int | None) -> None:
         """Send the byte span with sendfile, pacing to the rate cap and stopping at an injected cut."""
@@ -450,7 +572,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _control_answer(self, method: str, path: str, query: str, body: bytes) -> Any:
         hub = self.hub
         if (method, path) == ("GET", "/_standin/health"):
-            return {"ok": True, "repo_id": hub.info.repo_id, "commit": hub.info.commit}
+            return hub.health()
+        if path == "/_standin/branches" and method in ("GET", "POST"):
+            if method == "POST":
+                moves = json.loads(body or b"{}")
+                if not isinstance(moves, dict):
+                    raise TypeError('expected {"BRANCH": "COMMIT", ...}')
+                for name, commit in moves.items():
+                    hub.move_branch(str(name), str(commit))
+            return hub.branches()
         if path == "/_standin/log" and method in ("GET", "DELETE"):
             if method == "DELETE":
                 hub.log.clear()
@@ -493,7 +623,7 @@ def _tree_entries(info: RepoInfo, path: str, *, recursive: bool) -> list[str]:
     return under if recursive else [e for e in under if "/" not in e[len(prefix) :]]
 
 
-def _entry_json(info: RepoInfo, path: str, expand: bool) -> dict[str, Any]:
+def _entry_json(info: RepoInfo, path: str) -> dict[str, Any]:
     file = info.file(path)
     entry: dict[str, Any]
     if file is None:
@@ -502,6 +632,19 @@ def _entry_json(info: RepoInfo, path: str, expand: bool) -> dict[str, Any]:
         entry = {"type": "file", "oid": file.blob_id, "size": file.size, "path": path}
         if file.lfs:
             entry["lfs"] = {"oid": file.sha256, "size": file.size, "pointerSize": file.pointer_size}
-    if expand:
-        entry["lastCommit"] = {"id": info.commit, "title": COMMIT_TITLE, "date": COMMIT_DATE}
     return entry
+
+
+def _last_changed(infos: list[RepoInfo]) -> dict[str, dict[str, str]]:
+    """commit -> file path -> the commit (that one or an earlier one) whose content the file still has."""
+    result: dict[str, dict[str, str]] = {}
+    before: dict[str, tuple[str, str, str]] = {}  # path -> (blob id, sha256, commit that wrote it)
+    for info in infos:
+        now: dict[str, tuple[str, str, str]] = {}
+        for f in info.files:
+            seen = before.get(f.path)
+            same = seen is not None and seen[:2] == (f.blob_id, f.sha256)
+            now[f.path] = (f.blob_id, f.sha256, seen[2] if seen is not None and same else info.commit)
+        result[info.commit] = {path: entry[2] for path, entry in now.items()}
+        before = now
+    return result

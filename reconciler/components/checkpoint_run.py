@@ -1,0 +1,342 @@
+"""The checkpoint's executors: each runs the payload its action carries, on its node.
+
+Every write that lands in a revision directory replaces a file whole (the Hub client's and the
+node-side fetcher's downloads, rsync, reassembly and links all write a new file and rename it
+over the old name), so a running engine that has a file open keeps reading the bytes it had;
+nothing in a served revision is ever rewritten in place.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shlex
+from pathlib import Path
+
+from reconciler import hub
+from reconciler.actions import (
+    Action,
+    Copy,
+    Download,
+    HubFile,
+    Link,
+    Pin,
+    Prune,
+    PruneRevisions,
+    Reassemble,
+    StagePlan,
+    Step,
+    Switch,
+    Verify,
+    shorten,
+)
+from reconciler.clock import utc_iso
+from reconciler.components.checkpoint import (
+    _NOT_READ_BY_THE_ENGINE,
+    PARTED_SHARDS,
+    human_bytes,
+    patterns_for,
+    shard_of,
+)
+from reconciler.errors import NodeCommandError
+from reconciler.execution import ApplyContext, Executor, payload_of
+from reconciler.facts.files import parse_manifest
+from reconciler.serving import rewrite_exl3_plan
+from reconciler.spec import SshTarget
+from reconciler.transport.base import check, run_program
+
+_INCOMPLETE_HINT = "run `reconciler apply` again: it re-fetches exactly the files named (nothing else is deleted)"
+
+
+def _read_record(ctx: ApplyContext, node: str, path: str) -> dict[str, object]:
+    text = ctx.ops(node, "read_text", {"path": path}).get("text")
+    try:
+        loaded = json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        loaded = {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _write_record(ctx: ApplyContext, node: str, path: str, record: dict[str, object]) -> None:
+    ctx.ops(node, "write_file", {"path": path, "content": json.dumps(record, indent=1, sort_keys=True) + "\n"})
+
+
+def _pin(ctx: ApplyContext, action: Action) -> str:
+    pin = payload_of(action, Pin)
+    record = _read_record(ctx, action.node, pin.record)
+    record.update(repo=pin.repo, resolved={"revision": pin.revision, "commit": pin.commit, "since": utc_iso()})
+    _write_record(ctx, action.node, pin.record, record)
+    return f"{pin.revision} = {pin.commit[:12]}"
+
+
+def _link(ctx: ApplyContext, action: Action) -> str:
+    link = payload_of(action, Link)
+    result = ctx.ops(action.node, "link_files", {"target_dir": link.target_dir, "files": link.files})
+    return f"linked {result['linked']} files into {link.target_dir}"
+
+
+def _room_for(ctx: ApplyContext, node: str, directory: str, needed: int) -> None:
+    """The plan's disk preflight, again just before writing: the disk may have filled since."""
+    free = ctx.ops(node, "disk_free", {"path": directory}).get("free")
+    if isinstance(free, int) and needed > free:
+        raise NodeCommandError(
+            f"{node}: needs {human_bytes(needed)} free in {directory}, has {human_bytes(free)}",
+            "free space, or point nodes[].model_dir at a larger disk; nothing was written",
+        )
+
+
+def _download(ctx: ApplyContext, action: Action) -> str:
+    download = payload_of(action, Download)
+    _room_for(ctx, action.node, download.model_dir, sum(item.size or 0 for item in download.files))
+    if download.on_node:
+        fetched = fetch_on_node(ctx, action.node, download.model_dir, download.files, download.commit, download.refetch)
+        return f"{len(fetched)} files fetched by {action.node} itself"
+    model = ctx.deployment.model
+    forget(download.model_dir, download.refetch)
+    only = None if download.whole_repo else [item.path for item in download.files]
+    target = download.model_dir
+    ctx.progress.line(f"    {action.node}: downloading {download.repo}@{download.commit[:12]} into {target}")
+    listing = hub.fetch(model, target, commit=download.commit, report=ctx.progress.line, only=only)
+    return f"{download.repo}@{listing.commit[:12]} in {target}"
+
+
+def fetch_on_node(
+    ctx: ApplyContext, node: str, model_dir: str, files: list[HubFile], commit: str, force: list[str]
+) -> list[str]:
+    """A hub-sourced worker downloads for itself with the node-side fetcher (stdlib, Range resume).
+
+    Entries the plan could only name by pattern are listed now, at the commit.
+    """
+    model = ctx.deployment.model
+    if any(item.size is None for item in files):
+        listing = hub.list_files(model, commit)
+        patterns = [item.path for item in files]
+        wanted = [item for item in listing.files if any(fnmatch.fnmatchcase(item.path, p) for p in patterns)]
+        files = [HubFile(path=item.path, size=item.size, sha256=item.sha256) for item in wanted]
+    entries = [
+        {
+            "path": item.path,
+            "size": item.size,
+            "etag": item.sha256 or f"{commit[:16]}",
+            "sha256": item.sha256,
+            "force": (shard_of(item.path) or item.path) in force,
+        }
+        for item in files
+    ]
+    args = {
+        "endpoint": hub.endpoint(model) or "https://huggingface.co",
+        "repo": model.repo,
+        "commit": commit,
+        "token": hub.token(model),
+        "model_dir": model_dir,
+        "files": entries,
+    }
+    result = run_program(ctx.transport(node), "fetch", "fetch", args, timeout=24 * 3600, on_line=ctx.node_lines(node))
+    return list(result["fetched"])
+
+
+def forget(model_dir: str, names: list[str]) -> None:
+    """Make the Hub client fetch these files again: its metadata would call them complete. The
+    files themselves stay until the fresh copy is renamed over them."""
+    for name in names:
+        (Path(model_dir) / hub.DOWNLOAD_CACHE / f"{name}.metadata").unlink(missing_ok=True)
+
+
+def _manifest_hashes(ctx: ApplyContext, node: str, model_dir: str, manifest: str) -> dict[str, str]:
+    """The manifest as it is on the node now (the download may just have brought it)."""
+    text = ctx.ops(node, "read_text", {"path": f"{model_dir}/{manifest}"}).get("text")
+    if not isinstance(text, str):
+        raise NodeCommandError(f"{node}: {manifest} missing in {model_dir}", _INCOMPLETE_HINT)
+    return parse_manifest(text)
+
+
+def _reassemble(ctx: ApplyContext, action: Action) -> str:
+    reassemble = payload_of(action, Reassemble)
+    expected = {shard.name: shard.sha256 for shard in reassemble.shards if shard.sha256}
+    if len(expected) < len(reassemble.shards):
+        manifest = _manifest_hashes(ctx, action.node, reassemble.model_dir, reassemble.manifest)
+        expected = {**{s.name: manifest[s.name] for s in reassemble.shards if s.name in manifest}, **expected}
+    args = {
+        "model_dir": reassemble.model_dir,
+        "shards": [shard.name for shard in reassemble.shards],
+        "expected": expected,
+        "keep_parts": reassemble.keep_parts,
+        "cache": reassemble.cache,
+    }
+    built = ctx.ops(action.node, "reassemble", args)
+    return ", ".join(f"{name} ({human_bytes(size)})" for name, size in built.items())
+
+
+def _hash(ctx: ApplyContext, node: str, verify: Verify, names: list[str], deep: bool) -> dict[str, str | None]:
+    args = {"model_dir": verify.model_dir, "files": names, "cache": verify.cache, "deep": deep}
+    result: dict[str, str | None] = ctx.ops(node, "hash_files", args, timeout=6 * 3600)
+    return result
+
+
+def _differing(expected: dict[str, str], actual: dict[str, str | None]) -> tuple[list[str], list[str]]:
+    missing = sorted(name for name in expected if actual.get(name) is None)
+    wrong = sorted(name for name in expected if actual.get(name) not in (None, expected[name]))
+    return missing, wrong
+
+
+def _verify(ctx: ApplyContext, action: Action) -> str:
+    """Hash what changed (or everything, deep), then re-fetch exactly the files that differ.
+
+    The hashes are the plan's (the Hub's sha256 and the manifest's) plus the manifest's entries
+    as the file is on the node now: a fresh node gets the manifest with the download before.
+    """
+    node, verify = action.node, payload_of(action, Verify)
+    manifest = _manifest_hashes(ctx, node, verify.model_dir, verify.manifest)
+    expected = {**{name: digest for name, digest in verify.files.items() if digest}, **manifest}
+    missing, wrong = _differing(expected, _hash(ctx, node, verify, sorted(expected), verify.deep))
+    if missing:
+        raise NodeCommandError(f"{node}: files missing after the transfer: {shorten(missing)}", _INCOMPLETE_HINT)
+    if not wrong:
+        return f"{len(expected)} files match their sha256"
+    ctx.progress.line(f"    {node}: sha256 mismatch, re-fetching only: {shorten(wrong)}")
+    _refetch(ctx, node, verify, wrong)
+    missing, still_wrong = _differing({n: expected[n] for n in wrong}, _hash(ctx, node, verify, wrong, True))
+    if missing or still_wrong:
+        bad = shorten(missing + still_wrong)
+        raise NodeCommandError(f"{node}: still differs after re-fetching: {bad}", "check the disk and the source")
+    _restart_if_read(ctx, node, verify, wrong)
+    return f"{len(expected)} files verified; re-fetched {len(wrong)}: {shorten(wrong)}"
+
+
+def _restart_if_read(ctx: ApplyContext, node: str, verify: Verify, repaired: list[str]) -> None:
+    """A repaired file of a served revision that the engine reads: record a group restart."""
+    read = [name for name in repaired if not any(fnmatch.fnmatchcase(name, p) for p in _NOT_READ_BY_THE_ENGINE)]
+    if not read or verify.restart_on_repair is None:
+        return
+    head = ctx.deployment.head.name
+    cause = f"{verify.restart_on_repair} ({shorten(read)} on {node})"
+    content = json.dumps({"since": utc_iso(), "cause": cause}) + "\n"
+    ctx.ops(head, "write_file", {"path": ctx.state_path(head, "restart-intent.json"), "content": content})
+
+
+def _refetch(ctx: ApplyContext, node: str, verify: Verify, names: list[str]) -> None:
+    """Fetch again exactly the named files, from where the plan said this node's files come."""
+    parted = [name for name in names if name in PARTED_SHARDS]
+    if verify.refetch_from == "peer":
+        if verify.peer_dir is None:
+            raise NodeCommandError(f"{node}: a peer verify without the head's revision dir", "plan again")
+        _rsync(ctx, node, verify.peer_dir, verify.model_dir, names)
+        return
+    if verify.refetch_from == "node-hub":
+        patterns = [HubFile(path=p, size=None) for p in patterns_for(names)]
+        fetch_on_node(ctx, node, verify.model_dir, patterns, verify.commit, names)
+    else:
+        forget(verify.model_dir, names)
+        model = ctx.deployment.model
+        hub.fetch(model, verify.model_dir, commit=verify.commit, report=ctx.progress.line, only=patterns_for(names))
+    if parted:
+        ctx.ops(node, "reassemble", {"model_dir": verify.model_dir, "shards": parted})
+
+
+def _copy(ctx: ApplyContext, action: Action) -> str:
+    copy = payload_of(action, Copy)
+    _room_for(ctx, action.node, copy.destination_dir, copy.bytes)
+    destination = _rsync(ctx, action.node, copy.source_dir, copy.destination_dir, copy.files)
+    return f"copied to {action.node}:{destination}"
+
+
+def _rsync(ctx: ApplyContext, node: str, source_dir: str, destination: str, only: list[str] | None) -> str:
+    """rsync head -> worker over the worker's SSH target; resumable; parts and caches excluded.
+
+    With `only`, exactly those files are copied again, ignoring size and time (a flipped byte
+    keeps both), so nothing else on the worker is touched.
+    """
+    head = ctx.deployment.head
+    worker = ctx.node(node)
+    if worker.ssh is None:
+        raise NodeCommandError(f"{node}: a peer copy needs an ssh: target", "add nodes[].ssh for this worker")
+    target = worker.ssh
+    ctx.ops(node, "mkdirs", {"paths": [destination]})
+    argv = rsync_argv(target, source_dir, destination, only)
+    ctx.progress.line(f"    {head.name} -> {node}: rsync over {target.host}")
+    # rsync's progress goes to stdout; redirect it to stderr so it streams like ours.
+    command = ["sh", "-c", 'exec "$@" 1>&2', "rsync", *argv]
+    result = ctx.transport(head.name).run(command, timeout=24 * 3600, on_line=ctx.node_lines(f"{head.name}->{node}"))
+    check(result, head.name, "rsync to " + node)
+    return destination
+
+
+def rsync_argv(target: SshTarget, source_dir: str, destination: str, only: list[str] | None) -> list[str]:
+    """The copy's argv: remote paths stay data, whatever characters they hold.
+
+    `--protect-args` (rsync >= 3.0; `--secluded-args` since 3.2.7, which keeps the old name)
+    sends the remote paths inside rsync's protocol instead of through the remote shell, so a
+    model dir with spaces or `;` can never run anything on the worker. rsync writes each file
+    to a temporary name and renames it: a file being replaced is never rewritten in place.
+    """
+    ssh = ["ssh", "-p", str(target.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+    ssh += ["-o", f"UserKnownHostsFile={os.path.expanduser(target.known_hosts)}"]
+    if target.identity_file:
+        ssh += ["-i", os.path.expanduser(target.identity_file), "-o", "IdentitiesOnly=yes"]
+    remote = f"{target.user + '@' if target.user else ''}{target.host}:{destination.rstrip('/')}/"
+    argv = ["rsync", "-a", "--protect-args", "--partial", "--info=progress2"]
+    argv += ["--exclude", "*.safetensors.part[0-9][0-9]", "--exclude", ".cache/", "-e", shlex.join(ssh)]
+    source = f"{source_dir.rstrip('/')}/"
+    if only is None:
+        return [*argv, source, remote]
+    return [*argv, "-R", "--ignore-times", *(f"{source}./{name}" for name in only), remote]
+
+
+def _stage_plan(ctx: ApplyContext, action: Action) -> str:
+    stage = payload_of(action, StagePlan)
+    content = stage.content
+    if content is None:
+        text = ctx.ops(action.node, "read_text", {"path": stage.source}).get("text")
+        if not isinstance(text, str):
+            message = f"{action.node}: {stage.source} is missing; the checkpoint is incomplete"
+            raise NodeCommandError(message, _INCOMPLETE_HINT)
+        try:
+            content = rewrite_exl3_plan(text)
+        except (ValueError, KeyError, AttributeError, TypeError):
+            raise NodeCommandError(
+                f"{action.node}: {stage.source} is not an EXL3 plan (JSON with a qdir)", _INCOMPLETE_HINT
+            ) from None
+    directory = stage.target.rsplit("/", 1)[0]
+    ctx.ops(action.node, "mkdirs", {"paths": [directory, ctx.state_path(action.node, "cache")]})
+    # World-readable like the checkpoint it comes from: the engine in the container reads it.
+    ctx.ops(action.node, "write_file", {"path": stage.target, "content": content, "mode": 0o644})
+    return f"staged {stage.target}"
+
+
+def _prune(ctx: ApplyContext, action: Action) -> str:
+    removed = ctx.ops(action.node, "prune_parts", {"model_dir": payload_of(action, Prune).model_dir})["removed"]
+    return f"deleted {len(removed)} part files"
+
+
+def _switch(ctx: ApplyContext, action: Action) -> str:
+    switch = payload_of(action, Switch)
+    args = {"model_dir": switch.model_dir, "target": switch.target, "legacy_to": switch.legacy_to}
+    ctx.ops(action.node, "switch_model_dir", args)
+    record = _read_record(ctx, action.node, switch.record)
+    record.update(repo=switch.repo, history=switch.history, serving_since=utc_iso())
+    _write_record(ctx, action.node, switch.record, record)
+    return f"{switch.model_dir} -> {switch.target}"
+
+
+def _prune_revisions(ctx: ApplyContext, action: Action) -> str:
+    prune = payload_of(action, PruneRevisions)
+    args = {"model_dir": prune.model_dir, "remove": prune.remove, "shared_only": prune.shared_only}
+    result = ctx.ops(action.node, "remove_revisions", args)
+    kept = result.get("kept") or []
+    note = f"; kept files found nowhere else: {shorten([str(k) for k in kept])}" if kept else ""
+    return f"removed {len(result.get('removed') or [])} revision directories{note}"
+
+
+EXECUTORS: dict[Step, Executor] = {
+    Step.PIN: _pin,
+    Step.LINK: _link,
+    Step.DOWNLOAD: _download,
+    Step.REASSEMBLE: _reassemble,
+    Step.VERIFY: _verify,
+    Step.COPY: _copy,
+    Step.STAGE_PLAN: _stage_plan,
+    Step.PRUNE: _prune,
+    Step.SWITCH: _switch,
+    Step.PRUNE_REVISIONS: _prune_revisions,
+}
