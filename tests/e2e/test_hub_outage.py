@@ -1,6 +1,6 @@
 """The Hub goes away under a converged, serving group, with the loop running.
 
-The head's cached listing is removed first, so every pass has to ask the Hub (the case that
+The head's cached listings are removed first, so every pass has to ask the Hub (the case that
 used to end in `internal error: ConnectError` for `stop` and `status`). While the Hub stand-in
 is stopped, then answers 500, then 429: the group keeps serving, is healed when a rank dies,
 `stop` and `start` work, and `status` shows the checkpoint blocked with the cause. When the
@@ -24,7 +24,7 @@ from tests.testbed.hub.control import StandinControl
 pytestmark = pytest.mark.testbed
 
 HEAD, WORKER = "spark-head", "spark-worker"
-LISTING = "/srv/spark/state/hub-files.json"
+LISTINGS = "/srv/spark/state/hub"  # the head's cached Hub listings, one per commit
 LOOP_SETTINGS = """
 loop:
   resync_s: 5
@@ -67,7 +67,7 @@ def checkpoint_blocked_by(cause: str) -> Callable[[dict[str, Any]], bool]:
 def outage(bed: Bed) -> Iterator[Bed]:
     bed.spec.write_text(bed.spec.read_text(encoding="utf-8") + LOOP_SETTINGS, encoding="utf-8")
     bed.reconciler("apply")
-    bed.node(HEAD, "rm", "-f", LISTING)
+    bed.node(HEAD, "rm", "-rf", LISTINGS)
     services.stop_hub(bed.testbed.layout)
     try:
         with running_loop(bed):
