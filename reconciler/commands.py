@@ -19,7 +19,7 @@ from typing import Any
 import docker
 
 from reconciler import savedplan
-from reconciler.actions import Smoke
+from reconciler.actions import Action, Smoke
 from reconciler.apply import ApplyResult, apply_plan
 from reconciler.clock import utc_iso
 from reconciler.components.apikey import read_key
@@ -28,13 +28,14 @@ from reconciler.errors import NodeCommandError, NodeUnreachableError, Reconciler
 from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.gather import gather
 from reconciler.facts.node import Facts, Liveness
-from reconciler.health import api_base, health_code, probe_liveness
+from reconciler.health import health_code, probe_liveness
 from reconciler.lock import deployment_lock
 from reconciler.loopstatus import read_status
 from reconciler.plan import Plan, plan
-from reconciler.serving import container_name
+from reconciler.serving import api_base, container_name
 from reconciler.spec import Deployment
-from reconciler.transport import Transport, close_all, connect_all
+from reconciler.transport import Transport
+from reconciler.transport.connect import close_all, connect_all
 from reconciler.transport.base import run_program
 from reconciler.verify import smoke
 from reconciler.verify.apiclient import ApiTarget
@@ -230,6 +231,7 @@ def status(deployment: Deployment, transports: dict[str, Transport], *, probe: b
             },
             "hold": observed.hold.model_dump() if observed.hold else None,
             "components": _components(current, node.name),
+            "pending_steps": {name: len(steps) for name, steps in _pending_steps(current, node.name).items()},
         }
     pending = [{"id": a.id, "cause": a.cause} for a in current.actions]
     conditions = [*current.notes, *(f"{b.node}: {b.message}" for b in current.blockers)]
@@ -252,12 +254,25 @@ def _liveness(deployment: Deployment, facts: Facts, transports: dict[str, Transp
 
 
 def _components(current: Plan, node: str) -> dict[str, str]:
-    """Per component on a node: desired vs observed in one phrase (in sync, or what is pending)."""
+    """Per component on a node, in one phrase: in sync, blocked, or the FIRST step still to run
+    (the one the deployment waits on) and how many follow."""
     states = {item.component: f"in sync: {item.reason}" for item in current.in_sync if item.node == node}
+    for blocker in current.blockers:
+        if blocker.node == node:
+            states[blocker.component] = f"blocked: {blocker.message}"
+    for component, steps in _pending_steps(current, node).items():
+        first = steps[0]
+        more = f" (+{len(steps) - 1} more step{'s' if len(steps) > 2 else ''})" if len(steps) > 1 else ""
+        states[component] = f"pending: {first.summary} (because {first.cause}){more}"
+    return states
+
+
+def _pending_steps(current: Plan, node: str) -> dict[str, list[Action]]:
+    steps: dict[str, list[Action]] = {}
     for action in current.actions:
         if action.node == node:
-            states[action.component] = f"pending: {action.summary} (because {action.cause})"
-    return states
+            steps.setdefault(action.component, []).append(action)
+    return steps
 
 
 def container_logs(

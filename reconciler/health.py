@@ -15,20 +15,10 @@ import httpx
 from reconciler.components.apikey import read_key
 from reconciler.errors import GroupFailedError, ReconcilerError
 from reconciler.execution import ApplyContext
-from reconciler.serving import container_name
+from reconciler.serving import api_base, container_name
 from reconciler.spec import Deployment
 
 LOG_TAIL = 40
-
-
-def api_base(deployment: Deployment) -> str:
-    """Where the reconciler reaches the API: locally on the head, else the head's address."""
-    head = deployment.head
-    port = deployment.serving.port
-    if head.ssh is not None:
-        return f"http://{head.ssh.host}:{port}"
-    bind = deployment.api.bind
-    return f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{port}"
 
 
 def health_code(deployment: Deployment, timeout: float = 5.0) -> int | None:

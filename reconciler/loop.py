@@ -27,6 +27,7 @@ import watchfiles
 
 from reconciler import commands, notify
 from reconciler.clock import utc_iso
+from reconciler.constants import EXIT_INTERRUPTED
 from reconciler.errors import ReconcilerError, SpecError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.node import Facts, Liveness
@@ -36,7 +37,8 @@ from reconciler.plan import Plan, summary_line
 from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, LoadedSpec, parse_spec, read_spec_text
 from reconciler.spec import Loop as LoopSettings
-from reconciler.transport import Transport, close_all, connect_all
+from reconciler.transport import Transport
+from reconciler.transport.connect import close_all, connect_all
 
 DEBOUNCE_S = 0.5
 BACKOFF_BASE_S = 15.0
@@ -234,8 +236,14 @@ class Loop:
     # ---- the main loop -------------------------------------------------------------------
 
     def run(self) -> int:
+        interrupted = threading.Event()
+
+        def on_interrupt(*_: object) -> None:
+            interrupted.set()
+            self.stop()
+
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
-        signal.signal(signal.SIGINT, lambda *_: self.stop())
+        signal.signal(signal.SIGINT, on_interrupt)
         self._start_threads()
         self.pass_(["start"])
         notify.ready(self.status.line())
@@ -248,7 +256,8 @@ class Loop:
             self.pass_(reasons or ["resync"])
         notify.stopping()
         close_all(self.transports)
-        return 0
+        # systemd's stop (SIGTERM) is a clean exit; a Ctrl-C in a terminal reports itself as one.
+        return EXIT_INTERRUPTED if interrupted.is_set() else 0
 
     def stop(self) -> None:
         self.stopping.set()

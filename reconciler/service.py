@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reconciler import constants
+from reconciler.constants import UNIT_NAME
 from reconciler.errors import ReconcilerError
 from reconciler.fsutil import atomic_write
 from reconciler.spec import Deployment, expand_home, load_spec
 
-UNIT_NAME = "spark-reconciler.service"
-UNIT_DIR = Path("/etc/systemd/system")
+UNIT_DIR = Path(constants.UNIT_DIR)
 # sd_booted(3): this directory exists only while systemd is the running init.
 SYSTEMD_RUNTIME_DIR = Path("/run/systemd/system")
 # Characters every directive the unit uses takes literally: anything else (a space, %, $, a quote,

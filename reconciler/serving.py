@@ -346,3 +346,13 @@ def rewrite_exl3_plan(plan_text: str) -> str:
     banks = [directory.rstrip("/").split("/")[-1] for directory in plan["qdir"].split(":")]
     plan["qdir"] = ":".join(f"/model/exl3/{bank}" for bank in banks)
     return json.dumps(plan, indent=1) + "\n"
+
+
+def api_base(deployment: Deployment) -> str:
+    """Where the reconciler reaches the API: locally on the head, else the head's address."""
+    head = deployment.head
+    port = deployment.serving.port
+    if head.ssh is not None:
+        return f"http://{head.ssh.host}:{port}"
+    bind = deployment.api.bind
+    return f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{port}"

@@ -29,6 +29,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from reconciler.constants import DEFAULT_SPEC_PATH, SPEC_PATH_ENV
 from reconciler.errors import SpecError, SpecProblem, UntrustedTextError, YamlError
 from reconciler.safeio import read_untrusted_text
 from reconciler.yamlpos import LocatedDocument, load_located
@@ -36,8 +37,6 @@ from reconciler.yamlpos import LocatedDocument, load_located
 REFERENCE_IMAGE = (
     "ghcr.io/0xsero/deepseek-v4.1-flash-spark@sha256:5668e35e5ee021da4b9ce88a1964caf0e082e8ca01d81d1d64b6213a55c6add5"
 )
-DEFAULT_SPEC_PATH = "specs/deployment.yaml"
-SPEC_PATH_ENV = "RECONCILER_SPEC"
 
 # The container environment both ranks get in the reference launcher, minus the values that
 # are derived per node (fabric, GID index, EXL3 plan path): those are computed, never typed.
@@ -755,10 +754,6 @@ class LoadedSpec:
     warnings: list[SpecProblem]
 
 
-def default_spec_path() -> str:
-    return os.environ.get(SPEC_PATH_ENV) or DEFAULT_SPEC_PATH
-
-
 # A deployment spec is a few kilobytes: the cap keeps a wrong --spec (a log, a disk image)
 # from being parsed for minutes.
 MAX_SPEC_BYTES = 1024 * 1024
@@ -1031,9 +1026,6 @@ def _model_inside(annotation: Any) -> Any:
             if found is not None:
                 return found
     return None
-
-
-SCHEMA_PATH = "schemas/deployment.schema.json"
 
 
 def schema_text() -> str:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import docker
-
 from reconciler.actions import Action, InSync, Outcome, Pull, Step, action
 from reconciler.errors import NodeCommandError
 from reconciler.execution import ApplyContext, Executor, payload_of
@@ -44,6 +42,8 @@ def _pull(ctx: ApplyContext, action: Action) -> str:
     client = ctx.transport(action.node).docker()
     if _present(client, ref):
         return "already present"
+    import docker  # here, not at the top: planning imports this module and needs no Docker SDK
+
     layers: dict[str, str] = {}
     try:
         for event in client.api.pull(ref, stream=True, decode=True):
@@ -66,6 +66,8 @@ _PULL_HINT = "check the registry is reachable from the node and the digest exist
 
 
 def _present(client: Any, ref: str) -> bool:
+    import docker
+
     try:
         client.images.get(ref)
     except docker.errors.ImageNotFound:

@@ -5,7 +5,7 @@ as a side effect of converging a deployment would surprise, and it needs a node 
 the network. When `pi` is not on PATH the plan says "run `reconciler pi install`" as an in-sync
 note. `pi.enabled: false` leaves Pi's config alone (`reconciler pi uninstall` removes it).
 
-The base URL is the reconciler's own view of the API (reconciler.health.api_base): on the head
+The base URL is the reconciler's own view of the API (reconciler.serving.api_base): on the head
 itself http://127.0.0.1:<port>/v1. The key variable is the one the last install chose (its
 install record), else DSV41_API_KEY. Pi's config is written after the rank group is ready, and is
 never a prerequisite of it.
@@ -20,8 +20,8 @@ from reconciler.actions import Action, ConfigurePi, InSync, Outcome, Step, Verb,
 from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.node import Facts
 from reconciler.facts.pi import PiFacts
-from reconciler.health import api_base
 from reconciler.pi import config as picfg
+from reconciler.serving import api_base
 from reconciler.spec import Deployment, Serving
 
 COMPONENT = "pi"

@@ -15,9 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-import docker
-
-from reconciler import health
 from reconciler.actions import (
     Action,
     InSync,
@@ -411,6 +408,8 @@ def _start(ctx: ApplyContext, action: Action) -> str:
 def create_container_args(api: Any, desired: RankContainer) -> dict[str, Any]:
     """Low-level Docker API arguments of a rendered rank (the reference `docker run`, plus labels
     and a stop timeout, which the high-level SDK call cannot set)."""
+    import docker  # here, not at the top: planning imports this module and needs no Docker SDK
+
     host_config = api.create_host_config(
         binds={m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in desired.mounts},
         network_mode=desired.network_mode,
@@ -436,6 +435,8 @@ def create_container_args(api: Any, desired: RankContainer) -> dict[str, Any]:
 
 
 def _await_ready(ctx: ApplyContext, action: Action) -> str:
+    from reconciler import health  # the HTTP client, only when a rank is actually awaited
+
     wait = payload_of(action, WaitReady)
     result = health.wait_ready(ctx, timeout_s=wait.timeout_s, poll_s=wait.poll_s)
     _clear_intent(ctx)

@@ -33,12 +33,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from reconciler.clock import utc_stamp
+from reconciler.constants import PI_KEY_ENV, PI_PROVIDER
 from reconciler.errors import JsoncError, PiConfigError
 from reconciler.fsutil import atomic_write
 from reconciler.pi import jsonc
 
-DEFAULT_PROVIDER = "dsv41-sparks"
-DEFAULT_KEY_ENV = "DSV41_API_KEY"
+DEFAULT_PROVIDER = PI_PROVIDER
+DEFAULT_KEY_ENV = PI_KEY_ENV
 MODELS = "models.json"
 SETTINGS = "settings.json"
 USER_FILES = (MODELS, SETTINGS)

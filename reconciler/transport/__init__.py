@@ -2,9 +2,11 @@
 
 One transport per node per pass: commands, stdin-fed programs and the Docker API all travel
 over it (for SSH: one authenticated connection, several channels).
+
+Opening one (reconciler.transport.connect) imports paramiko and docker; this package's
+`__init__` does not, so code that only plans (and names `Transport` in its types) stays light.
 """
 
 from reconciler.transport.base import CommandResult, Transport
-from reconciler.transport.connect import close_all, connect_all, transport_for
 
-__all__ = ["CommandResult", "Transport", "close_all", "connect_all", "transport_for"]
+__all__ = ["CommandResult", "Transport"]

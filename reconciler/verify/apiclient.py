@@ -19,7 +19,7 @@ import httpx
 
 from reconciler.errors import ReconcilerError, UntrustedFileError
 from reconciler.fsutil import read_bounded
-from reconciler.health import api_base
+from reconciler.serving import api_base
 from reconciler.redact import checked_secret
 from reconciler.spec import Deployment, expand_home
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.service import UNIT_NAME
+from reconciler.constants import UNIT_NAME
 from tests.system.machine import Machine, booted, make_root, nspawn_available, read_only_binds
 
 pytestmark = [

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import cli
+from reconciler.cli import deploy
 from reconciler.cli import main
 from reconciler.facts.node import load_facts
 from reconciler.plan import plan
@@ -177,7 +177,7 @@ def test_apply_asks_on_a_terminal_before_a_group_restart(
     out = Terminal()
     monkeypatch.setattr(sys, "stdin", Terminal(answer))
     monkeypatch.setattr(sys, "stdout", out)
-    assert cli._confirm(restart) is goes_ahead
+    assert deploy.confirm(restart) is goes_ahead
     assert "restarts or stops the rank group" in out.getvalue()
     assert ("nothing was changed" in out.getvalue()) is not goes_ahead
 
@@ -185,7 +185,7 @@ def test_apply_asks_on_a_terminal_before_a_group_restart(
 def test_apply_asks_nothing_without_a_terminal_or_for_a_harmless_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     restart = plan(with_serving(reference_deployment(), kv_bytes=2_000_000_000), load_facts(CONVERGED_FACTS))
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
-    assert cli._confirm(restart)
+    assert deploy.confirm(restart)
     monkeypatch.setattr(sys, "stdin", Terminal(""))
     monkeypatch.setattr(sys, "stdout", Terminal())
-    assert cli._confirm(plan(reference_deployment(), load_facts(CONVERGED_FACTS)))
+    assert deploy.confirm(plan(reference_deployment(), load_facts(CONVERGED_FACTS)))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from reconciler.spec import SCHEMA_PATH, schema_text
+from reconciler.constants import SCHEMA_PATH
+from reconciler.spec import schema_text
 from tests.scenarios import ROOT, SPEC_PATH
 
 

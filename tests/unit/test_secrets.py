@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from reconciler import cli, hub, redact
+from reconciler.cli import deploy
 from reconciler.components.apikey import read_key
 from reconciler.errors import ReconcilerError, SecretError
 from reconciler.execution import ApplyContext
@@ -139,7 +140,7 @@ def test_the_cli_never_prints_a_secret_even_in_an_internal_error(
     def broken(_args: object) -> int:
         raise ValueError(f"Illegal header value b'Bearer {SECRET}'")
 
-    monkeypatch.setattr(cli, "_cmd_validate", broken)
+    monkeypatch.setattr(deploy, "validate", broken)
     for argv in (["validate"], ["validate", "--json"]):
         assert cli.main(argv) == 1
         captured = capsys.readouterr()

@@ -20,7 +20,8 @@ import pytest
 from reconciler import service
 from reconciler.cli import main
 from reconciler.errors import ReconcilerError, SpecError
-from reconciler.service import UNIT_NAME, UnitSettings, install, render_unit, settings_for
+from reconciler.constants import UNIT_NAME
+from reconciler.service import UnitSettings, install, render_unit, settings_for
 from tests.scenarios import ROOT, SPEC_PATH
 
 # The repository copy is named reconciler.service; systemd installs it as UNIT_NAME.

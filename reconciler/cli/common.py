@@ -1,0 +1,49 @@
+"""What every command's handler shares: exit codes, JSON output, error rendering. Light imports only."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from reconciler.constants import (
+    EXIT_CHANGES,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_CONVERGED,
+    EXIT_OK,
+    default_spec_path,
+)
+from reconciler.errors import ReconcilerError, SpecError
+
+__all__ = [
+    "EXIT_CHANGES",
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_NOT_CONVERGED",
+    "EXIT_OK",
+    "emit_json",
+    "fail",
+    "spec_path",
+]
+
+
+def emit_json(data: object) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def fail(exc: ReconcilerError, as_json: bool) -> int:
+    if as_json:
+        emit_json({"ok": False, **exc.to_dict()})
+        return EXIT_ERROR
+    if isinstance(exc, SpecError):
+        for problem in exc.problems:
+            sys.stderr.write(f"error: {problem.render()}\n")
+    sys.stderr.write(f"error: {exc.message}\n")
+    if exc.hint:
+        sys.stderr.write(f"  hint: {exc.hint}\n")
+    return EXIT_ERROR
+
+
+def spec_path(given: str | None) -> str:
+    """--spec, else $RECONCILER_SPEC, else the default (without importing the spec model)."""
+    return given or default_spec_path()

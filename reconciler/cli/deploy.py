@@ -1,0 +1,281 @@
+"""Handlers that read the spec and converge: validate, schema, plan, apply, run, facts, logs, stop, start.
+
+Each imports the core it needs when it runs (see the package docstring), so `validate` loads the
+spec model and nothing of SSH, Docker or the Hub.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from reconciler.cli.common import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, emit_json, spec_path
+from reconciler.errors import ReconcilerError
+
+if TYPE_CHECKING:
+    from reconciler import commands
+    from reconciler.facts.node import Facts
+    from reconciler.plan import Plan
+    from reconciler.spec import LoadedSpec
+
+
+def _load(args: argparse.Namespace) -> LoadedSpec:
+    from reconciler.spec import load_spec
+
+    return load_spec(spec_path(args.spec))
+
+
+def _warn(loaded: LoadedSpec) -> None:
+    for warning in loaded.warnings:
+        sys.stderr.write(f"warning: {warning.render()}\n")
+
+
+def validate(args: argparse.Namespace) -> int:
+    loaded = _load(args)
+    if args.json:
+        emit_json({"ok": True, "spec": loaded.path, "warnings": [w.to_dict() for w in loaded.warnings]})
+        return EXIT_OK
+    _warn(loaded)
+    deployment = loaded.deployment
+    sys.stdout.write(f"{loaded.path}: valid ({len(deployment.nodes)} nodes, deployment {deployment.name})\n")
+    return EXIT_OK
+
+
+def schema(args: argparse.Namespace) -> int:
+    from reconciler.fsutil import atomic_write
+    from reconciler.spec import schema_text
+
+    text = schema_text()
+    if args.out == "-":
+        sys.stdout.write(text)
+        return EXIT_OK
+    target = Path(args.out)
+    try:
+        current = target.read_text(encoding="utf-8") if target.exists() else None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReconcilerError(f"cannot read {target}: {exc}", "give --out the schema file's path") from None
+    if args.check:
+        fresh = current == text
+        if args.json:
+            emit_json({"ok": fresh, "path": str(target)})
+        elif not fresh:
+            sys.stderr.write(f"error: {target} is stale\n  hint: run `reconciler schema` and commit the result\n")
+        return EXIT_OK if fresh else EXIT_ERROR
+    try:
+        atomic_write(str(target), text.encode("utf-8"), 0o644)
+    except OSError as exc:
+        raise ReconcilerError(
+            f"cannot write {target}: {exc.strerror or exc}", "give --out a writable file path"
+        ) from None
+    if args.json:
+        emit_json({"ok": True, "path": str(target), "changed": current != text})
+    else:
+        sys.stdout.write(f"wrote {target}{'' if current != text else ' (unchanged)'}\n")
+    return EXIT_OK
+
+
+def plan(args: argparse.Namespace) -> int:
+    from reconciler.plan import render_text
+
+    loaded = _load(args)
+    facts, result = _plan_from(args, loaded)
+    if args.out is not None:
+        from reconciler import savedplan
+
+        saved = savedplan.saved(result, loaded.deployment, facts, update_revision=args.update_revision)
+        savedplan.write(Path(args.out), saved)
+        sys.stderr.write(f"saved the plan to {args.out}; run it with `reconciler apply {args.out}`\n")
+    if args.json:
+        emit_json(result.to_dict())
+    else:
+        _warn(loaded)
+        sys.stdout.write(render_text(result, verbose=args.verbose))
+    if result.blockers and args.detailed_exitcode:
+        return EXIT_ERROR
+    if args.detailed_exitcode and result.has_changes:
+        return EXIT_CHANGES
+    return EXIT_OK
+
+
+def _plan_from(args: argparse.Namespace, loaded: LoadedSpec) -> tuple[Facts, Plan]:
+    """Offline from a facts file (no SSH, Docker or Hub loaded), or live from the nodes."""
+    if args.facts is not None:
+        from reconciler.facts.node import load_facts
+        from reconciler.plan import plan as make_plan
+
+        facts = load_facts(args.facts)
+        return facts, make_plan(loaded.deployment, facts, update_revision=args.update_revision)
+    from reconciler import commands
+
+    with commands.session(loaded.deployment) as transports:
+        return commands.live_plan(loaded.deployment, transports, update_revision=args.update_revision)
+
+
+def apply(args: argparse.Namespace) -> int:
+    from reconciler import commands, savedplan
+    from reconciler.execution import Progress
+
+    loaded = _load(args)
+    _warn(loaded)
+    deployment = loaded.deployment
+    if args.plan_file is not None and (args.deep_verify or args.update_revision):
+        raise ReconcilerError(
+            "a saved plan runs as it was made: --deep-verify and --update-revision do not apply to it",
+            "plan again with the option (`reconciler plan --update-revision --out FILE`), or apply without a file",
+        )
+    saved = None
+    if args.plan_file is not None:
+        path = Path(args.plan_file)
+        saved = (savedplan.read(path), path)
+    request = commands.Converge(
+        doing="reconciler apply",
+        wait_s=args.wait,
+        deep_verify=args.deep_verify,
+        update_revision=args.update_revision,
+        saved=saved,
+        show=None if args.json else show_plan,
+        confirm=None if args.yes else confirm,
+    )
+    with commands.session(deployment) as transports:
+        outcome = commands.converge(deployment, transports, Progress(), request)
+    if args.json:
+        emit_json(
+            {
+                "ok": not outcome.after.has_changes and not outcome.declined,
+                "declined": outcome.declined,
+                "plan": outcome.before.to_dict(),
+                "applied": outcome.result.to_dict(),
+                "remaining": outcome.after.to_dict(),
+            }
+        )
+    else:
+        sys.stdout.write(apply_summary(outcome))
+    if outcome.declined:
+        return EXIT_ERROR
+    return EXIT_OK if not outcome.after.has_changes else EXIT_ERROR
+
+
+def show_plan(result: Plan) -> None:
+    from reconciler.plan import render_text
+
+    sys.stdout.write(render_text(result))
+    sys.stdout.flush()
+
+
+def confirm(result: Plan) -> bool:
+    """On a terminal, ask before the disruptive or the expensive; without one, go ahead (scripts,
+    CI and the boot service have nobody to ask: `--yes` is implied there)."""
+    from reconciler.plan import needs_confirmation
+
+    reasons = needs_confirmation(result)
+    if not reasons or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return True
+    sys.stdout.write(
+        f"\nThis plan {'; '.join(reasons)}.\nDo you want to perform these actions? Only 'yes' is accepted: "
+    )
+    sys.stdout.flush()
+    try:
+        answer = sys.stdin.readline().strip()
+    except (OSError, UnicodeDecodeError):
+        answer = ""
+    if answer != "yes":
+        sys.stdout.write("Apply cancelled; nothing was changed.\n")
+        return False
+    return True
+
+
+def apply_summary(outcome: commands.ApplyOutcome) -> str:
+    from reconciler.plan import render_text
+
+    count = len(outcome.result.done)
+    if not outcome.before.has_changes or outcome.declined:
+        return ""
+    if not outcome.after.has_changes:
+        return f"Apply complete: {count} actions. The deployment matches the spec.\n"
+    return (
+        f"Apply finished {count} actions, but the deployment still differs:\n"
+        + render_text(outcome.after)
+        + "Run `reconciler apply` again, or `reconciler status` for details.\n"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from reconciler.loop import Loop
+
+    return Loop(spec_path(args.spec)).run()
+
+
+def facts(args: argparse.Namespace) -> int:
+    from reconciler import commands
+    from reconciler.facts.gather import gather
+
+    loaded = _load(args)
+    with commands.session(loaded.deployment) as transports:
+        observed = gather(loaded.deployment, transports)
+    sys.stdout.write(observed.to_json())
+    return EXIT_OK
+
+
+def logs(args: argparse.Namespace) -> int:
+    from reconciler import commands
+
+    deployment = _load(args).deployment
+    with commands.session(deployment) as transports:
+        if args.which == "memguard":
+            node = args.node or deployment.head.name
+            if node not in transports:
+                raise ReconcilerError(f"no node named {node} in the spec", f"use one of {', '.join(transports)}")
+            for text in commands.guard_log(deployment, transports, node, tail=args.tail, follow=args.follow):
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            return EXIT_OK
+        rank = rank_of(args.which, len(deployment.nodes))
+        for chunk in commands.container_logs(deployment, transports, rank, tail=args.tail, follow=args.follow):
+            sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+            sys.stdout.flush()
+    return EXIT_OK
+
+
+def rank_of(which: str, count: int) -> int:
+    if which.startswith("r") and which[1:].isdigit() and int(which[1:]) < count:
+        return int(which[1:])
+    raise ReconcilerError(f"unknown log source '{which}'", f"use r0..r{count - 1} or memguard")
+
+
+def stop(args: argparse.Namespace) -> int:
+    from reconciler import commands
+    from reconciler.execution import Progress
+
+    loaded = _load(args)
+    request = commands.Converge(doing="reconciler stop", wait_s=args.wait, first=commands.hold, blocked_is_error=False)
+    with commands.session(loaded.deployment) as transports:
+        outcome = commands.converge(loaded.deployment, transports, Progress(), request)
+    unstopped = commands.ranks_still_running(loaded.deployment, outcome.facts)
+    if args.json:
+        emit_json({"ok": not unstopped, "held": True, "still_running": unstopped, "applied": outcome.result.to_dict()})
+    elif unstopped:
+        sys.stderr.write(
+            f"error: held, but not stopped: {', '.join(unstopped)}\n"
+            "  hint: the hold stays; run `reconciler stop` again once the node answers\n"
+        )
+    else:
+        sys.stdout.write("stopped; ranks stay down until `reconciler start`\n")
+    return EXIT_ERROR if unstopped else EXIT_OK
+
+
+def start(args: argparse.Namespace) -> int:
+    from reconciler import commands
+    from reconciler.execution import Progress
+
+    loaded = _load(args)
+    request = commands.Converge(doing="reconciler start", wait_s=args.wait, first=commands.release)
+    with commands.session(loaded.deployment) as transports:
+        outcome = commands.converge(loaded.deployment, transports, Progress(), request)
+    converged = not outcome.after.has_changes
+    if args.json:
+        emit_json({"ok": converged, "applied": outcome.result.to_dict()})
+    else:
+        sys.stdout.write(apply_summary(outcome) or "already running\n")
+    return EXIT_OK if converged else EXIT_ERROR

@@ -1,0 +1,130 @@
+"""Handlers that look without changing anything: status (once or --watch) and doctor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from reconciler.cli.common import EXIT_ERROR, EXIT_NOT_CONVERGED, EXIT_OK, emit_json, spec_path
+
+Report = dict[str, Any]
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+def status(args: argparse.Namespace) -> int:
+    from reconciler import commands
+    from reconciler.spec import load_spec
+
+    deployment = load_spec(spec_path(args.spec)).deployment
+    with commands.session(deployment) as transports:
+        while True:
+            report = commands.status(deployment, transports, probe=args.probe)
+            _show(report, as_json=args.json, watching=args.watch is not None)
+            if args.watch is None:
+                return exit_code(report)
+            time.sleep(args.watch)
+
+
+def exit_code(report: Report) -> int:
+    return EXIT_OK if report["converged"] else EXIT_NOT_CONVERGED
+
+
+def _show(report: Report, *, as_json: bool, watching: bool) -> None:
+    if as_json and watching:
+        sys.stdout.write(json.dumps(report) + "\n")  # one object per line, for a script reading along
+    elif as_json:
+        emit_json(report)
+    else:
+        clear = CLEAR_SCREEN if watching and sys.stdout.isatty() else ""
+        sys.stdout.write(clear + render_status(report) + ("\n" if watching else ""))
+    sys.stdout.flush()
+
+
+def render_status(report: Report) -> str:
+    pending = sum(sum(node.get("pending_steps", {}).values()) for node in report["nodes"].values())
+    verdict = "converged" if report["converged"] else f"NOT converged ({pending} steps pending)"
+    lines = [f"deployment {report['deployment']}: {verdict}"]
+    lines += _loop_lines(report.get("loop"))
+    lines += ["", *_table(report)]
+    steps = _next_steps(report)
+    lines += ["", "next step of each component:", *steps] if steps else []
+    lines.append("")
+    lines.append(f"health: {report['health'] if report['health'] is not None else 'no answer'}")
+    if report.get("liveness") is not None:
+        verdict = "ok" if report["liveness"]["ok"] else "FAILED"
+        lines.append(f"liveness: {verdict}: {report['liveness']['detail']}")
+    lines += [f"! {condition}" for condition in report["conditions"]]
+    return "\n".join(lines) + "\n"
+
+
+def _loop_lines(loop: Report | None) -> list[str]:
+    if not loop:
+        return ["loop: not running here (no loop status; `reconciler install-service` runs it at boot)"]
+    lines = [f"loop: {loop.get('condition', '?')} (last pass {loop.get('last_pass') or 'none yet'})"]
+    return lines + ([f"loop: spec error: {loop['spec_error']}"] if loop.get("spec_error") else [])
+
+
+TABLE_HEADER = ("NODE", "RANK", "CONTAINER", "STATE", "MEMORY", "GUARD", "SYNC")
+
+
+def _table(report: Report) -> list[str]:
+    rows = [TABLE_HEADER, *(_row(name, node) for name, node in report["nodes"].items())]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(TABLE_HEADER))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def _row(name: str, node: Report) -> tuple[str, str, str, str, str, str, str]:
+    containers = ", ".join(f"{c['name']} {c['status']}{_exit(c)}" for c in node["containers"]) or "none"
+    memory = f"{node['mem_available_gib']:.1f} GiB free" if node["mem_available_gib"] is not None else "-"
+    return (name, f"r{node['rank']}", containers, _state(node), memory, _guard(node["guard"]), _sync(node))
+
+
+def _state(node: Report) -> str:
+    if not node["reachable"]:
+        return f"UNREACHABLE: {node['error']}"
+    return f"held since {node['hold']['since']}" if node["hold"] else "reachable"
+
+
+def _guard(guard: Report) -> str:
+    if guard["trip"]:
+        return f"TRIPPED at {guard['trip']['at']}"
+    return "running" if guard["running"] else "not running"
+
+
+def _sync(node: Report) -> str:
+    steps = sum(node.get("pending_steps", {}).values())
+    blocked = [name for name, state in node["components"].items() if state.startswith("blocked")]
+    parts = [f"{steps} step{'s' if steps != 1 else ''} pending"] if steps else []
+    parts += [f"{', '.join(blocked)} blocked"] if blocked else []
+    return "; ".join(parts) or "in sync"
+
+
+def _exit(container: Report) -> str:
+    return f" (exit {container['exit_code']})" if container["exit_code"] is not None else ""
+
+
+def _next_steps(report: Report) -> list[str]:
+    """Only what is not in sync: the step each component waits on, on which node."""
+    return [
+        f"  {component} on {name}: {state}"
+        for name, node in report["nodes"].items()
+        for component, state in sorted(node["components"].items())
+        if not state.startswith("in sync")
+    ]
+
+
+def doctor(args: argparse.Namespace) -> int:
+    from reconciler import commands, doctor
+    from reconciler.spec import load_spec
+
+    deployment = load_spec(spec_path(args.spec)).deployment
+    with commands.session(deployment) as transports:
+        report = doctor.run(deployment, transports)
+    if args.json:
+        emit_json(report.to_dict())
+    else:
+        sys.stdout.write(doctor.render_text(report))
+    return EXIT_ERROR if report.failed else EXIT_OK

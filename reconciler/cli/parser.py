@@ -1,0 +1,508 @@
+"""The argument tree: every command with a description, examples and its defaults shown.
+
+Light imports only (see the package docstring): handlers are named, not imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, NoReturn
+
+from reconciler import __version__, constants
+from reconciler.cli.common import EXIT_ERROR
+
+SubParsers = Any  # argparse's _SubParsersAction is private; its add_parser is all we use
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A usage error exits 1 like any other error (argparse's 2 means "changes" here), with a hint."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n  hint: `{self.prog} --help` lists the options\n")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and examples as written; each option's default appended to its help unless
+    the help already says it, or there is none to show (None, False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or (not action.option_strings and action.nargs not in ("?", "*"))
+        ):
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = CommandParser(
+        prog="reconciler",
+        description="Keep a DeepSeek-V4.1-Flash deployment on DGX Spark nodes converged to a spec.",
+        epilog=_examples(
+            "reconciler init --worker me@spark2   # write specs/deployment.yaml from what the nodes have",
+            "reconciler doctor                    # every prerequisite on every node",
+            "reconciler plan                      # what apply would change",
+            "reconciler apply                     # converge",
+            "sudo reconciler install-service      # keep it converged from boot",
+        )
+        + "\nEach command has its own --help. Exit codes: 0 ok, 1 error, 2 changes (plan) or not"
+        " converged (status), 130 interrupted.",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
+    _add_spec_commands(commands)
+    _add_converge_commands(commands)
+    _add_observe_commands(commands)
+    _add_control_commands(commands)
+    _add_smoke(commands)
+    _add_bench(commands)
+    _add_pi(commands)
+    _add_install_service(commands)
+    _add_completion(commands)
+    return parser
+
+
+def command(
+    commands: SubParsers, name: str, summary: str, description: str, examples: list[str], handler: str
+) -> argparse.ArgumentParser:
+    """One subcommand: `summary` in the command list, `description` and `examples` in its --help."""
+    sub: argparse.ArgumentParser = commands.add_parser(
+        name, help=summary, description=description, epilog=_examples(*examples), formatter_class=HelpFormatter
+    )
+    sub.set_defaults(handler=handler)
+    return sub
+
+
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "".join(f"  {line}\n" for line in lines)
+
+
+# --- options several commands share ----------------------------------------------------------
+
+
+def spec_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--spec",
+        default=None,
+        metavar="PATH",
+        help=f"spec file (default: ${constants.SPEC_PATH_ENV}, else {constants.DEFAULT_SPEC_PATH})",
+    )
+
+
+def json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+
+
+def _update_revision_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--update-revision",
+        action="store_true",
+        help="move a branch or tag in model.revision to where it points on the Hub now (else it stays pinned)",
+    )
+
+
+def _wait_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait",
+        type=seconds,
+        default=600,
+        metavar="SECONDS",
+        help="how long to wait for a running loop's pass to finish",
+    )
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86_400:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 86400")
+    return value
+
+
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def count(text: str) -> int:
+    if not text.isdigit() or int(text) > 1_000_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0 to 1000000")
+    return int(text)
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number from 0 to 1")
+    return value
+
+
+# --- the spec -----------------------------------------------------------------------------------
+
+
+def _add_spec_commands(commands: SubParsers) -> None:
+    validate = command(
+        commands,
+        "validate",
+        "check a spec; every problem with file:line:column",
+        "Load the spec and check every field; each problem is reported with its file, line, column and "
+        "what to do. Touches no node.",
+        ["reconciler validate", "reconciler validate --spec specs/testbed.yaml --json"],
+        "deploy:validate",
+    )
+    spec_option(validate)
+    json_option(validate)
+
+    schema = command(
+        commands,
+        "schema",
+        f"write {constants.SCHEMA_PATH} from the spec model",
+        "Write the spec's JSON Schema (for editors and CI), or check that the committed one is current.",
+        ["reconciler schema", "reconciler schema --check", "reconciler schema --out -"],
+        "deploy:schema",
+    )
+    schema.add_argument("--out", default=constants.SCHEMA_PATH, help="where to write; - for stdout")
+    schema.add_argument("--check", action="store_true", help="exit 1 if the file differs instead of writing it")
+    json_option(schema)
+
+
+# --- converging -------------------------------------------------------------------------------
+
+
+def _add_converge_commands(commands: SubParsers) -> None:
+    plan = command(
+        commands,
+        "plan",
+        "show what apply would change",
+        "Observe every node (over SSH and the Docker API), compare with the spec and print the actions apply "
+        "would run, each with its cause. Changes nothing.",
+        [
+            "reconciler plan",
+            "reconciler plan --detailed-exitcode   # 0 nothing to do, 2 changes, 1 error",
+            "reconciler plan --out tonight.plan    # then: reconciler apply tonight.plan",
+            "reconciler plan --facts facts.json    # offline, from `reconciler facts` output",
+        ],
+        "deploy:plan",
+    )
+    spec_option(plan)
+    plan.add_argument("--facts", metavar="FILE", help="plan offline from a facts snapshot (JSON)")
+    plan.add_argument(
+        "--detailed-exitcode",
+        action="store_true",
+        help="exit 0 when nothing changes, 2 when something does, 1 on error",
+    )
+    plan.add_argument("-v", "--verbose", action="store_true", help="also say why each in-sync part needs nothing")
+    _update_revision_option(plan)
+    plan.add_argument(
+        "--out", metavar="FILE", help="save the plan (with a fingerprint of the facts) for `reconciler apply FILE`"
+    )
+    json_option(plan)
+
+    apply = command(
+        commands,
+        "apply",
+        "converge: show the plan, execute it with progress, plan again",
+        "Plan, then run the plan's actions in order with progress, then plan again to prove nothing is left. "
+        "With FILE, run exactly a saved plan, or refuse it when the deployment changed since. On a terminal, "
+        "asks before a group restart, a stop or removal, or moving more than 10 GB.",
+        ["reconciler apply", "reconciler apply --yes --json", "reconciler apply tonight.plan"],
+        "deploy:apply",
+    )
+    apply.add_argument(
+        "plan_file",
+        nargs="?",
+        metavar="FILE",
+        help="a plan saved by `reconciler plan --out FILE`: run exactly it, or refuse it when the deployment changed",
+    )
+    spec_option(apply)
+    _wait_option(apply)
+    _update_revision_option(apply)
+    apply.add_argument("-y", "--yes", action="store_true", help="do not ask before the disruptive or expensive")
+    apply.add_argument("--deep-verify", action="store_true", help="rehash every checkpoint file, ignoring the cache")
+    json_option(apply)
+
+    run = command(
+        commands,
+        "run",
+        "converge, then stay up and heal (the boot-time service)",
+        "The reconcile loop: converge, then watch the spec file, Docker events, a periodic resync and the API's "
+        "liveness, and converge again on any change. What `install-service` runs at boot.",
+        ["reconciler run", "RECONCILER_SPEC=/etc/spark/deployment.yaml reconciler run"],
+        "deploy:run",
+    )
+    spec_option(run)
+
+
+# --- looking ----------------------------------------------------------------------------------
+
+
+def _add_observe_commands(commands: SubParsers) -> None:
+    facts = command(
+        commands,
+        "facts",
+        "print the observed state of every node (a facts snapshot)",
+        "Observe every node and print what was found as JSON: the input `plan --facts` plans from.",
+        ["reconciler facts > facts.json"],
+        "deploy:facts",
+    )
+    spec_option(facts)
+    facts.set_defaults(json=True)
+
+    status = command(
+        commands,
+        "status",
+        "a table per node (containers, memory, guard, sync), the next step of each component, health",
+        "What is running where and what still differs from the spec. Exit 0 converged, 2 not converged, 1 error.",
+        ["reconciler status", "reconciler status --watch", "reconciler status --probe --json"],
+        "observe:status",
+    )
+    spec_option(status)
+    json_option(status)
+    status.add_argument(
+        "--probe",
+        action="store_true",
+        help="also send the liveness probe (keyed one-token completion): /health says 200 while the engine is dead",
+    )
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        type=seconds,
+        const=5.0,
+        default=None,
+        metavar="SECONDS",
+        help="refresh every SECONDS (5 when not given) until Ctrl-C; with --json one JSON object per line",
+    )
+
+    doctor = command(
+        commands,
+        "doctor",
+        "every prerequisite on every node: PASS/WARN/FAIL with the fix",
+        "Check SSH, Docker, the fabric (RoCE interface, HCAs, MTU), disk, memory, the image registry and the "
+        "Hub on every node; each FAIL says how to fix it. Exit 1 when anything fails.",
+        ["reconciler doctor", "reconciler doctor --json"],
+        "observe:doctor",
+    )
+    spec_option(doctor)
+    json_option(doctor)
+
+    logs = command(
+        commands,
+        "logs",
+        "logs of a rank (r0, r1, ...) or of the memory guard",
+        "Print a rank container's log, or a node's memory-guard log.",
+        ["reconciler logs r0 --tail 50", "reconciler logs r1 -f", "reconciler logs memguard --node spark-worker"],
+        "deploy:logs",
+    )
+    spec_option(logs)
+    logs.add_argument("which", metavar="r0|r1|...|memguard", help="r<N> for rank N's container, or memguard")
+    logs.add_argument("--node", help="node of the memory guard log (default: the head)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until Ctrl-C")
+    logs.add_argument("--tail", type=count, default=200, help="lines of history to print first")
+
+
+def _add_control_commands(commands: SubParsers) -> None:
+    stop = command(
+        commands,
+        "stop",
+        "stop the ranks in order and hold them down until `start`",
+        "Stop rank 0 then the workers, and record a hold so neither apply nor the loop starts them again "
+        "until `reconciler start`.",
+        ["reconciler stop", "reconciler stop --wait 60 --json"],
+        "deploy:stop",
+    )
+    spec_option(stop)
+    _wait_option(stop)
+    json_option(stop)
+
+    start = command(
+        commands,
+        "start",
+        "clear a hold or a memory-guard trip, then converge",
+        "Release a `stop` hold and any memory-guard trip, then converge (start the ranks in order).",
+        ["reconciler start", "reconciler start --json"],
+        "deploy:start",
+    )
+    spec_option(start)
+    _wait_option(start)
+    json_option(start)
+
+
+# --- smoke and bench ----------------------------------------------------------------------------
+
+
+def _api_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "url", nargs="?", metavar="URL", help="API base URL (default: the spec's head, port serving.port)"
+    )
+    parser.add_argument(
+        "--key-file", metavar="PATH", help="API key file (default: $DSV41_API_KEY, else the spec's api.key_file)"
+    )
+    parser.add_argument(
+        "--model", help="served model name (default: the spec's serving.served_model_name, else the first listed)"
+    )
+    spec_option(parser)
+    json_option(parser)
+
+
+def _add_smoke(commands: SubParsers) -> None:
+    smoke = command(
+        commands,
+        "smoke",
+        "does it work? the reference checks plus the protocol, PASS/FAIL each",
+        "Ask the API the reference's questions (a sum, a tool call, an image) and check the protocol (models, "
+        "401 without the key, streaming with usage). Exit 0 only if every check passes.",
+        ["reconciler smoke", "reconciler smoke http://10.10.10.1:8000 --key-file ~/.config/dsv41/api_key"],
+        "verify:smoke",
+    )
+    _api_options(smoke)
+    smoke.add_argument(
+        "--checks",
+        choices=("all", "protocol"),
+        default="all",
+        help="protocol: only models, 401 and streaming (for models that cannot answer)",
+    )
+    smoke.add_argument(
+        "--max-tokens",
+        type=positive,
+        default=None,
+        help="cap each content answer; default none, as the reference (a model that never stops runs to max-model-len)",
+    )
+
+
+def _add_bench(commands: SubParsers) -> None:
+    bench = command(
+        commands,
+        "bench",
+        "how fast is it? prefill, decode, TTFT/TPOT/ITL, long-context recall; `bench compare A B`",
+        "Measure the API (definitions in the README, section Smoke and bench), writing a JSON report after "
+        "every step and a plot; or compare two reports.",
+        [
+            "reconciler bench --out bench.json --label tp2",
+            "reconciler bench --out quick.json --prefill 8192 --conc 1 --reps 1",
+            "reconciler bench compare before.json after.json",
+        ],
+        "verify:bench",
+    )
+    bench.usage = "reconciler bench [URL] --out FILE [options]\n       reconciler bench compare A.json B.json [--json]"
+    _api_options(bench)
+    bench.add_argument("files", nargs="*", metavar="FILE", help=argparse.SUPPRESS)
+    bench.add_argument("--out", metavar="FILE", help="JSON report, rewritten after every step (required to run)")
+    bench.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="PNG plot, needs matplotlib (default: --out with .png; for compare, B-vs-A.png beside B)",
+    )
+    bench.add_argument("--label", default="", help="a name for this run in reports and comparisons")
+    bench.add_argument("--conc", nargs="*", type=positive, default=[1, 2], metavar="N", help="concurrent streams")
+    bench.add_argument("--prefill", nargs="*", type=positive, default=[8192, 32768], metavar="N", help="prompt tokens")
+    bench.add_argument(
+        "--kinds", nargs="*", choices=sorted(constants.DECODE_KINDS), default=list(constants.DECODE_KINDS)
+    )
+    bench.add_argument("--ctx", nargs="*", type=positive, default=[], metavar="N", help="recall check lengths (tokens)")
+    bench.add_argument("--depth", type=fraction, default=0.5, help="where the needle sits: 0 start .. 1 end")
+    bench.add_argument("--reps", type=positive, default=3, help="repetitions of each prefill and decode step")
+    bench.add_argument("--max-tokens", type=positive, default=None, help="cap decode output (default: no cap)")
+
+
+# --- the Pi coding agent on this machine ----------------------------------------------------
+
+
+def _add_pi(commands: SubParsers) -> None:
+    pi = command(
+        commands,
+        "pi",
+        "the Pi coding agent on this machine: install, uninstall, status",
+        "Wire the Pi coding agent to the deployment: a provider, the model and a key extension in Pi's config.",
+        ["reconciler pi install", "reconciler pi status", "reconciler pi uninstall"],
+        "pi:status",
+    )
+    actions = pi.add_subparsers(dest="pi_action", required=True, metavar="ACTION", parser_class=CommandParser)
+    install = command(
+        actions,
+        "install",
+        "install Pi with npm if missing; add the provider, model and extension to its config",
+        "Install Pi with npm when it is not on PATH, then add the deployment as a provider to Pi's config "
+        "(a backup of each file first; the API key is read from an environment variable, never written).",
+        ["reconciler pi install", "reconciler pi install http://10.10.10.1:8000 --set-default"],
+        "pi:install",
+    )
+    install.add_argument(
+        "base_url", nargs="?", metavar="BASE_URL", help="the API, e.g. http://10.10.10.10:8000 (default: the spec's)"
+    )
+    install.add_argument(
+        "--set-default", action="store_true", default=None, help="make it Pi's default model (default: pi.set_default)"
+    )
+    install.add_argument(
+        "--key-env", metavar="NAME", help=f"variable Pi reads the API key from (default {constants.PI_KEY_ENV})"
+    )
+    uninstall = command(
+        actions,
+        "uninstall",
+        "remove exactly what install added to Pi's config",
+        "Remove the provider, model and extension `pi install` added; everything else in Pi's config stays.",
+        ["reconciler pi uninstall"],
+        "pi:uninstall",
+    )
+    status = command(
+        actions,
+        "status",
+        "Pi on PATH, its config for the provider, the key variable's state",
+        "Where Pi is, what its config says about the deployment's provider, and whether the key variable is set.",
+        ["reconciler pi status --json"],
+        "pi:status",
+    )
+    for action in (install, uninstall, status):
+        spec_option(action)
+        json_option(action)
+
+
+# --- running at boot ------------------------------------------------------------------------
+
+
+def _add_install_service(commands: SubParsers) -> None:
+    install = command(
+        commands,
+        "install-service",
+        f"run `reconciler run` at boot: write {constants.UNIT_DIR}/{constants.UNIT_NAME}, enable and start it",
+        "Write the systemd unit for this machine (the spec's absolute path, the user, this reconciler), enable "
+        "it and start it. Needs root.",
+        [
+            "sudo reconciler install-service --spec /home/me/spark/specs/deployment.yaml",
+            "reconciler install-service --dry-run",
+        ],
+        "boot:install_service",
+    )
+    spec_option(install)
+    install.add_argument("--user", help="the service's user (default: the invoking user, under sudo $SUDO_USER)")
+    install.add_argument("--dry-run", action="store_true", help="print the unit for this machine; change nothing")
+    json_option(install)
+
+
+def _add_completion(commands: SubParsers) -> None:
+    completion = command(
+        commands,
+        "completion",
+        "print a shell completion script (bash or zsh)",
+        "Print the completion script for bash or zsh, generated from this command tree.",
+        [
+            "reconciler completion bash > ~/.local/share/bash-completion/completions/reconciler",
+            "reconciler completion zsh > ~/.zfunc/_reconciler   # with fpath+=(~/.zfunc) before compinit",
+        ],
+        "completion:print_script",
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"))

@@ -1,0 +1,116 @@
+"""Handlers that ask the API: smoke, bench and bench compare (no SSH, Docker or Hub client)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from reconciler.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, emit_json, spec_path
+from reconciler.errors import ReconcilerError
+
+if TYPE_CHECKING:
+    from reconciler.verify import benchmark
+    from reconciler.verify.apiclient import ApiTarget
+
+
+def _api_target(args: argparse.Namespace) -> ApiTarget:
+    from reconciler.spec import load_spec
+    from reconciler.verify.apiclient import resolve_target
+
+    return resolve_target(
+        args.url, args.key_file, args.model, os.environ, lambda: load_spec(spec_path(args.spec)).deployment
+    )
+
+
+def smoke(args: argparse.Namespace) -> int:
+    from reconciler.verify import smoke as checks
+
+    report = checks.run_smoke(_api_target(args), args.checks, args.max_tokens)
+    if args.json:
+        emit_json(report.to_dict())
+    else:
+        sys.stdout.write(checks.render(report))
+    return EXIT_OK if report.ok else EXIT_ERROR
+
+
+def bench(args: argparse.Namespace) -> int:
+    if args.url == "compare":
+        return _bench_compare(args)
+    if args.files or args.out is None:
+        raise ReconcilerError(
+            "bench needs --out FILE (and at most one URL)",
+            "reconciler bench [URL] --out bench.json, or reconciler bench compare A.json B.json",
+        )
+    from reconciler.execution import Progress
+    from reconciler.verify import benchmark
+    from reconciler.verify.benchrun import BenchRun, BenchSettings
+
+    settings = BenchSettings(
+        tuple(args.conc),
+        tuple(args.prefill),
+        tuple(args.kinds),
+        tuple(args.ctx),
+        args.depth,
+        args.reps,
+        args.max_tokens,
+        args.label,
+    )
+    run = BenchRun(_api_target(args), settings, Path(args.out), Progress().line)
+    try:
+        report = run.run()
+    except KeyboardInterrupt:
+        run.interrupted()
+        sys.stderr.write(f"interrupted: {args.out} keeps every step measured so far\n")
+        return EXIT_INTERRUPTED
+    finally:
+        _write_plot(run.report, Path(args.plot or Path(args.out).with_suffix(".png")))
+    sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else benchmark.render_table(report))
+    return EXIT_OK if all(check["pass"] for check in report["recall"]) else EXIT_ERROR
+
+
+def _write_plot(report: benchmark.Report, path: Path) -> None:
+    from reconciler.verify import plot
+
+    if report.get("summary"):
+        _draw(lambda: plot.write_report_plot(report, path), path)
+
+
+def _bench_compare(args: argparse.Namespace) -> int:
+    from reconciler.verify import benchmark, plot
+    from reconciler.verify.benchrun import load_report
+
+    if len(args.files) != 2:
+        raise ReconcilerError("bench compare needs two reports", "reconciler bench compare A.json B.json")
+    first, second = (load_report(path) for path in args.files)
+    rows = benchmark.compare(first, second)
+    labels = (first.get("label") or args.files[0], second.get("label") or args.files[1])
+    if args.json:
+        emit_json({"a": args.files[0], "b": args.files[1], "rows": rows})
+    else:
+        sys.stdout.write(benchmark.render_compare(rows, *labels))
+    path = _compare_plot_path(args)
+    _draw(lambda: plot.write_compare_plot(first, second, path, labels), path)
+    return EXIT_OK
+
+
+def _compare_plot_path(args: argparse.Namespace) -> Path:
+    """--plot, else B-vs-A.png beside B: a name that says which run is which."""
+    a, b = (Path(name) for name in args.files)
+    return Path(args.plot) if args.plot else b.with_name(f"{b.stem}-vs-{a.stem}.png")
+
+
+def _draw(write: Callable[[], None], path: Path) -> None:
+    """A plot is a picture of the JSON: without matplotlib, say how to add it and carry on."""
+    from reconciler.verify import plot
+
+    try:
+        write()
+    except plot.PlotUnavailableError:
+        sys.stderr.write(f"{plot.NOT_INSTALLED}\n")
+        return
+    sys.stderr.write(f"plot: {path}\n")
