@@ -22,7 +22,7 @@ from reconciler.pi import config as pi_config
 from reconciler.plan import Plan, needs_confirmation, plan, render_text
 from reconciler.redact import RedactingStream
 from reconciler.spec import SCHEMA_PATH, Deployment, LoadedSpec, default_spec_path, load_spec, schema_text
-from reconciler.verify import benchmark, smoke
+from reconciler.verify import benchmark, plot, smoke
 from reconciler.verify.apiclient import ApiTarget, resolve_target
 from reconciler.verify.benchrun import BenchRun, BenchSettings, load_report
 
@@ -542,7 +542,11 @@ def _add_bench(commands: Any) -> None:
     _api_options(bench)
     bench.add_argument("files", nargs="*", metavar="FILE", help=argparse.SUPPRESS)
     bench.add_argument("--out", metavar="FILE", help="JSON report, rewritten after every step (required to run)")
-    bench.add_argument("--plot", metavar="FILE", help="PNG plot (default: --out with .png)")
+    bench.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="PNG plot, needs matplotlib (default: --out with .png; for compare, B-vs-A.png beside B)",
+    )
     bench.add_argument("--label", default="", help="a name for this run in reports and comparisons")
     bench.add_argument("--conc", nargs="*", type=_positive, default=[1, 2], metavar="N", help="concurrent streams")
     bench.add_argument("--prefill", nargs="*", type=_positive, default=[8192, 32768], metavar="N", help="prompt tokens")
@@ -620,7 +624,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _write_plot(report: benchmark.Report, path: Path) -> None:
     if report.get("summary"):
-        path.write_bytes(benchmark.plot_png(report))
+        _draw(lambda: plot.write_report_plot(report, path), path)
 
 
 def _bench_compare(args: argparse.Namespace) -> int:
@@ -628,12 +632,30 @@ def _bench_compare(args: argparse.Namespace) -> int:
         raise ReconcilerError("bench compare needs two reports", "reconciler bench compare A.json B.json")
     first, second = (load_report(path) for path in args.files)
     rows = benchmark.compare(first, second)
+    labels = (first.get("label") or args.files[0], second.get("label") or args.files[1])
     if args.json:
         _emit_json({"a": args.files[0], "b": args.files[1], "rows": rows})
     else:
-        labels = [report.get("label") or path for report, path in ((first, args.files[0]), (second, args.files[1]))]
         sys.stdout.write(benchmark.render_compare(rows, *labels))
+    path = _compare_plot_path(args)
+    _draw(lambda: plot.write_compare_plot(first, second, path, labels), path)
     return EXIT_OK
+
+
+def _compare_plot_path(args: argparse.Namespace) -> Path:
+    """--plot, else B-vs-A.png beside B: a name that says which run is which."""
+    a, b = (Path(name) for name in args.files)
+    return Path(args.plot) if args.plot else b.with_name(f"{b.stem}-vs-{a.stem}.png")
+
+
+def _draw(write: Callable[[], None], path: Path) -> None:
+    """A plot is a picture of the JSON: without matplotlib, say how to add it and carry on."""
+    try:
+        write()
+    except plot.PlotUnavailableError:
+        sys.stderr.write(f"{plot.NOT_INSTALLED}\n")
+        return
+    sys.stderr.write(f"plot: {path}\n")
 
 
 # --- the Pi coding agent on this machine ----------------------------------------------------
