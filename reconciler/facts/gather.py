@@ -106,7 +106,7 @@ def _memory(text: object) -> MemoryFacts | None:
 StateFile = TypeVar("StateFile", bound=BaseModel)
 
 
-def _state_file(model: type[StateFile], raw: object, unreadable: StateFile) -> StateFile | None:
+def _state_file(model: type[StateFile], raw: object, unreadable: StateFile | None) -> StateFile | None:
     """A small JSON state file the reconciler wrote (hold, restart intent): absent is None; a file
     that exists but cannot be read counts as present, the cautious reading (held, restart due)."""
     if raw is None:

@@ -1,12 +1,10 @@
 """`reconciler bench`: its numbers against the engine stand-in's known rates, the report saved
 after every step, failures and interruptions keeping what was measured, the metric arithmetic
-on synthetic timings, the table, the comparison and the PNG plot."""
+on synthetic timings, the table and the comparison (the plots: tests/unit/test_plot.py)."""
 
 from __future__ import annotations
 
 import json
-import struct
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -193,6 +191,7 @@ def test_cli_bench_prints_the_table_writes_json_and_plot(
     assert KEY not in captured.out + captured.err
     assert json.loads(out.read_text(encoding="utf-8"))["settings"]["depth"] == 0.1
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert f"plot: {out.with_suffix('.png')}" in captured.err
 
 
 def test_cli_bench_needs_out(capsys: pytest.CaptureFixture[str]) -> None:
@@ -293,7 +292,7 @@ def test_a_recall_answer_without_the_key_fails() -> None:
     assert benchmark.recall_record(4000, 0.5, "12345", stream)["pass"] is True
 
 
-# --- reports: table, compare, plot --------------------------------------------------------------
+# --- reports: table, compare --------------------------------------------------------------------
 
 
 def synthetic(label: str, scale: float) -> benchmark.Report:
@@ -351,36 +350,3 @@ def test_the_table_lists_every_section_and_flags_an_incomplete_run() -> None:
     assert "FAIL" in table
     report["complete"], report["error"] = False, "interrupted"
     assert benchmark.render_table(report).rstrip().endswith("INCOMPLETE: interrupted")
-
-
-def png_chunks(data: bytes) -> dict[bytes, bytes]:
-    assert data.startswith(b"\x89PNG\r\n\x1a\n")
-    chunks: dict[bytes, bytes] = {}
-    position = 8
-    while position < len(data):
-        length, kind = struct.unpack(">I4s", data[position : position + 8])
-        body = data[position + 8 : position + 8 + length]
-        (crc,) = struct.unpack(">I", data[position + 8 + length : position + 12 + length])
-        assert crc == zlib.crc32(kind + body)
-        chunks[kind] = chunks.get(kind, b"") + body
-        position += 12 + length
-    return chunks
-
-
-def test_the_plot_is_a_valid_png_with_ink_in_both_panels() -> None:
-    chunks = png_chunks(benchmark.plot_png(synthetic("base", 1.0)))
-    width, height, depth, colour = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
-    assert (width, height, depth, colour) == (benchmark.PLOT_WIDTH, benchmark.PLOT_HEIGHT, 8, 2)
-    raw = zlib.decompress(chunks[b"IDAT"])
-    stride = width * 3 + 1
-    assert len(raw) == height * stride
-    rows = [raw[y * stride + 1 : (y + 1) * stride] for y in range(height)]
-    half = width // 2 * 3
-    for panel in (slice(0, half), slice(half, width * 3)):
-        colours = {row[panel][i : i + 3] for row in rows[60:300] for i in range(0, half, 3)}
-        assert len(colours) >= 3  # background, grid, and at least one series
-
-
-def test_an_empty_report_still_plots() -> None:
-    report = benchmark.new_report("", MODEL, "http://x", "now", {})
-    assert png_chunks(benchmark.plot_png(report))[b"IEND"] == b""
