@@ -28,7 +28,7 @@ IN_NODE = """
 import json, statistics, sys, time
 from reconciler.commands import live_plan
 from reconciler.spec import load_spec
-from reconciler.transport import close_all, connect_all
+from reconciler.transport.connect import close_all, connect_all
 deployment = load_spec(sys.argv[1]).deployment
 transports = connect_all(deployment)
 worker = transports["spark-worker"]

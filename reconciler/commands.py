@@ -35,8 +35,8 @@ from reconciler.plan import Plan, plan
 from reconciler.serving import api_base, container_name
 from reconciler.spec import Deployment
 from reconciler.transport import Transport
-from reconciler.transport.connect import close_all, connect_all
 from reconciler.transport.base import run_program
+from reconciler.transport.connect import close_all, connect_all
 from reconciler.verify import smoke
 from reconciler.verify.apiclient import ApiTarget
 

@@ -23,8 +23,8 @@ from typing import Any
 from reconciler.components.pi import target_for
 from reconciler.errors import PiInstallError, ReconcilerError
 from reconciler.facts.pi import locate_pi, pi_facts_from_files
-from reconciler.serving import api_base
 from reconciler.pi import config
+from reconciler.serving import api_base
 from reconciler.spec import Deployment, Pi, Serving
 
 NPM_TIMEOUT_S = 900.0

@@ -19,8 +19,8 @@ import httpx
 
 from reconciler.errors import ReconcilerError, UntrustedFileError
 from reconciler.fsutil import read_bounded
-from reconciler.serving import api_base
 from reconciler.redact import checked_secret
+from reconciler.serving import api_base
 from reconciler.spec import Deployment, expand_home
 
 KEY_ENV = "DSV41_API_KEY"

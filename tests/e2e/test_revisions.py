@@ -59,8 +59,12 @@ def files_of(bed: Bed, node: str, directory: str) -> dict[str, str]:
 
 
 def status(bed: Bed) -> dict[str, Any]:
+    """`status --json`: exit 0 converged, 2 not; {} when it cannot say (1, e.g. an invalid spec)."""
     result = bed.reconciler("status", "--json", check=False)
-    loaded: dict[str, Any] = json.loads(result.stdout) if result.returncode == 0 else {}
+    if result.returncode == 1:
+        return {}
+    loaded: dict[str, Any] = json.loads(result.stdout)
+    assert result.returncode == (0 if loaded["converged"] else 2), result.returncode
     return loaded
 
 

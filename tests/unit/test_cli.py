@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.cli import deploy
-from reconciler.cli import main
+from reconciler.cli import deploy, main
 from reconciler.facts.node import load_facts
 from reconciler.plan import plan
 from reconciler.spec import schema_text

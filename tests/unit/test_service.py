@@ -19,8 +19,8 @@ import pytest
 
 from reconciler import service
 from reconciler.cli import main
-from reconciler.errors import ReconcilerError, SpecError
 from reconciler.constants import UNIT_NAME
+from reconciler.errors import ReconcilerError, SpecError
 from reconciler.service import UnitSettings, install, render_unit, settings_for
 from tests.scenarios import ROOT, SPEC_PATH
 

@@ -1,0 +1,382 @@
+"""What every command shares: lazy start-up, help with examples and defaults, exit codes
+(usage errors 1, Ctrl-C 130), shell completion, and the status table and its exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler import commands
+from reconciler.cli import main, observe
+from reconciler.cli.completion import bash_script, tree, zsh_script
+from reconciler.cli.parser import HelpFormatter, build_parser
+from reconciler.facts.node import load_facts
+from reconciler.plan import plan
+from tests.scenarios import EMPTY_FACTS, ROOT, SPEC_PATH, reference_deployment
+
+# What a command that only reads a spec or a facts file must never load: each costs start-up
+# time (docker and paramiko most), and none is needed to parse YAML or to plan.
+HEAVY = ("docker", "paramiko", "httpx", "huggingface_hub", "requests", "watchfiles", "tenacity", "matplotlib")
+
+
+def loaded_after(*argv: str) -> set[str]:
+    """Top-level modules loaded by running the command in a fresh interpreter."""
+    code = (
+        "import sys, io, contextlib\n"
+        "from reconciler.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        f"    try:\n        main({list(argv)!r})\n    except SystemExit:\n        pass\n"
+        "print(' '.join(sorted({name.split('.')[0] for name in sys.modules})))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    return set(result.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--version"],
+        ["--help"],
+        ["completion", "bash"],
+        ["validate", "--spec", str(SPEC_PATH)],
+        ["plan", "--spec", str(SPEC_PATH), "--facts", str(EMPTY_FACTS)],
+    ],
+)
+def test_commands_that_touch_no_node_load_no_node_client(argv: list[str]) -> None:
+    assert loaded_after(*argv) & set(HEAVY) == set()
+
+
+def test_version_and_help_do_not_even_load_pydantic_or_yaml() -> None:
+    for argv in (["--version"], ["--help"], ["plan", "--help"]):
+        assert loaded_after(*argv) & {"pydantic", "yaml", "pydantic_core"} == set()
+
+
+# --- help -----------------------------------------------------------------------------------------
+
+
+def subcommands(parser: argparse.ArgumentParser, path: str = "") -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield f"{path} {name}".strip(), child
+                yield from subcommands(child, f"{path} {name}")
+
+
+def test_every_subcommand_has_a_description_an_example_and_shows_its_defaults() -> None:
+    found = list(subcommands(build_parser()))
+    assert len(found) >= 19  # 16 commands, 3 pi actions
+    for name, parser in found:
+        text = parser.format_help()
+        assert parser.description, name
+        assert re.search(r"examples:\n  (sudo )?reconciler ", text), name
+        for action in parser._actions:
+            shown = action.default not in (None, False, argparse.SUPPRESS) and action.option_strings
+            if shown and action.help != argparse.SUPPRESS:
+                assert "default" in HelpFormatter("x")._get_help_string(action), (name, action.dest)
+
+
+def test_plan_help_shows_the_wait_default_of_apply(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["apply", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "(default: 600)" in out
+    assert "reconciler apply tonight.plan" in out
+
+
+# --- exit codes -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--detailed-exitcode", "--no-such-option"],
+        ["no-such-command"],
+        ["status", "--watch", "soon"],
+        ["bench", "--reps", "0", "--out", "x.json"],
+        [],
+    ],
+)
+def test_a_usage_error_exits_1_not_2_which_means_changes(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 1
+    assert "--help" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_a_handler_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from reconciler.cli import deploy
+
+    def interrupted(_args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(deploy, "validate", interrupted)
+    assert main(["validate"]) == 130
+    assert "run the command again" in capsys.readouterr().err
+
+
+@contextmanager
+def silent_server() -> Iterator[int]:
+    """Accepts connections and never answers: a command talking to it waits until interrupted."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        for connection in held:
+            connection.close()
+        listener.close()
+
+
+def test_ctrl_c_on_a_real_process_exits_130(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("k" * 32 + "\n", encoding="utf-8")
+    with silent_server() as port:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "reconciler", "smoke", f"http://127.0.0.1:{port}", "--key-file", str(key)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(2.0)  # well into the first request, which the server never answers
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+
+def status_report(*, converged: bool) -> dict[str, Any]:
+    deployment = reference_deployment()
+    current = plan(deployment, load_facts(EMPTY_FACTS))
+    components = {name: commands._components(current, name) for name in ("spark-head", "spark-worker")}
+    steps = {
+        name: {c: len(s) for c, s in commands._pending_steps(current, name).items()}
+        for name in ("spark-head", "spark-worker")
+    }
+    node = {
+        "rank": 0,
+        "role": "head",
+        "reachable": True,
+        "error": None,
+        "mem_available_gib": 118.25,
+        "containers": [{"name": "dsv41-r0", "status": "running", "exit_code": None}],
+        "guard": {"running": True, "trip": None},
+        "hold": None,
+    }
+    worker = {**node, "rank": 1, "role": "worker", "containers": [], "guard": {"running": False, "trip": None}}
+    return {
+        "deployment": "dsv41",
+        "loop": None,
+        "health": 200 if converged else None,
+        "liveness": None,
+        "converged": converged,
+        "nodes": {
+            "spark-head": {
+                **node,
+                "components": {} if converged else components["spark-head"],
+                "pending_steps": {} if converged else steps["spark-head"],
+            },
+            "spark-worker": {
+                **worker,
+                "components": {} if converged else components["spark-worker"],
+                "pending_steps": {} if converged else steps["spark-worker"],
+            },
+        },
+        "pending": [],
+        "conditions": [],
+        "summary": "",
+    }
+
+
+def test_each_component_shows_its_first_pending_step_not_its_last() -> None:
+    deployment = reference_deployment()
+    current = plan(deployment, load_facts(EMPTY_FACTS))
+    checkpoint = [a for a in current.actions if a.node == "spark-head" and a.component == "checkpoint"]
+    assert len(checkpoint) > 2
+    state = commands._components(current, "spark-head")["checkpoint"]
+    assert state.startswith(f"pending: {checkpoint[0].summary}")
+    assert f"(+{len(checkpoint) - 1} more steps)" in state
+
+
+def test_status_renders_a_table_a_person_scans() -> None:
+    text = observe.render_status(status_report(converged=False))
+    lines = text.splitlines()
+    assert lines[0].startswith("deployment dsv41: NOT converged (")
+    header = next(line for line in lines if line.startswith("NODE"))
+    for column in ("RANK", "CONTAINER", "STATE", "MEMORY", "GUARD", "SYNC"):
+        assert column in header
+    head_row = next(line for line in lines if line.startswith("spark-head "))
+    assert "dsv41-r0 running" in head_row
+    assert "118.2 GiB free" in head_row
+    assert "steps pending" in head_row
+    assert "next step of each component:" in lines
+    assert any(line.startswith("  checkpoint on spark-head: pending: ") for line in lines)
+
+
+@pytest.mark.parametrize(("converged", "code"), [(True, 0), (False, 2)])
+def test_status_exits_0_converged_2_not(
+    converged: bool, code: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_session(monkeypatch, [status_report(converged=converged)])
+    assert main(["status", "--spec", str(SPEC_PATH)]) == code
+    out = capsys.readouterr().out
+    assert ("NOT converged" in out) is not converged
+    fake_session(monkeypatch, [status_report(converged=converged)])
+    assert main(["status", "--spec", str(SPEC_PATH), "--json"]) == code
+    assert json.loads(capsys.readouterr().out)["converged"] is converged
+
+
+def test_status_watch_refreshes_until_ctrl_c_one_json_object_per_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_session(monkeypatch, [status_report(converged=False), status_report(converged=True)])
+    naps: list[float] = []
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", nap)
+    assert main(["status", "--spec", str(SPEC_PATH), "--watch", "--json"]) == 130
+    objects = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [o["converged"] for o in objects] == [False, True]
+    assert naps == [5.0, 5.0]
+
+
+def fake_session(monkeypatch: pytest.MonkeyPatch, reports: list[dict[str, Any]]) -> None:
+    """commands.session and commands.status without nodes: each status call returns the next report."""
+    pending = list(reports)
+
+    @contextmanager
+    def session(_deployment: object) -> Iterator[dict[str, object]]:
+        yield {}
+
+    def status(*_args: object, **_kwargs: object) -> dict[str, Any]:
+        return pending.pop(0) if len(pending) > 1 else pending[0]
+
+    monkeypatch.setattr(commands, "session", session)
+    monkeypatch.setattr(commands, "status", status)
+
+
+# --- completion -------------------------------------------------------------------------------
+
+
+def bash_complete(script: Path, *words: str) -> list[str]:
+    program = (
+        f"source {script}\n"
+        'COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]} - 1))\n'
+        "_reconciler\n"
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    result = subprocess.run(["bash", "-c", program, "bash", *words], capture_output=True, text=True, check=True)
+    return result.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tree(build_parser())
+    directory = tmp_path_factory.mktemp("completion")
+    (directory / "reconciler.bash").write_text(bash_script(root), encoding="utf-8")
+    (directory / "_reconciler").write_text(zsh_script(root), encoding="utf-8")
+    return {"bash": directory / "reconciler.bash", "zsh": directory / "_reconciler"}
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        (["reconciler", "pl"], ["plan"]),
+        (["reconciler", "pi", ""], ["install", "uninstall", "status"]),
+        (["reconciler", "plan", "--det"], ["--detailed-exitcode"]),
+        (["reconciler", "smoke", "--checks", ""], ["all", "protocol"]),
+        (["reconciler", "logs", ""], ["r0", "r1", "memguard"]),
+        (["reconciler", "completion", "z"], ["zsh"]),
+        (["reconciler", "plan", "--spec", "x.yaml", "--verb"], ["--verbose"]),
+        (["reconciler", "st"], ["status", "stop", "start"]),
+    ],
+)
+def test_bash_completion_offers_commands_options_and_values(
+    scripts: dict[str, Path], words: list[str], expected: list[str]
+) -> None:
+    assert bash_complete(scripts["bash"], *words) == expected
+
+
+def test_bash_completion_offers_files_for_a_path_option(scripts: dict[str, Path], tmp_path: Path) -> None:
+    (tmp_path / "deployment.yaml").write_text("", encoding="utf-8")
+    assert bash_complete(scripts["bash"], "reconciler", "plan", "--spec", f"{tmp_path}/dep") == [
+        f"{tmp_path}/deployment.yaml"
+    ]
+
+
+ZSH = shutil.which("zsh") or "/usr/bin/zsh"
+
+
+def zsh_complete(script: Path, *words: str) -> list[str]:
+    """The script's logic under zsh, with the completion system's builtins recorded instead of
+    drawn: _describe prints its "name:description" lines, compadd its words, _files FILES."""
+    program = (
+        '_describe() { print -l -- "${(@P)4}"; }\n'
+        'compadd() { [[ $1 == -- ]] && shift; print -l -- "$@"; }\n'
+        "_files() { print FILES; }\n"
+        'words=("$@"); CURRENT=${#words}\n'
+        f"source {script}\n"
+    )
+    env = {**os.environ, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    result = subprocess.run([ZSH, "-f", "-c", program, "zsh", *words], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_zsh_completion_describes_commands_and_options(scripts: dict[str, Path]) -> None:
+    commands_offered = zsh_complete(scripts["zsh"], "reconciler", "")
+    assert "plan:show what apply would change" in commands_offered
+    assert any(line.startswith("install-service:") for line in commands_offered)
+    offered = [line.split(":")[0] for line in zsh_complete(scripts["zsh"], "reconciler", "pi", "")]
+    assert offered == ["install", "uninstall", "status"]
+    options = zsh_complete(scripts["zsh"], "reconciler", "status", "--")
+    assert any(line.startswith("--watch:refresh every SECONDS") for line in options)
+    assert zsh_complete(scripts["zsh"], "reconciler", "smoke", "--checks", "") == ["all", "protocol"]
+    assert zsh_complete(scripts["zsh"], "reconciler", "plan", "--spec", "") == ["FILES"]
+
+
+def test_zsh_script_parses() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "reconciler", "completion", "zsh"], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    checked = subprocess.run([ZSH, "-n"], input=result.stdout, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
