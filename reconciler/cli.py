@@ -410,11 +410,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _render_status(report: dict[str, Any]) -> str:
+    from reconciler import loopstatus
+
     lines = [f"deployment {report['deployment']}: {'converged' if report['converged'] else 'NOT converged'}"]
-    loop = report.get("loop")
-    if loop:
-        lines.append(f"  loop: {loop.get('condition', '?')} (last pass {loop.get('last_pass') or 'none yet'})")
-        lines += [f"  loop: spec error: {loop['spec_error']}"] if loop.get("spec_error") else []
+    lines += loopstatus.render(report.get("loop"))
     for name, node in report["nodes"].items():
         memory = f"MemAvailable {node['mem_available_gib']:.1f} GiB" if node["mem_available_gib"] is not None else ""
         state = "reachable" if node["reachable"] else f"UNREACHABLE ({node['error']})"
