@@ -109,7 +109,7 @@ def apply_plan(ctx: ApplyContext, plan: Plan) -> ApplyResult:
             ctx.progress.line(
                 f"[{number}/{total}] {action.symbol} {action.component} on {action.node}: {action.summary}"
             )
-        outcomes = _run_batch(ctx, batch)
+        outcomes = _run_batch(ctx, batch, numbers, total)
         for action, (message, elapsed, error) in zip(batch, outcomes, strict=True):
             if error is not None:
                 where = f"[{numbers[action.id]}/{total}] {action.component} on {action.node}: {action.summary}"
@@ -127,18 +127,19 @@ def apply_plan(ctx: ApplyContext, plan: Plan) -> ApplyResult:
 Outcome = tuple[str, float, ReconcilerError | None]
 
 
-def _run_one(ctx: ApplyContext, action: Action) -> Outcome:
+def _run_one(ctx: ApplyContext, action: Action, number: int, total: int) -> Outcome:
     started = time.monotonic()
     try:
-        message = _execute(ctx, action)
+        with ctx.progress.step(number, total, action):
+            message = _execute(ctx, action)
     except ReconcilerError as exc:
         return "", time.monotonic() - started, exc
     return message, time.monotonic() - started, None
 
 
-def _run_batch(ctx: ApplyContext, batch: list[Action]) -> list[Outcome]:
+def _run_batch(ctx: ApplyContext, batch: list[Action], numbers: dict[str, int], total: int) -> list[Outcome]:
     """One action inline; several at once, every one run to its end before any failure is raised."""
     if len(batch) == 1:
-        return [_run_one(ctx, batch[0])]
+        return [_run_one(ctx, batch[0], numbers[batch[0].id], total)]
     with ThreadPoolExecutor(max_workers=len(batch), thread_name_prefix="apply") as pool:
-        return list(pool.map(lambda action: _run_one(ctx, action), batch))
+        return list(pool.map(lambda action: _run_one(ctx, action, numbers[action.id], total), batch))

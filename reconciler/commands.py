@@ -18,20 +18,21 @@ from typing import Any
 
 import docker
 
-from reconciler import savedplan
+from reconciler import notify, savedplan
 from reconciler.actions import Action, Smoke
 from reconciler.apply import ApplyResult, apply_plan
 from reconciler.clock import utc_iso
 from reconciler.components.apikey import read_key
 from reconciler.components.memguard import TRIP_FILE
 from reconciler.errors import NodeCommandError, NodeUnreachableError, ReconcilerError, SmokeFailedError
-from reconciler.execution import ApplyContext, Progress
+from reconciler.execution import ApplyContext, Progress, Publisher
 from reconciler.facts.gather import gather
 from reconciler.facts.node import Facts, Liveness
 from reconciler.health import health_code, probe_liveness
 from reconciler.lock import deployment_lock
-from reconciler.loopstatus import read_status
+from reconciler.loopstatus import read_status, write_pass
 from reconciler.plan import Plan, plan
+from reconciler.progress import PassState
 from reconciler.serving import api_base, container_name
 from reconciler.spec import Deployment
 from reconciler.transport import Transport
@@ -98,37 +99,60 @@ def converge(
 ) -> ApplyOutcome:
     """The one way the deployment is changed; see the module's docstring."""
     lock = deployment_lock(deployment, request.doing, wait_s=request.wait_s, on_wait=request.on_wait or progress.line)
-    with lock:
-        context = ApplyContext(deployment, Facts(nodes={}), transports, progress, smoke=smoke_after_start)
-        if request.first is not None:
-            request.first(context)
-        facts = observe(deployment, transports, request.liveness, update_revision=request.update_revision)
-        before = _plan_to_run(deployment, facts, request)
+    with lock, progress.publishing(request.doing, pass_publisher(deployment)):
+        return _converge_locked(deployment, transports, progress, request)
+
+
+def _converge_locked(
+    deployment: Deployment, transports: dict[str, Transport], progress: Progress, request: Converge
+) -> ApplyOutcome:
+    context = ApplyContext(deployment, Facts(nodes={}), transports, progress, smoke=smoke_after_start)
+    if request.first is not None:
+        request.first(context)
+    progress.phase("gathering facts")
+    facts = observe(deployment, transports, request.liveness, update_revision=request.update_revision)
+    before = _plan_to_run(deployment, facts, request)
+    if request.show is not None:
+        request.show(before)
+    if before.blockers and not before.actions and request.blocked_is_error:
+        blocker = before.blockers[0]
+        raise ReconcilerError(f"{blocker.node}: {blocker.message}", blocker.hint)
+    if not before.actions:
+        return ApplyOutcome(before, ApplyResult(), before, facts)
+    if request.confirm is not None and not request.confirm(before):
+        return ApplyOutcome(before, ApplyResult(), before, facts, declined=True)
+    context.facts = facts
+    progress.phase(f"applying {len(before.actions)} actions")
+    result = apply_plan(context, before)
+    progress.phase("gathering facts again")
+    after_facts = observe(deployment, transports, None)
+    after = plan(deployment, after_facts)
+    if request.saved is None and _restart_recorded(deployment, facts, after_facts) and after.has_changes:
+        # A verify restored a file the serving group may have read: restart it now, as a
+        # plan of its own (shown, and asked for on a terminal like the first).
+        progress.line("a file the serving group mounts was restored: the group restarts")
         if request.show is not None:
-            request.show(before)
-        if before.blockers and not before.actions and request.blocked_is_error:
-            blocker = before.blockers[0]
-            raise ReconcilerError(f"{blocker.node}: {blocker.message}", blocker.hint)
-        if not before.actions:
-            return ApplyOutcome(before, ApplyResult(), before, facts)
-        if request.confirm is not None and not request.confirm(before):
-            return ApplyOutcome(before, ApplyResult(), before, facts, declined=True)
-        context.facts = facts
-        result = apply_plan(context, before)
-        after_facts = observe(deployment, transports, None)
-        after = plan(deployment, after_facts)
-        if request.saved is None and _restart_recorded(deployment, facts, after_facts) and after.has_changes:
-            # A verify restored a file the serving group may have read: restart it now, as a
-            # plan of its own (shown, and asked for on a terminal like the first).
-            progress.line("a file the serving group mounts was restored: the group restarts")
-            if request.show is not None:
-                request.show(after)
-            if request.confirm is None or request.confirm(after):
-                context.facts = after_facts
-                result.done += apply_plan(context, after).done
-                after_facts = observe(deployment, transports, None)
-                after = plan(deployment, after_facts)
-        return ApplyOutcome(before, result, after, after_facts)
+            request.show(after)
+        if request.confirm is None or request.confirm(after):
+            context.facts = after_facts
+            result.done += apply_plan(context, after).done
+            after_facts = observe(deployment, transports, None)
+            after = plan(deployment, after_facts)
+    return ApplyOutcome(before, result, after, after_facts)
+
+
+def pass_publisher(deployment: Deployment) -> Publisher:
+    """A pass's state to systemd (STATUS=) and to loop-status.json, for `systemctl status` and
+    `reconciler status`; a full disk or a gone notify socket must not fail the pass."""
+
+    def publish(state: PassState | None) -> None:
+        if state is not None:
+            with contextlib.suppress(OSError):
+                notify.status(state.line())
+        with contextlib.suppress(OSError):
+            write_pass(deployment, None if state is None else state.to_dict(utc_iso()))
+
+    return publish
 
 
 def _restart_recorded(deployment: Deployment, before: Facts, after: Facts) -> bool:

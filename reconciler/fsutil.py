@@ -58,7 +58,7 @@ def _size(count: int) -> str:
     return f"{count // (1024 * 1024)} MiB" if count >= 1024 * 1024 else f"{count} bytes"
 
 
-def write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str, *, durable: bool = True) -> None:
     """A small state file of this machine (status, lock holder): 0600, in a 0700 directory."""
     private_dir(str(path.parent))
-    atomic_write(str(path), text.encode("utf-8"), PRIVATE)
+    atomic_write(str(path), text.encode("utf-8"), PRIVATE, durable=durable)

@@ -8,13 +8,17 @@ included — fails the whole group at once, with the last log lines of every ran
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
+import docker
 import httpx
 
 from reconciler.components.apikey import read_key
 from reconciler.errors import GroupFailedError, ReconcilerError
 from reconciler.execution import ApplyContext
+from reconciler.progress import Throttle, printable_line
+from reconciler.redact import redact
 from reconciler.serving import api_base, container_name
 from reconciler.spec import Deployment
 
@@ -94,13 +98,59 @@ def _log_tails(states: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# How often the readiness wait reads each rank's last log line (one short Docker call per rank).
+RANK_LOG_EVERY_S = 5.0
+RANK_LINE_LIMIT = 160
+
+
+def last_log_lines(states: dict[str, Any]) -> dict[str, str]:
+    """Each rank's last log line ('r0' -> text), printable and redacted: it reaches the journal
+    and STATUS=, which every local user may read."""
+    lines: dict[str, str] = {}
+    for name, container in states.items():
+        rank = name.rsplit("-", 1)[-1]
+        if container is None:
+            lines[rank] = "(no container)"
+            continue
+        try:
+            text = container.logs(tail=1).decode("utf-8", errors="replace")
+        except docker.errors.DockerException:  # gone meanwhile: the next poll sees it exit
+            text = "(no log)"
+        lines[rank] = printable_line(redact(text), RANK_LINE_LIMIT) or "(nothing logged yet)"
+    return lines
+
+
+class RankLines:
+    """What the readiness wait shows of the ranks: every few seconds their last log lines in
+    STATUS= and the status file, and in the journal each line once, when it changes."""
+
+    def __init__(self, ctx: ApplyContext, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ctx = ctx
+        self.clock = clock
+        self.throttle = Throttle(RANK_LOG_EVERY_S)
+        self.printed: dict[str, str] = {}
+
+    def show(self, states: dict[str, Any], waited_s: float) -> None:
+        if not self.throttle.due("ranks", self.clock()):
+            return
+        lines = last_log_lines(states)
+        self.ctx.progress.line(f"    waiting for {api_base(self.ctx.deployment)}/v1/models ({waited_s:.0f} s)")
+        for rank, text in lines.items():
+            if self.printed.get(rank) != text:
+                self.printed[rank] = text
+                self.ctx.progress.line(f"      {rank}| {text}")
+        ranks = " | ".join(f"{rank}| {text}" for rank, text in lines.items())
+        self.ctx.progress.note(f"waiting {waited_s:.0f} s for /v1/models; {ranks}")
+
+
 def wait_ready(ctx: ApplyContext, *, timeout_s: int, poll_s: int) -> str:
     """Poll the keyed /v1/models every `poll_s` until 200, watching every rank; fail at once
-    when one exits, and after `timeout_s`."""
+    when one exits, and after `timeout_s`. Meanwhile the ranks' last log lines are shown."""
     deployment = ctx.deployment
     key = read_key(ctx)
     started = time.monotonic()
     deadline = started + timeout_s
+    shown = RankLines(ctx)
     while True:
         states = rank_states(ctx)
         for container in states.values():
@@ -117,7 +167,5 @@ def wait_ready(ctx: ApplyContext, *, timeout_s: int, poll_s: int) -> str:
             return f"ready after {time.monotonic() - started:.0f} s: {api_base(deployment)}/v1"
         if time.monotonic() >= deadline:
             raise GroupFailedError(f"not ready after {timeout_s // 60} min", "check `reconciler logs r0` and `logs r1`")
-        ctx.progress.throttled(
-            "ready", f"    waiting for {api_base(deployment)}/v1/models ({time.monotonic() - started:.0f} s)"
-        )
+        shown.show(states, time.monotonic() - started)
         time.sleep(poll_s)

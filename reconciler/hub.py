@@ -41,10 +41,12 @@ from huggingface_hub.file_download import http_get
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import _http as hf_http
 from huggingface_hub.utils._headers import build_hf_headers
+from huggingface_hub.utils.tqdm import are_progress_bars_disabled, disable_progress_bars
 
 from reconciler.errors import HubError, ReconcilerError, UntrustedFileError
 from reconciler.facts.files import HubFacts, HubFileFacts, is_inside, parse_manifest
 from reconciler.fsutil import read_bounded
+from reconciler.progress import Counter
 from reconciler.redact import checked_secret, redact
 from reconciler.spec import Model
 
@@ -482,19 +484,96 @@ def fetch(
     commit: str,
     report: Callable[[str], None],
     only: list[str] | None = None,
+    on_bytes: Callable[[Counter], None] | None = None,
 ) -> HubListing:
     """List `commit`, resume what a killed run left, then let the client fetch the rest.
 
     `only` holds repo paths or glob patterns (e.g. a shard's `.part[0-9][0-9]`): re-fetching
     one corrupt file must not bring back every other file's pruned parts. None: the whole repo.
+    `on_bytes` gets what is on disk every few seconds (see `downloaded`).
     """
     listing = list_files(model, commit)
     wanted = (
         listing if only is None else HubListing(listing.commit, [f for f in listing.files if _matches(f.path, only)])
     )
-    resume_partials(model, local_dir, wanted, report)
-    download_snapshot(model, local_dir, listing=listing, only=only)
+    with _metered(Path(local_dir), wanted.files, on_bytes):
+        resume_partials(model, local_dir, wanted, report)
+        download_snapshot(model, local_dir, listing=listing, only=only)
     return listing
+
+
+METER_EVERY_S = 2.0
+
+
+@contextlib.contextmanager
+def _metered(root: Path, files: list[HubFile], on_bytes: Callable[[Counter], None] | None) -> Iterator[None]:
+    """Count the download from the disk while the block runs, on a thread of its own: the client's
+    bars are off without a terminal and differ between its versions; its files do not."""
+    if on_bytes is None:
+        yield
+        return
+    # Ours are the bars now: two drawing on one terminal garble each other.
+    if not are_progress_bars_disabled():
+        disable_progress_bars()
+    stop = threading.Event()
+
+    def meter() -> None:
+        while not stop.wait(METER_EVERY_S):
+            on_bytes(downloaded(root, files))
+
+    thread = threading.Thread(target=meter, name="download meter", daemon=True)
+    on_bytes(downloaded(root, files))
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        on_bytes(downloaded(root, files))
+
+
+def downloaded(root: Path, files: list[HubFile]) -> Counter:
+    """How much of `files` is in `root`: complete files whole, unfinished ones by the client's
+    partial files (`.cache/huggingface/download/<dir>/<hash>.<etag>[.<uuid>].incomplete`), which
+    grow by the client's 10 MB chunks (a file smaller than that counts when it is done)."""
+    partial = _partial_sizes(root, {str(Path(item.path).parent) for item in files})
+    done = complete = 0
+    current = None
+    for item in files:
+        path = Path(item.path)
+        if _size(root / path) == item.size:
+            done += item.size
+            complete += 1
+            continue
+        started = partial.get((str(path.parent), _short_hash(f"{path.name}.metadata")), 0)
+        done += min(started, item.size)
+        if started and current is None:
+            current = item.path
+    return Counter("download", done, sum(item.size for item in files), complete, len(files), current)
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+def _partial_sizes(root: Path, directories: set[str]) -> dict[tuple[str, str], int]:
+    """Bytes of the client's partial files by (directory, file hash): one listing per directory
+    (files vanish while it runs: the client renames each when done)."""
+    sizes: dict[tuple[str, str], int] = {}
+    for directory in directories:
+        cache = root / DOWNLOAD_CACHE / directory
+        try:
+            names = [entry.name for entry in os.scandir(cache) if entry.name.endswith(".incomplete")]
+        except OSError:
+            continue
+        for name in names:
+            size = _size(cache / name)
+            key = (directory, name.split(".", 1)[0])
+            sizes[key] = max(sizes.get(key, 0), size or 0)
+    return sizes
 
 
 def _matches(path: str, patterns: list[str]) -> bool:

@@ -245,6 +245,8 @@ class Loop:
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
         signal.signal(signal.SIGINT, on_interrupt)
         self._start_threads()
+        # Say "starting" at once: the first pass may download for hours before it says more.
+        self._publish_safely()
         self.pass_(["start"])
         notify.ready(self.status.line())
         while not self.stopping.is_set():
@@ -284,10 +286,7 @@ class Loop:
         except Exception as exc:  # the loop must outlive any bug in a pass; the journal keeps the detail
             self._failed(f"unexpected {type(exc).__name__}: {exc}", "please report this bug")
         self.status.last_pass = utc_iso()
-        try:
-            self._publish()
-        except OSError as exc:  # a full or broken state dir must not end the loop
-            self._log(f"cannot write the status file: {exc}")
+        self._publish_safely()
 
     def _show(self, before: Plan) -> None:
         if before.has_changes:
@@ -325,6 +324,12 @@ class Loop:
         return change.deployment_changed
 
     # ---- status ----------------------------------------------------------------------------
+
+    def _publish_safely(self) -> None:
+        try:
+            self._publish()
+        except OSError as exc:  # a full or broken state dir must not end the loop
+            self._log(f"cannot write the status file: {exc}")
 
     def _publish(self) -> None:
         status = self.logic.published()

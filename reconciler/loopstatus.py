@@ -1,8 +1,10 @@
 """What the loop is doing, as the head keeps it: STATE_DIR/loop-status.json.
 
-Written by `reconciler run` after every pass (and during long ones); read by `reconciler status`
-and by anyone looking at the head. A file of its own so that `status` can read it without the
-loop, and the loop can write it without the commands.
+Written by `reconciler run` after every pass; its `pass` entry, while a pass runs (the loop's or
+a manual `apply`'s), every few seconds by that pass: the step, its bytes, rate and ETA. Read by
+`reconciler status` and by anyone looking at the head. A file of its own so that `status` can
+read it without the loop, and the loop can write it without the commands. Each writer replaces
+only its own entries, and always the whole file by a rename: a reader never sees half of it.
 """
 
 from __future__ import annotations
@@ -41,12 +43,62 @@ def status_path(deployment: Deployment) -> Path:
 
 
 def write_status(deployment: Deployment, status: LoopStatus) -> None:
-    write_private(status_path(deployment), redact(json.dumps(asdict(status), indent=2)) + "\n")
+    """The loop's entries; the pass entry stays as the pass left it."""
+    _update(deployment, asdict(status), durable=True)
+
+
+def write_pass(deployment: Deployment, state: dict[str, Any] | None) -> None:
+    """The pass under way (None: none is). Not fsynced: it is rewritten every few seconds, and a
+    power cut ends the pass it describes anyway."""
+    _update(deployment, {"pass": state}, durable=False)
+
+
+def _update(deployment: Deployment, entries: dict[str, Any], *, durable: bool) -> None:
+    path = status_path(deployment)
+    current = _load(path) or {}
+    current.update(entries)
+    write_private(path, redact(json.dumps(current, indent=2)) + "\n", durable=durable)
 
 
 def read_status(deployment: Deployment) -> dict[str, Any] | None:
+    """The file as written, but a pass whose process is gone (killed mid-pass) is no longer in progress."""
+    loaded = _load(status_path(deployment))
+    if loaded is not None and isinstance(loaded.get("pass"), dict) and not _alive(loaded["pass"].get("pid")):
+        loaded["pass"] = None
+    return loaded
+
+
+def _load(path: Path) -> dict[str, Any] | None:
     try:
-        loaded = json.loads(read_bounded(status_path(deployment), limit=1024 * 1024))
+        loaded = json.loads(read_bounded(path, limit=1024 * 1024))
     except (UntrustedFileError, ValueError):
         return None
     return loaded if isinstance(loaded, dict) else None
+
+
+def _alive(pid: object) -> bool:
+    """Whether the process that wrote a pass still runs (the file is this machine's)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user
+        return True
+    return True
+
+
+def render(loop: dict[str, Any] | None) -> list[str]:
+    """The loop's lines of `reconciler status`: its condition, a spec error, the pass under way."""
+    if not loop:
+        return []
+    lines: list[str] = []
+    if "condition" in loop:
+        lines.append(f"  loop: {loop['condition']} (last pass {loop.get('last_pass') or 'none yet'})")
+    if loop.get("spec_error"):
+        lines.append(f"  loop: spec error: {loop['spec_error']}")
+    current = loop.get("pass")
+    if isinstance(current, dict) and isinstance(current.get("line"), str):
+        lines.append(f"  {current['line']} ({current.get('by') or '?'}, updated {current.get('updated') or '?'})")
+    return lines

@@ -61,10 +61,11 @@ def render_status(report: Report) -> str:
 
 
 def _loop_lines(loop: Report | None) -> list[str]:
+    from reconciler import loopstatus
+
     if not loop:
         return ["loop: not running here (no loop status; `reconciler install-service` runs it at boot)"]
-    lines = [f"loop: {loop.get('condition', '?')} (last pass {loop.get('last_pass') or 'none yet'})"]
-    return lines + ([f"loop: spec error: {loop['spec_error']}"] if loop.get("spec_error") else [])
+    return [line.strip() for line in loopstatus.render(loop)]
 
 
 TABLE_HEADER = ("NODE", "RANK", "CONTAINER", "STATE", "MEMORY", "GUARD", "SYNC")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -42,9 +43,10 @@ from reconciler.components.checkpoint import (
 from reconciler.errors import NodeCommandError
 from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.files import parse_manifest
+from reconciler.progress import Counter
 from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import SshTarget
-from reconciler.transport.base import check, run_program
+from reconciler.transport.base import LineSink, check, run_program
 
 _INCOMPLETE_HINT = "run `reconciler apply` again: it re-fetches exactly the files named (nothing else is deleted)"
 
@@ -97,7 +99,9 @@ def _download(ctx: ApplyContext, action: Action) -> str:
     only = None if download.whole_repo else [item.path for item in download.files]
     target = download.model_dir
     ctx.progress.line(f"    {action.node}: downloading {download.repo}@{download.commit[:12]} into {target}")
-    listing = hub.fetch(model, target, commit=download.commit, report=ctx.progress.line, only=only)
+    listing = hub.fetch(
+        model, target, commit=download.commit, report=ctx.progress.line, only=only, on_bytes=ctx.progress.reporter()
+    )
     return f"{download.repo}@{listing.commit[:12]} in {target}"
 
 
@@ -229,7 +233,9 @@ def _refetch(ctx: ApplyContext, node: str, verify: Verify, names: list[str]) -> 
     else:
         forget(verify.model_dir, names)
         model = ctx.deployment.model
-        hub.fetch(model, verify.model_dir, commit=verify.commit, report=ctx.progress.line, only=patterns_for(names))
+        only = patterns_for(names)
+        report, on_bytes = ctx.progress.line, ctx.progress.reporter()
+        hub.fetch(model, verify.model_dir, commit=verify.commit, report=report, only=only, on_bytes=on_bytes)
     if parted:
         ctx.ops(node, "reassemble", {"model_dir": verify.model_dir, "shards": parted})
 
@@ -237,15 +243,17 @@ def _refetch(ctx: ApplyContext, node: str, verify: Verify, names: list[str]) -> 
 def _copy(ctx: ApplyContext, action: Action) -> str:
     copy = payload_of(action, Copy)
     _room_for(ctx, action.node, copy.destination_dir, copy.bytes)
-    destination = _rsync(ctx, action.node, copy.source_dir, copy.destination_dir, copy.files)
+    destination = _rsync(ctx, action.node, copy.source_dir, copy.destination_dir, copy.files, copy.bytes)
     return f"copied to {action.node}:{destination}"
 
 
-def _rsync(ctx: ApplyContext, node: str, source_dir: str, destination: str, only: list[str] | None) -> str:
+def _rsync(
+    ctx: ApplyContext, node: str, source_dir: str, destination: str, only: list[str] | None, size: int | None = None
+) -> str:
     """rsync head -> worker over the worker's SSH target; resumable; parts and caches excluded.
 
     With `only`, exactly those files are copied again, ignoring size and time (a flipped byte
-    keeps both), so nothing else on the worker is touched.
+    keeps both), so nothing else on the worker is touched. `size`: the bytes to copy, if known.
     """
     head = ctx.deployment.head
     worker = ctx.node(node)
@@ -257,9 +265,46 @@ def _rsync(ctx: ApplyContext, node: str, source_dir: str, destination: str, only
     ctx.progress.line(f"    {head.name} -> {node}: rsync over {target.host}")
     # rsync's progress goes to stdout; redirect it to stderr so it streams like ours.
     command = ["sh", "-c", 'exec "$@" 1>&2', "rsync", *argv]
-    result = ctx.transport(head.name).run(command, timeout=24 * 3600, on_line=ctx.node_lines(f"{head.name}->{node}"))
+    lines = _rsync_lines(ctx, f"{head.name}->{node}", size)
+    result = ctx.transport(head.name).run(command, timeout=24 * 3600, on_line=lines)
     check(result, head.name, "rsync to " + node)
     return destination
+
+
+def _rsync_lines(ctx: ApplyContext, label: str, size: int | None) -> LineSink:
+    """rsync's progress lines as byte counters of the copy step; its other lines as text."""
+    report, other = ctx.progress.reporter(label), ctx.progress.sink(label)
+
+    def take(line: str) -> None:
+        counter = rsync_counter(line, size)
+        if counter is not None:
+            report(counter)
+        else:
+            other(line)
+
+    return take
+
+
+# `--info=progress2`: '  1,234,567  45%  110.52MB/s    0:01:23 (xfr#3, to-chk=10/20)'; the part in
+# parentheses follows only once a file is done, `ir-chk` while rsync still lists files.
+_RSYNC_PROGRESS = re.compile(
+    r"^\s*(?P<done>[\d,]+)\s+(?P<percent>\d+)%\s+\S+/s\s+[\d:]+"
+    r"(?:\s+\(xfr#(?P<files_done>\d+), (?:ir|to)-chk=(?P<left>\d+)/(?P<files>\d+)\))?\s*$"
+)
+
+
+def rsync_counter(line: str, size: int | None) -> Counter | None:
+    """A progress2 line as a Counter: bytes sent of `size` (rsync's percent counts the files
+    already there too, so the plan's size is the better total), and files checked of files."""
+    match = _RSYNC_PROGRESS.match(line)
+    if match is None:
+        return None
+    done = int(match["done"].replace(",", ""))
+    percent = int(match["percent"])
+    total = max(size, done) if size else (done * 100 // percent if percent else None)
+    files = int(match["files"]) if match["files"] else None
+    files_done = files - int(match["left"]) if files is not None else None
+    return Counter("copy", done, total, files_done, files)
 
 
 def rsync_argv(target: SshTarget, source_dir: str, destination: str, only: list[str] | None) -> list[str]:

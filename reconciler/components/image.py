@@ -8,6 +8,7 @@ from reconciler.actions import Action, InSync, Outcome, Pull, Step, action
 from reconciler.errors import NodeCommandError
 from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.node import Facts
+from reconciler.progress import Counter
 from reconciler.spec import Deployment
 
 COMPONENT = "image"
@@ -44,13 +45,12 @@ def _pull(ctx: ApplyContext, action: Action) -> str:
         return "already present"
     import docker  # here, not at the top: planning imports this module and needs no Docker SDK
 
-    layers: dict[str, str] = {}
+    layers = Layers()
+    report = ctx.progress.reporter()
     try:
         for event in client.api.pull(ref, stream=True, decode=True):
-            if "id" in event and "status" in event:
-                layers[event["id"]] = event["status"]
-                done = sum(1 for status in layers.values() if status in {"Pull complete", "Already exists"})
-                ctx.progress.throttled(f"pull-{action.node}", f"    {action.node}: pulling {done}/{len(layers)} layers")
+            if layers.take(event):
+                report(layers.counter())
             if "error" in event:
                 raise NodeCommandError(f"{action.node}: pull of {short_ref(ref)} failed: {event['error']}", _PULL_HINT)
     except docker.errors.APIError as exc:
@@ -60,6 +60,37 @@ def _pull(ctx: ApplyContext, action: Action) -> str:
     if not _present(client, ref):
         raise NodeCommandError(f"{action.node}: {short_ref(ref)} still missing after the pull", _PULL_HINT)
     return f"pulled {short_ref(ref)}"
+
+
+class Layers:
+    """A pull's progress from Docker's event stream: bytes downloaded of the layers' sizes (known
+    once each layer starts) and layers done of the layers seen."""
+
+    DONE = frozenset({"Download complete", "Verifying Checksum", "Extracting", "Pull complete", "Already exists"})
+
+    def __init__(self) -> None:
+        self.got: dict[str, int] = {}
+        self.size: dict[str, int] = {}
+        self.status: dict[str, str] = {}
+
+    def take(self, event: dict[str, Any]) -> bool:
+        """Count one event; False when it is not about a layer."""
+        layer, status = event.get("id"), event.get("status")
+        if not isinstance(layer, str) or not isinstance(status, str) or status.startswith("Pulling from"):
+            return False
+        self.status[layer] = status
+        detail = event.get("progressDetail") or {}
+        current, total = detail.get("current"), detail.get("total")
+        if status == "Downloading" and isinstance(current, int) and isinstance(total, int):
+            self.got[layer], self.size[layer] = current, total
+        elif status in self.DONE and layer in self.size:
+            self.got[layer] = self.size[layer]
+        return True
+
+    def counter(self) -> Counter:
+        done = sum(1 for status in self.status.values() if status in {"Pull complete", "Already exists"})
+        total = sum(self.size.values()) or None
+        return Counter("pull", sum(self.got.values()), total, done, len(self.status), unit="layer")
 
 
 _PULL_HINT = "check the registry is reachable from the node and the digest exists (docker pull by hand to see more)"

@@ -27,6 +27,34 @@ def _progress(message: str) -> None:
     sys.stderr.flush()
 
 
+# The head's reconciler.progress.PREFIX (this program cannot import it; a unit test keeps them equal).
+PROGRESS_PREFIX = "@progress "
+REPORT_EVERY_S = 1.0
+
+
+class _Meter:
+    """The bytes and files of this run, for the head: a structured line (PREFIX + JSON) at most
+    once a second. The head measures the rate and shows a bar or a journal line."""
+
+    def __init__(self, total: int, files: int) -> None:
+        self.counts: dict[str, Any] = {"what": "download", "done": 0, "total": total, "files_done": 0, "files": files}
+        self.last = 0.0
+
+    def add(self, count: int, name: str) -> None:
+        self.counts["done"] += count
+        self.counts["name"] = name
+        if time.monotonic() - self.last >= REPORT_EVERY_S:
+            self.report()
+
+    def file_done(self) -> None:
+        self.counts["files_done"] += 1
+        self.report()
+
+    def report(self) -> None:
+        self.last = time.monotonic()
+        _progress(PROGRESS_PREFIX + json.dumps(self.counts, separators=(",", ":")))
+
+
 def _url(args: dict[str, Any], path: str) -> str:
     quoted = urllib.parse.quote(path)
     return f"{args['endpoint'].rstrip('/')}/{args['repo']}/resolve/{args['commit']}/{quoted}"
@@ -52,7 +80,7 @@ def _drop_stale_partials(target: str, keep: str) -> None:
             os.unlink(os.path.join(directory, entry))
 
 
-def _download(args: dict[str, Any], item: dict[str, Any], target: str) -> int:
+def _download(args: dict[str, Any], item: dict[str, Any], target: str, meter: _Meter) -> int:
     partial = _partial_path(target, item["etag"])
     _drop_stale_partials(target, partial)
     have = os.path.getsize(partial) if os.path.exists(partial) else 0
@@ -61,20 +89,14 @@ def _download(args: dict[str, Any], item: dict[str, Any], target: str) -> int:
     with _request(args, item["path"], have) as response:
         # A 200 to a Range request means the server ignored it: start the file again.
         mode = "ab" if have and response.status == 206 else "wb"
-        started = time.monotonic()
-        last = started
         done = have if mode == "ab" else 0
+        meter.add(done, item["path"])
         flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if mode == "ab" else os.O_TRUNC)
         with os.fdopen(os.open(partial, flags, 0o644), mode) as out:
             while block := response.read(CHUNK):
                 out.write(block)
                 done += len(block)
-                if time.monotonic() - last > 2:
-                    last = time.monotonic()
-                    rate = (done - have) / max(last - started, 1e-6)
-                    _progress(
-                        f"downloading {item['path']}: {done * 100 // max(item['size'], 1)}%, {rate / 1e6:.0f} MB/s"
-                    )
+                meter.add(len(block), item["path"])
     return done
 
 
@@ -93,18 +115,26 @@ def _check_and_place(item: dict[str, Any], target: str) -> None:
     os.replace(partial, target)
 
 
+def _complete(target: str, item: dict[str, Any]) -> bool:
+    return os.path.exists(target) and os.path.getsize(target) == item["size"] and not item.get("force")
+
+
 def fetch(args: dict[str, Any]) -> None:
     root = os.path.expanduser(args["model_dir"])
-    fetched = []
+    wanted = []
     for item in args["files"]:
         target = os.path.join(root, item["path"])
         if not os.path.realpath(target).startswith(os.path.realpath(root) + os.sep):
             raise SystemExit(f"refusing {item['path']!r}: it would land outside {root}")
+        if not _complete(target, item):
+            wanted.append((item, target))
+    meter = _Meter(sum(item["size"] for item, _ in wanted), len(wanted))
+    fetched = []
+    for item, target in wanted:
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        if os.path.exists(target) and os.path.getsize(target) == item["size"] and not item.get("force"):
-            continue
-        _download(args, item, target)
+        _download(args, item, target, meter)
         _check_and_place(item, target)
+        meter.file_done()
         fetched.append(item["path"])
     json.dump({"fetched": fetched}, sys.stdout)
     sys.stdout.write("\n")

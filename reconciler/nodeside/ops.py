@@ -5,13 +5,14 @@ atomic (temporary file in the same directory, fsync, rename) so an interrupted a
 leaves a half-written key, plan or shard behind. The temporary file is created exclusively and
 never through a symlink, so nothing placed beforehand can redirect what is written (the key).
 The state dir is private (0700) and what is written there is 0600 unless the ranks must read
-it. Progress goes to stderr as plain lines.
+it. Progress goes to stderr as structured lines (`_Meter`), which the head renders.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -22,7 +23,9 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 CHUNK = 8 * 1024 * 1024
@@ -43,8 +46,12 @@ PRIVATE = 0o600
 _EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def atomic_write(path: str, data: bytes, mode: int = PRIVATE) -> None:
-    """Write `data` to `path` whole or not at all; `path` itself is replaced, never followed."""
+def atomic_write(path: str, data: bytes, mode: int = PRIVATE, *, durable: bool = True) -> None:
+    """Write `data` to `path` whole or not at all; `path` itself is replaced, never followed.
+
+    Without `durable` nothing is fsynced: readers still see the old or the new file whole, but a
+    power cut may lose the write (for a status file rewritten every few seconds, next to a disk
+    busy with a download, where an fsync can wait behind gigabytes of dirty pages)."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     descriptor, temporary = _exclusive_temporary(path, mode)
@@ -53,13 +60,15 @@ def atomic_write(path: str, data: bytes, mode: int = PRIVATE) -> None:
             handle.write(data)
             handle.flush()
             os.fchmod(handle.fileno(), mode)
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-    _fsync_directory(directory)
+    if durable:
+        _fsync_directory(directory)
 
 
 def _exclusive_temporary(path: str, mode: int) -> tuple[int, str]:
@@ -147,27 +156,37 @@ def _load_cache(path: str) -> dict[str, list[Any]]:
         return {}
 
 
+# The head's reconciler.progress.PREFIX (this program cannot import it; a unit test keeps them equal).
+PROGRESS_PREFIX = "@progress "
+REPORT_EVERY_S = 1.0
+
+
 class _Meter:
-    """Bytes, rate and ETA as plain lines every few seconds (a terminal and the journal alike)."""
+    """Bytes and files of one operation, for the head: a structured line (PREFIX + JSON) at most
+    once a second. The head measures the rate and shows a bar or a journal line; the node sends
+    only counts. Threads may add at once (hashing runs in parallel)."""
 
-    def __init__(self, what: str, total: int) -> None:
-        self.what = what
-        self.total = max(total, 1)
-        self.done = 0
-        self.started = time.monotonic()
-        self.last = self.started
+    def __init__(self, what: str, total: int, files: int) -> None:
+        self.counts: dict[str, Any] = {"what": what, "done": 0, "total": total, "files_done": 0, "files": files}
+        self.lock = threading.Lock()
+        self.last = 0.0
 
-    def add(self, count: int) -> None:
-        self.done += count
-        now = time.monotonic()
-        if now - self.last >= 2:
-            self.last = now
-            rate = self.done / max(now - self.started, 1e-6)
-            eta = (self.total - self.done) / max(rate, 1e-6)
-            _progress(
-                f"{self.what}: {self.done * 100 // self.total}% of {self.total / 1e9:.2f} GB, "
-                f"{rate / 1e6:.0f} MB/s, ETA {eta:.0f} s"
-            )
+    def add(self, count: int, *, name: str | None = None) -> None:
+        with self.lock:
+            self.counts["done"] += count
+            if name is not None:
+                self.counts["name"] = name
+            if time.monotonic() - self.last >= REPORT_EVERY_S:
+                self._report()
+
+    def file_done(self) -> None:
+        with self.lock:
+            self.counts["files_done"] += 1
+            self._report()
+
+    def _report(self) -> None:
+        self.last = time.monotonic()
+        _progress(PROGRESS_PREFIX + json.dumps(self.counts, separators=(",", ":")))
 
 
 def _sha256(path: str, meter: _Meter) -> str:
@@ -176,6 +195,7 @@ def _sha256(path: str, meter: _Meter) -> str:
         while block := handle.read(CHUNK):
             digest.update(block)
             meter.add(len(block))
+    meter.file_done()
     return digest.hexdigest()
 
 
@@ -202,7 +222,7 @@ def hash_files(args: dict[str, Any]) -> None:
         if not deep and (cache.get(f"{root}/{name}") or [])[:3] != key and tuple(key) in by_inode:
             cache[f"{root}/{name}"] = [*key, by_inode[tuple(key)]]
     stale = [name for name, key in keys.items() if deep or (cache.get(f"{root}/{name}") or [])[:3] != key]
-    meter = _Meter("hashing", sum(keys[name][0] for name in stale))
+    meter = _Meter("hash", sum(keys[name][0] for name in stale), len(stale))
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         digests = dict(zip(stale, pool.map(lambda name: _sha256(f"{root}/{name}", meter), stale), strict=True))
     for name, digest in digests.items():
@@ -224,13 +244,18 @@ def reassemble(args: dict[str, Any]) -> None:
     expected: dict[str, str] = args.get("expected") or {}
     cache_path = os.path.expanduser(args["cache"]) if args.get("cache") else None
     names = sorted(os.listdir(root))
+    parts_of = {
+        shard: [name for name in names if (match := PART_RE.match(name)) and match.group("shard") == shard]
+        for shard in args["shards"]
+    }
+    total = sum(os.path.getsize(os.path.join(root, part)) for parts in parts_of.values() for part in parts)
+    meter = _Meter("reassemble", total, len(parts_of))
     built = {}
-    for shard in args["shards"]:
-        parts = [name for name in names if (match := PART_RE.match(name)) and match.group("shard") == shard]
+    for shard, parts in parts_of.items():
         if not parts:
             raise SystemExit(f"no .partNN files for {shard} in {root}")
         target = os.path.join(root, shard)
-        digest = _assemble(root, shard, parts, f"{target}.assembling")
+        digest = _assemble(root, parts, f"{target}.assembling", functools.partial(meter.add, name=shard))
         if shard in expected and digest != expected[shard]:
             os.unlink(f"{target}.assembling")
             raise SystemExit(f"{shard}: reassembled sha256 {digest} does not match the manifest; parts kept")
@@ -241,12 +266,12 @@ def reassemble(args: dict[str, Any]) -> None:
             for part in parts:
                 os.unlink(os.path.join(root, part))
         built[shard] = os.path.getsize(target)
+        meter.file_done()
     _reply(built)
 
 
-def _assemble(root: str, shard: str, parts: list[str], temporary: str) -> str:
+def _assemble(root: str, parts: list[str], temporary: str, count: Callable[[int], None]) -> str:
     digest = hashlib.sha256()
-    meter = _Meter(f"reassembling {shard}", sum(os.path.getsize(os.path.join(root, p)) for p in parts))
     # Never through a symlink planted at the temporary name.
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     with os.fdopen(descriptor, "wb") as out:
@@ -255,7 +280,7 @@ def _assemble(root: str, shard: str, parts: list[str], temporary: str) -> str:
                 while block := source.read(CHUNK):
                     out.write(block)
                     digest.update(block)
-                    meter.add(len(block))
+                    count(len(block))
         out.flush()
         os.fsync(out.fileno())
     return digest.hexdigest()

@@ -60,16 +60,26 @@ class LocalTransport:
 
 
 def _run_streaming(argv: list[str], stdin: bytes | None, timeout: float, on_line: LineSink) -> CommandResult:
-    """Like subprocess.run, but stderr reaches `on_line` while the command runs."""
-    process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    """Like subprocess.run, but stderr reaches `on_line` while the command runs.
+
+    stderr is a pipe of its own, which `communicate` does not know: were it `PIPE`, communicate
+    would read it too, and every chunk it took would never reach `on_line`."""
+    read_end, write_end = os.pipe()
+    try:
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=write_end)
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
     stderr = bytearray()
     splitter = LineSplitter(on_line)
 
     def pump() -> None:
-        assert process.stderr is not None
-        while data := os.read(process.stderr.fileno(), 65536):
-            stderr.extend(data)
-            splitter.feed(data)
+        with os.fdopen(read_end, "rb", buffering=0) as source:
+            while data := source.read(65536):
+                stderr.extend(data)
+                splitter.feed(data)
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()

@@ -1,0 +1,298 @@
+"""Progress of a pass as data: byte counters, rate and ETA, the steps under way, and their text.
+
+A first pass can take hours (a 462 GB download), so what it is doing must be visible from
+anywhere: a live bar on a terminal, a line every few seconds in the journal, systemd's STATUS=
+and STATE_DIR/loop-status.json. Everything that decides what those show lives here and is pure
+(times are handed in); `execution.Progress` is the thin shell that writes it out.
+
+Byte work reports `Counter`s. The node-side programs (nodeside/ops.py, nodeside/fetch.py) cannot
+import this module, so they print each counter as one structured line, `PREFIX` + JSON, on
+stderr; the head parses those (`parse_line`) instead of scraping text meant for people. The rate
+is measured here, on the head, from the counters as they arrive, so every source (the node-side
+programs, rsync, the Hub client on the head, Docker pulls) gets the same rate and ETA.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+# The node-side programs spell the same prefix (they cannot import it); a unit test keeps them equal.
+PREFIX = "@progress "
+# Long enough to smooth a bursty transfer, short enough to follow a rate that changes.
+RATE_WINDOW_S = 20.0
+_SHORT_SUMMARY = 56
+_MAX_TEXT = 200
+
+
+@dataclass(frozen=True)
+class Counter:
+    """How far one piece of byte work is: `what` (download, hash, copy, ...), bytes done of `total`,
+    files (or other `unit`s: a pull's layers) finished of `files`, and the file being worked on,
+    each when known."""
+
+    what: str
+    done: int
+    total: int | None = None
+    files_done: int | None = None
+    files: int | None = None
+    name: str | None = None
+    unit: str | None = None
+
+    def to_line(self) -> str:
+        """The structured line a node-side program prints (and `parse_line` reads)."""
+        fields = {key: value for key, value in self.__dict__.items() if value is not None}
+        return PREFIX + json.dumps(fields, separators=(",", ":"))
+
+
+def parse_line(line: str) -> Counter | None:
+    """A node's structured progress line as a Counter; None for any other line or a malformed one
+    (node output is untrusted: a wrong type or a negative count is not progress)."""
+    if not line.startswith(PREFIX):
+        return None
+    try:
+        data = json.loads(line[len(PREFIX) :])
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    what, name, unit = data.get("what"), data.get("name"), data.get("unit")
+    if not isinstance(what, str) or not what or not all(isinstance(text, str | None) for text in (name, unit)):
+        return None
+    counts = {key: data.get(key) for key in ("done", "total", "files_done", "files")}
+    if not all(_count(value) for value in counts.values()) or counts["done"] is None:
+        return None
+    return Counter(
+        what=_printable(what)[:40],
+        done=int(counts["done"]),
+        total=counts["total"],
+        files_done=counts["files_done"],
+        files=counts["files"],
+        name=_printable(name)[:_MAX_TEXT] if name is not None else None,
+        unit=_printable(unit)[:20] if unit is not None else None,
+    )
+
+
+def _count(value: object) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
+
+# Terminal escapes first: the ESC alone would go and leave '[31m' behind.
+_CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(text: str) -> str:
+    """Text as one line without control characters or terminal escapes (log lines carry both)."""
+    return _CONTROL.sub("", text.replace("\t", " ")).strip()
+
+
+def printable_line(text: str, limit: int = _MAX_TEXT) -> str:
+    """The last redraw of a log line (a `\\r` progress bar keeps only its last state), printable,
+    cut to `limit` characters."""
+    last = [part for part in text.replace("\r\n", "\n").split("\r") if part.strip()]
+    shown = _printable(last[-1]) if last else ""
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+class Rate:
+    """Bytes per second over the last `window_s` seconds of samples; None until two samples a
+    moment apart exist. A count that goes down (the work started again) starts afresh."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def add(self, now: float, done: int) -> None:
+        if self._samples and done < self._samples[-1][1]:
+            self._samples.clear()
+        self._samples.append((now, done))
+        # Keep one sample older than the window, so the rate always spans the whole window.
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_s:
+            self._samples.popleft()
+
+    def per_s(self) -> float | None:
+        if len(self._samples) < 2:
+            return None
+        (first_t, first_done), (last_t, last_done) = self._samples[0], self._samples[-1]
+        if last_t - first_t < 0.5:
+            return None
+        return (last_done - first_done) / (last_t - first_t)
+
+
+def eta_s(done: int, total: int | None, rate: float | None) -> float | None:
+    """Seconds left at the current rate; None when the total or a moving rate is unknown."""
+    if total is None or rate is None or rate <= 0:
+        return None
+    return max(total - done, 0) / rate
+
+
+def human_bytes(count: float) -> str:
+    for unit, size in (("TB", 1000**4), ("GB", 1000**3), ("MB", 1000**2), ("kB", 1000)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count:.0f} B"
+
+
+def human_duration(seconds: float) -> str:
+    """'45s', '12m', '3h05m', '2d': as precise as a remaining time deserves."""
+    whole = round(seconds)
+    if whole < 90:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{round(whole / 60)}m"
+    if whole < 48 * 3600:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d"
+
+
+def describe(counter: Counter, rate: float | None) -> str:
+    """'download 41% of 3.0 GB, 1.2 GB/s, ETA 5m, file 3/12 model-00003.safetensors'."""
+    parts = [f"{counter.what} {_amount(counter)}"]
+    if rate is not None:
+        parts.append(f"{human_bytes(rate)}/s")
+    eta = eta_s(counter.done, counter.total, rate)
+    if eta is not None:
+        parts.append(f"ETA {human_duration(eta)}")
+    files = _files(counter)
+    if files:
+        parts.append(files)
+    return ", ".join(parts)
+
+
+def _amount(counter: Counter) -> str:
+    if counter.total:
+        percent = min(counter.done * 100 // counter.total, 100)
+        return f"{percent}% of {human_bytes(counter.total)}"
+    return human_bytes(counter.done)
+
+
+def _files(counter: Counter) -> str:
+    """'file 3/12 NAME' while one is worked on, else '3/12 files' (done of all)."""
+    if counter.files is None:
+        return counter.name or ""
+    done, unit = counter.files_done or 0, counter.unit or "file"
+    if counter.name and done < counter.files:
+        return f"{unit} {done + 1}/{counter.files} {counter.name}"
+    return f"{done}/{counter.files} {unit}s"
+
+
+def bar(counter: Counter, width: int = 24) -> str:
+    """'[#########...............]' for a known total; nothing without one."""
+    if not counter.total:
+        return ""
+    filled = min(counter.done * width // counter.total, width)
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def shorten(text: str, limit: int = _SHORT_SUMMARY) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass
+class StepState:
+    """One step under way: which of how many, what it is, and how far its work has come."""
+
+    number: int
+    steps: int
+    action: str
+    summary: str
+    node: str
+    started_at: str
+    counter: Counter | None = None
+    rate: Rate = field(default_factory=Rate)
+    detail: str | None = None
+
+    def count(self, now: float, counter: Counter) -> None:
+        if self.counter is not None and counter.what != self.counter.what:
+            self.rate = Rate(self.rate.window_s)
+        self.counter = counter
+        self.rate.add(now, counter.done)
+
+    def progress_text(self) -> str:
+        return describe(self.counter, self.rate.per_s()) if self.counter is not None else ""
+
+    def text(self) -> str:
+        """'step 3/12 checkpoint.download@spark-head (download 41 files, …): download 41% of …'."""
+        head = f"step {self.number}/{self.steps} {self.action} ({shorten(self.summary)})"
+        tail = [part for part in (self.progress_text(), self.detail) if part]
+        return head + (": " + "; ".join(tail) if tail else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        rate = self.rate.per_s()
+        counter = self.counter
+        progress = None
+        if counter is not None:
+            eta = eta_s(counter.done, counter.total, rate)
+            progress = {
+                "what": counter.what,
+                "done": counter.done,
+                "total": counter.total,
+                "rate_bps": round(rate) if rate is not None else None,
+                "eta_s": round(eta) if eta is not None else None,
+                "files_done": counter.files_done,
+                "files": counter.files,
+                "file": counter.name,
+            }
+        return {
+            "step": self.number,
+            "steps": self.steps,
+            "action": self.action,
+            "summary": self.summary,
+            "node": self.node,
+            "started": self.started_at,
+            "bytes": progress,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class PassState:
+    """The pass under way, as STATUS= and loop-status.json show it."""
+
+    by: str
+    pid: int
+    started_at: str
+    phase: str = "starting"
+    steps: int = 0
+    finished: int = 0
+    active: list[StepState] = field(default_factory=list)
+
+    def line(self) -> str:
+        """The one line for STATUS=, the journal and `reconciler status`."""
+        if not self.active:
+            return f"pass in progress: {self.phase}"
+        return "pass in progress: " + " | ".join(step.text() for step in self.active)
+
+    def to_dict(self, updated_at: str) -> dict[str, Any]:
+        return {
+            "by": self.by,
+            "pid": self.pid,
+            "started": self.started_at,
+            "updated": updated_at,
+            "phase": self.phase,
+            "steps": self.steps,
+            "finished": self.finished,
+            "active": [step.to_dict() for step in self.active],
+            "line": self.line(),
+        }
+
+
+class Throttle:
+    """At most one event per key every `interval_s` (the first one always passes)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+
+    def due(self, key: str, now: float) -> bool:
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval_s:
+            return False
+        self._last[key] = now
+        return True
+
+    def forget(self, key: str) -> None:
+        self._last.pop(key, None)
