@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from reconciler.components.checkpoint import PARTED_SHARDS, is_part, placements
 from reconciler.components.fabric import node_contexts
@@ -24,9 +25,11 @@ from reconciler.facts.files import (
 )
 from reconciler.facts.memory import GuardFacts, GuardTrip
 from reconciler.facts.node import Facts, NodeFacts, load_facts
+from reconciler.init import InitRequest
 from reconciler.revisions import revision_dir
 from reconciler.serving import RankContainer, render_group, rewrite_exl3_plan
-from reconciler.spec import Deployment, Node, expand_home, load_spec
+from reconciler.spec import Deployment, Node, SshTarget, expand_home, load_spec
+from tests.testbed import fakesys
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests/fixtures"
@@ -224,3 +227,75 @@ def golden_scenarios() -> dict[str, tuple[Deployment, Facts]]:
             ),
         ),
     }
+
+
+# ---------------------------------------------------------------- reconciler init
+
+KIB_PER_GIB = 1024 * 1024
+TB = 1000**4
+INIT_GOLDEN = GOLDEN_DIR / "init-two-sparks.yaml"
+
+
+def spark_infiniband(ip: str) -> dict[str, Any]:
+    """The probe's reading of a Spark's port-1 twins: rocep1s0f1 ACTIVE carrying `ip`, its twin DOWN."""
+    return {
+        "rocep1s0f1": {
+            "ports": {"1": {"state": "4: ACTIVE\n", "gid": fakesys.mapped_gid(ip) + "\n", "gid_type": "RoCE v2\n"}},
+            "netdevs": ["enp1s0f1np1"],
+        },
+        "roceP2p1s0f1": {
+            "ports": {"1": {"state": "1: DOWN\n", "gid": fakesys.ZERO_GID + "\n", "gid_type": None}},
+            "netdevs": ["enP2p1s0f1np1"],
+        },
+    }
+
+
+def spark_ip_addr(ip: str, mgmt: str = "192.168.1.50") -> str:
+    """`ip -j addr` of a configured Spark: management enP7s7, fabric enp1s0f1np1 (MTU 9000), docker0."""
+    text = (FIXTURES / "fabric/ip-j-addr-testbed-head.json").read_text(encoding="utf-8")
+    return text.replace("198.18.10.13", ip).replace("198.19.0.13", mgmt).replace("198.18.21.1", "172.17.0.1")
+
+
+def init_answer(
+    hostname: str,
+    ip: str,
+    *,
+    home: str = "/home/nvidia",
+    user: str = "nvidia",
+    disk_free: int | None = 3 * TB,
+    available_gib: float = 118.0,
+    fabric: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A doctor probe's answer from a fresh Spark (no checkpoint, no containers)."""
+    meminfo = f"MemTotal: {int(121.6 * KIB_PER_GIB)} kB\nMemAvailable: {int(available_gib * KIB_PER_GIB)} kB\n"
+    return {
+        "hostname": hostname,
+        "home": home,
+        "meminfo": meminfo,
+        "checkpoint": {"link": None, "legacy": None, "legacy_commit": None, "revisions": {}, "record": None},
+        "hash_cache": {},
+        "hub_listings": [],
+        "disk_free": disk_free,
+        "key_file": {"present": False},
+        "guard_running": False,
+        "guard_config": None,
+        "guard_trip": None,
+        "hold": None,
+        "restart_intent": None,
+        "docker": {"containers": [], "images": []},
+        "fabric": fabric
+        or {"sysfs_root": "/sys", "infiniband": spark_infiniband(ip), "ip_addr": spark_ip_addr(ip), "rdma_link": None},
+        "host": {"time": 1000.0, "python": "3.12.3", "user": user, "tools": {}, "docker_info": {}},
+    }
+
+
+def init_two_sparks() -> tuple[InitRequest, dict[str, Any]]:
+    """`reconciler init --worker nvidia@192.168.100.11` on a configured pair: the request and the
+    answers keyed as `probe_nodes` keys them."""
+    worker = SshTarget(host="192.168.100.11", user="nvidia")
+    request = InitRequest(head=None, workers=(worker,))
+    answers = {
+        "node-0": init_answer("spark-a1b2", "192.168.100.10"),
+        "node-1": init_answer("spark-c3d4", "192.168.100.11"),
+    }
+    return request, answers

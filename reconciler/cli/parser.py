@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(commands)
     _add_pi(commands)
     _add_install_service(commands)
+    _add_init(commands)
     _add_completion(commands)
     return parser
 
@@ -491,6 +492,12 @@ def _add_install_service(commands: SubParsers) -> None:
     install.add_argument("--user", help="the service's user (default: the invoking user, under sudo $SUDO_USER)")
     install.add_argument("--dry-run", action="store_true", help="print the unit for this machine; change nothing")
     json_option(install)
+
+
+def _add_init(commands: SubParsers) -> None:
+    from reconciler.cli.init import add_init_parser  # its options live with its handler
+
+    add_init_parser(commands)
 
 
 def _add_completion(commands: SubParsers) -> None:

@@ -1,0 +1,202 @@
+"""`reconciler init` on the command line: its options, and rendering what init did.
+
+Its heavy imports (paramiko, the probe, the spec model) load only when init runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reconciler.cli.common import EXIT_OK
+from reconciler.constants import DEFAULT_SPEC_PATH, SCHEMA_PATH, default_spec_path
+
+if TYPE_CHECKING:
+    from reconciler.init import Draft, InitRequest, Probed
+
+DEFAULT_OUT = DEFAULT_SPEC_PATH
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+
+
+def add_init_parser(commands: Any) -> None:
+    """Add `init` to the CLI's subcommands (the `add_subparsers` object)."""
+    from reconciler.cli.parser import command, json_option
+
+    init = command(
+        commands,
+        "init",
+        "probe the nodes and write a first spec, each value with the reason it was chosen",
+        "Probe every node over SSH (this machine is the head unless --head is given) and write a spec from "
+        "what they say: node names, fabric interface, address and HCAs, model dir, each with a comment; "
+        "what cannot be decided is marked REVIEW. Never overwrites a file; never adds a host key.",
+        [
+            "reconciler init --worker me@10.10.10.11",
+            "reconciler init --worker me@spark2 --worker me@spark3 --out specs/three.yaml",
+            "reconciler init --head me@10.10.10.13 --worker me@10.10.10.11 --ssh-port 2222",
+        ],
+        "init:cmd_init",
+    )
+    init.add_argument(
+        "--worker",
+        action="append",
+        required=True,
+        metavar="[USER@]HOST",
+        help="a worker, reached over SSH (its fabric address is best); repeat for each, in rank order",
+    )
+    init.add_argument(
+        "--head", metavar="[USER@]HOST", help="the head over SSH (default: this machine is the head, no ssh:)"
+    )
+    init.add_argument("--out", default=DEFAULT_OUT, metavar="PATH", help="where to write")
+    init.add_argument(
+        "--model-dir",
+        metavar="PATH",
+        help="the checkpoint's directory on every node, absolute or under ~ "
+        "(default ~/models/DeepSeek-V4.1-Flash-Spark)",
+    )
+    init.add_argument("--ssh-port", type=_port, default=22, metavar="PORT", help="sshd port of the nodes")
+    init.add_argument("--identity-file", metavar="PATH", help="private key for SSH (default: ssh-agent and ~/.ssh)")
+    init.add_argument(
+        "--known-hosts",
+        default=DEFAULT_KNOWN_HOSTS,
+        metavar="PATH",
+        help="host keys to check the nodes against; never added to",
+    )
+    json_option(init)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return int(text)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from reconciler import init
+
+    out = Path(args.out)
+    _refuse_existing(out)
+    request = _request(args)
+    init.check_distinct(request)
+    probed = init.probe_nodes(request)
+    drafted = init.draft(request, probed, schema_ref=_schema_ref(out))
+    loaded = init.validated(drafted.text, str(out))
+    _write(out, drafted.text)
+    steps = init.next_steps(_spec_option(out))
+    if args.json:
+        report = {**_report(out, drafted, probed, steps), "warnings": [w.to_dict() for w in loaded.warnings]}
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        return EXIT_OK
+    for warning in loaded.warnings:
+        sys.stderr.write(f"warning: {warning.render()}\n")
+    sys.stdout.write(_render(out, drafted, probed, steps))
+    return EXIT_OK
+
+
+def _write(out: Path, text: str) -> None:
+    """Whole or not at all; a spec holds no secret, so it is readable like any config (0644)."""
+    from reconciler.errors import ReconcilerError
+    from reconciler.fsutil import atomic_write
+
+    _refuse_existing(out)  # again: probing takes a while, and someone may have written it since
+    try:
+        atomic_write(str(out), text.encode("utf-8"), 0o644)
+    except OSError as exc:
+        raise ReconcilerError(f"cannot write {out}: {exc.strerror or exc}", "give --out a writable path") from None
+
+
+def _refuse_existing(out: Path) -> None:
+    from reconciler.errors import ReconcilerError
+
+    if out.exists() or out.is_symlink():
+        raise ReconcilerError(
+            f"{out} exists; init never overwrites a spec",
+            f"move it aside (mv {out} {out}.old) or write elsewhere with --out PATH",
+        )
+
+
+def _request(args: argparse.Namespace) -> InitRequest:
+    from reconciler import init
+    from reconciler.spec import SshTarget
+
+    def target(text: str, option: str) -> SshTarget:
+        return init.ssh_target(
+            text,
+            option,
+            port=args.ssh_port,
+            identity_file=_absolute(args.identity_file),
+            known_hosts=_absolute(args.known_hosts) or DEFAULT_KNOWN_HOSTS,
+        )
+
+    head = target(args.head, "--head") if args.head is not None else None
+    workers = tuple(target(text, "--worker") for text in args.worker)
+    model_dir = init.checked_model_dir(args.model_dir) if args.model_dir is not None else init.DEFAULT_MODEL_DIR
+    return init.InitRequest(head=head, workers=workers, model_dir=model_dir)
+
+
+def _absolute(path: str | None) -> str | None:
+    """A path given relative to here becomes absolute: the spec is read from other directories."""
+    if path is None or path.startswith(("/", "~")):
+        return path
+    return os.path.abspath(path)
+
+
+def _schema_ref(out: Path) -> str | None:
+    """The editor modeline's schema path, relative to the spec, when this checkout has the schema."""
+    schema = Path(SCHEMA_PATH)
+    if not schema.is_file():
+        return None
+    return os.path.relpath(schema.resolve(), out.parent.resolve())
+
+
+def _spec_option(out: Path) -> str:
+    same = os.path.abspath(out) == os.path.abspath(default_spec_path())
+    return "" if same else f" --spec {out}"
+
+
+def _report(out: Path, drafted: Draft, probed: list[Probed], steps: list[str]) -> dict[str, object]:
+    nodes = []
+    for name, item in zip(drafted.names, probed, strict=True):
+        facts = item.facts
+        fabric = facts.fabric
+        nodes.append(
+            {
+                "name": name,
+                "role": item.role,
+                "ssh": None if item.target is None else item.target.model_dump(exclude_defaults=True),
+                "hostname": facts.hostname,
+                "home": facts.home,
+                "user": item.user,
+                "fabric": {
+                    "ifname": fabric.ifname,
+                    "ip": fabric.ip,
+                    "prefixlen": fabric.prefixlen,
+                    "hcas": fabric.hcas,
+                },
+                "disk_free": facts.checkpoint.disk_free,
+                "memory": facts.memory.model_dump() if facts.memory else None,
+            }
+        )
+    review = [note.to_dict() for note in drafted.notes]
+    return {"ok": True, "path": str(out), "nodes": nodes, "review": review, "next": steps}
+
+
+def _render(out: Path, drafted: Draft, probed: list[Probed], steps: list[str]) -> str:
+    from reconciler.init import login
+
+    lines = [f"Probed {len(probed)} nodes:"]
+    for name, item in zip(drafted.names, probed, strict=True):
+        fabric = item.facts.fabric
+        where = "this machine" if item.target is None else login(item.target)
+        found = f"{fabric.ifname} {fabric.ip}" if fabric.ifname and fabric.ip else "fabric undecided"
+        lines.append(f"  {name:<16} {item.role:<7} {where:<24} {found}")
+    lines.append(f"Wrote {out}.")
+    if drafted.notes:
+        lines.append(f"Review before applying ({len(drafted.notes)}, marked REVIEW in the file):")
+        lines += [f"  {note.where}: {note.message}" for note in drafted.notes]
+    lines.append("Next:")
+    lines += [f"  {step}" for step in steps]
+    return "\n".join(lines) + "\n"
