@@ -10,23 +10,20 @@ it. Progress goes to stderr as structured lines (`_Meter`), which the head rende
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
-import functools
-import hashlib
 import json
 import os
 import re
-import secrets
-import shutil
-import signal
 import stat
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+# Hashing, thread pools, processes and rmtree import their modules where they are used: the head
+# imports this module for atomic_write on every command, and every call on a node pays for what
+# its program imports, while most calls need none of them.
 
 CHUNK = 8 * 1024 * 1024
 PART_RE = re.compile(r"^(?P<shard>.+\.safetensors)\.part(?P<index>[0-9]{2})$")
@@ -35,6 +32,11 @@ PART_RE = re.compile(r"^(?P<shard>.+\.safetensors)\.part(?P<index>[0-9]{2})$")
 def _reply(value: Any) -> None:
     json.dump(value, sys.stdout)
     sys.stdout.write("\n")
+
+
+def _token(size: int) -> str:
+    """A random part for a temporary name (os.urandom, the source `secrets` uses)."""
+    return os.urandom(size).hex()
 
 
 def _progress(message: str) -> None:
@@ -73,7 +75,7 @@ def atomic_write(path: str, data: bytes, mode: int = PRIVATE, *, durable: bool =
 
 def _exclusive_temporary(path: str, mode: int) -> tuple[int, str]:
     for _ in range(100):
-        temporary = f"{path}.tmp-{secrets.token_hex(8)}"
+        temporary = f"{path}.tmp-{_token(8)}"
         try:
             return os.open(temporary, _EXCLUSIVE, mode), temporary
         except FileExistsError:
@@ -190,6 +192,8 @@ class _Meter:
 
 
 def _sha256(path: str, meter: _Meter) -> str:
+    import hashlib
+
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while block := handle.read(CHUNK):
@@ -205,6 +209,8 @@ def hash_files(args: dict[str, Any]) -> None:
     Files are hashed in parallel (hashlib releases the GIL on large blocks), so first-time
     verification runs at the speed of the disk or of all cores, like parallel `sha256sum`.
     """
+    import concurrent.futures
+
     root = os.path.expanduser(args["model_dir"]).rstrip("/")
     cache_path = os.path.expanduser(args["cache"])
     cache = _load_cache(cache_path)
@@ -240,6 +246,8 @@ def reassemble(args: dict[str, Any]) -> None:
     the disk never holds more than one shard beyond the parts. A mismatch deletes the new
     shard, keeps the parts, and fails.
     """
+    import functools
+
     root = os.path.expanduser(args["model_dir"])
     expected: dict[str, str] = args.get("expected") or {}
     cache_path = os.path.expanduser(args["cache"]) if args.get("cache") else None
@@ -271,6 +279,8 @@ def reassemble(args: dict[str, Any]) -> None:
 
 
 def _assemble(root: str, parts: list[str], temporary: str, count: Callable[[int], None]) -> str:
+    import hashlib
+
     digest = hashlib.sha256()
     # Never through a symlink planted at the temporary name.
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -315,6 +325,8 @@ def _pid_of(pid_file: str) -> int | None:
 
 
 def _stop_pid(pid_file: str) -> bool:
+    import signal
+
     pid = _pid_of(pid_file)
     if pid is None:
         return False
@@ -335,6 +347,8 @@ def _stop_pid(pid_file: str) -> bool:
 
 def guard_start(args: dict[str, Any]) -> None:
     """Install the guard program and its config in the state dir, then (re)start it detached."""
+    import subprocess
+
     state_dir = os.path.expanduser(args["state_dir"])
     private_dir(state_dir)
     _stop_pid(os.path.join(state_dir, "memguard.pid"))
@@ -405,7 +419,7 @@ def link_files(args: dict[str, Any]) -> None:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         if os.path.exists(target) and os.stat(target).st_ino == os.stat(source).st_ino:
             continue
-        temporary = f"{target}.link-{secrets.token_hex(6)}"
+        temporary = f"{target}.link-{_token(6)}"
         os.link(source, temporary)
         os.replace(temporary, target)
         linked += 1
@@ -430,7 +444,7 @@ def switch_model_dir(args: dict[str, Any]) -> None:
         if not legacy_to or not _is_revision_of(model_dir, legacy_to) or os.path.exists(legacy_to):
             raise SystemExit(f"{model_dir} is a directory and there is no free place to move it to ({legacy_to})")
         os.rename(model_dir, legacy_to)
-    temporary = f"{model_dir}.link-{secrets.token_hex(6)}"
+    temporary = f"{model_dir}.link-{_token(6)}"
     os.symlink(os.path.basename(target), temporary)
     os.replace(temporary, model_dir)
     _fsync_directory(os.path.dirname(model_dir))
@@ -456,6 +470,8 @@ def _remove_shared(root: str) -> list[str]:
 
 def remove_revisions(args: dict[str, Any]) -> None:
     """Remove revision dirs of model_dir (never the one it links to, never anything else)."""
+    import shutil
+
     model_dir = os.path.expanduser(args["model_dir"]).rstrip("/")
     serving = os.path.realpath(model_dir)
     removed, kept = [], []

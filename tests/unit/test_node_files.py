@@ -58,11 +58,11 @@ def predictable_names(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     names = ["aaaa", "bbbb"]
     handed: list[str] = []
 
-    def token_hex(_size: int) -> str:
+    def token(_size: int) -> str:
         handed.append(names[len(handed)])
         return handed[-1]
 
-    monkeypatch.setattr("reconciler.nodeside.ops.secrets.token_hex", token_hex)
+    monkeypatch.setattr("reconciler.nodeside.ops._token", token)
     return handed
 
 
