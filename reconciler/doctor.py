@@ -31,7 +31,7 @@ from reconciler.components.checkpoint import (
 )
 from reconciler.components.fabric import resolve_fabric
 from reconciler.components.ranks import owned_containers
-from reconciler.errors import NodeUnreachableError, ReconcilerError
+from reconciler.errors import NodeUnreachableError, ReconcilerError, SshConfigError
 from reconciler.facts.fabric import subnet_mismatches
 from reconciler.facts.gather import node_facts_from_probe, probe_args, with_hub_listing
 from reconciler.facts.memory import KIB_PER_GIB
@@ -39,6 +39,7 @@ from reconciler.facts.node import Facts, NodeFacts
 from reconciler.serving import ResolvedFabric
 from reconciler.spec import Deployment, Node
 from reconciler.transport.base import Transport, run_program
+from reconciler.transport.sshroute import SshRoute, route_for
 
 Status = Literal["PASS", "WARN", "FAIL"]
 ALL_NODES = "all nodes"
@@ -76,6 +77,7 @@ class NodeProbe:
     ssh_failed: bool = False
     sent_at: float = 0.0
     received_at: float = 0.0
+    route: SshRoute | None = None  # how the ssh config routed the connection
 
     @property
     def host(self) -> dict[str, Any]:
@@ -144,13 +146,23 @@ def _probe(deployment: Deployment, node: Node, transport: Transport) -> NodeProb
     sent = time.time()
     try:
         raw = run_program(transport, "probe", "print_probe", {**probe_args(deployment, node), "doctor": True})
-    except NodeUnreachableError as exc:
+    except (NodeUnreachableError, SshConfigError) as exc:
         return NodeProbe(error=exc.message, hint=exc.hint, ssh_failed=True)
     except ReconcilerError as exc:
         return NodeProbe(error=exc.message, hint=exc.hint)
     except (OSError, json.JSONDecodeError) as exc:
         return NodeProbe(error=f"{type(exc).__name__}: {exc}", hint="install python3 on the node")
-    return NodeProbe(raw=raw, sent_at=sent, received_at=time.time())
+    return NodeProbe(raw=raw, sent_at=sent, received_at=time.time(), route=_route(node))
+
+
+def _route(node: Node) -> SshRoute | None:
+    """The route the transport just logged in along; resolving it again costs one small file read."""
+    if node.ssh is None:
+        return None
+    try:
+        return route_for(node.name, node.ssh)
+    except SshConfigError:
+        return None  # the config changed since the login; the ssh check falls back to the spec
 
 
 def _node_facts(node: Node, probe: NodeProbe) -> NodeFacts:
@@ -205,8 +217,17 @@ def _ssh(subject: _Subject) -> Check:
     target = subject.node.ssh
     if target is None:
         return subject.check("ssh", "PASS", "the machine running the reconciler (no ssh: in the spec)")
-    where = f"{target.user + '@' if target.user else ''}{target.host}:{target.port}"
-    return subject.check("ssh", "PASS", f"{where} answered; host key matches {target.known_hosts}")
+    route = subject.probe.route
+    if route is None:
+        where = f"{target.user + '@' if target.user else ''}{target.host}:{target.port}"
+        return subject.check("ssh", "PASS", f"{where} answered; host keys match {target.known_hosts}")
+    message = f"{route.describe()} answered; host keys match {', '.join(route.known_hosts)}"
+    if route.entries:
+        message += f"; ssh config: {'; '.join(route.entries)}"
+    if route.notes:
+        fix = "remove or fix those lines to silence this; host keys are checked either way"
+        return subject.check("ssh", "WARN", f"{message}; {'; '.join(route.notes)}", fix)
+    return subject.check("ssh", "PASS", message)
 
 
 def _python(subject: _Subject) -> Check:

@@ -4,7 +4,7 @@ Two families live here:
 
 - `ReconcilerError` and its subclasses are what a user sees. Each carries a message saying
   what happened and a hint saying what to do next, so the CLI can render any of them without
-  a traceback. The subclass names what failed (spec, facts, node, Hub, secret, Pi, bench,
+  a traceback. The subclass names what failed (spec, facts, node, ssh config, Hub, secret, Pi, bench,
   smoke, readiness, lock, saved plan, an applied action); retry semantics come by subclass
   (transient vs permanent), never by inspecting messages.
 - The parse and read errors below them (`YamlError`, `JsoncError`, `UntrustedTextError`,
@@ -82,6 +82,10 @@ class FactsError(ReconcilerError):
 
 class NodeUnreachableError(ReconcilerError):
     """A node did not answer: SSH refused or timed out, host key rejected, Docker down."""
+
+
+class SshConfigError(ReconcilerError):
+    """The ssh config (or a known_hosts file) cannot route to a node as written; not retried."""
 
 
 class NodeCommandError(ReconcilerError):

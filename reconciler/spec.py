@@ -358,9 +358,10 @@ class StrictModel(BaseModel):
 
 
 class SshTarget(StrictModel):
-    """How the head reaches a node over SSH (host keys are always checked)."""
+    """How the head reaches a node over SSH (host keys are always checked). A field left out
+    comes from the head user's ~/.ssh/config for `host`, then from the default shown."""
 
-    host: HostName = Field(description="Address or name; use the node's fabric address.")
+    host: HostName = Field(description="Address, name or ~/.ssh/config Host alias; use the node's fabric address.")
     port: Port = 22
     user: UserName | None = Field(default=None, description="Login user; default: the current one.")
     identity_file: HostPath | None = Field(default=None, description="Private key on the head.")

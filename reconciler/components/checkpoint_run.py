@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
 import re
 import shlex
 from pathlib import Path
@@ -45,8 +44,8 @@ from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.files import parse_manifest
 from reconciler.progress import Counter
 from reconciler.serving import rewrite_exl3_plan
-from reconciler.spec import SshTarget
 from reconciler.transport.base import LineSink, check, run_program
+from reconciler.transport.sshroute import SshRoute, openssh_command, route_for
 
 _INCOMPLETE_HINT = "run `reconciler apply` again: it re-fetches exactly the files named (nothing else is deleted)"
 
@@ -259,10 +258,11 @@ def _rsync(
     worker = ctx.node(node)
     if worker.ssh is None:
         raise NodeCommandError(f"{node}: a peer copy needs an ssh: target", "add nodes[].ssh for this worker")
-    target = worker.ssh
+    # Resolved here, where the control connection resolves it: the head runs the reconciler.
+    route = route_for(node, worker.ssh)
     ctx.ops(node, "mkdirs", {"paths": [destination]})
-    argv = rsync_argv(target, source_dir, destination, only)
-    ctx.progress.line(f"    {head.name} -> {node}: rsync over {target.host}")
+    argv = rsync_argv(route, source_dir, destination, only)
+    ctx.progress.line(f"    {head.name} -> {node}: rsync over {route.describe()}")
     # rsync's progress goes to stdout; redirect it to stderr so it streams like ours.
     command = ["sh", "-c", 'exec "$@" 1>&2', "rsync", *argv]
     lines = _rsync_lines(ctx, f"{head.name}->{node}", size)
@@ -307,21 +307,21 @@ def rsync_counter(line: str, size: int | None) -> Counter | None:
     return Counter("copy", done, total, files_done, files)
 
 
-def rsync_argv(target: SshTarget, source_dir: str, destination: str, only: list[str] | None) -> list[str]:
-    """The copy's argv: remote paths stay data, whatever characters they hold.
+def rsync_argv(route: SshRoute, source_dir: str, destination: str, only: list[str] | None) -> list[str]:
+    """The copy's argv: over the control connection's route; remote paths stay data.
 
+    rsync's `ssh` gets the resolved route as explicit options (port, user, address, keys,
+    known_hosts, jump hosts), so it reaches the worker exactly as paramiko does.
     `--protect-args` (rsync >= 3.0; `--secluded-args` since 3.2.7, which keeps the old name)
     sends the remote paths inside rsync's protocol instead of through the remote shell, so a
     model dir with spaces or `;` can never run anything on the worker. rsync writes each file
     to a temporary name and renames it: a file being replaced is never rewritten in place.
     """
-    ssh = ["ssh", "-p", str(target.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
-    ssh += ["-o", f"UserKnownHostsFile={os.path.expanduser(target.known_hosts)}"]
-    if target.identity_file:
-        ssh += ["-i", os.path.expanduser(target.identity_file), "-o", "IdentitiesOnly=yes"]
-    remote = f"{target.user + '@' if target.user else ''}{target.host}:{destination.rstrip('/')}/"
+    target = route.target
+    remote = f"{target.user}@{target.name}:{destination.rstrip('/')}/"
     argv = ["rsync", "-a", "--protect-args", "--partial", "--info=progress2"]
-    argv += ["--exclude", "*.safetensors.part[0-9][0-9]", "--exclude", ".cache/", "-e", shlex.join(ssh)]
+    argv += ["--exclude", "*.safetensors.part[0-9][0-9]", "--exclude", ".cache/"]
+    argv += ["-e", shlex.join(openssh_command(route))]
     source = f"{source_dir.rstrip('/')}/"
     if only is None:
         return [*argv, source, remote]

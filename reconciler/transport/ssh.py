@@ -3,15 +3,17 @@
 The Docker API travels over the same connection: a local unix socket forwards each Docker
 connection to a tiny stdlib relay to the node's Docker socket (nodeside/dockerrelay.py; what
 docker-py's `ssh://` does with `docker system dial-stdio`, without its lingering sessions).
-Doing it here, rather than through docker-py's `ssh://`, keeps the spec's known_hosts,
-identity and port in force (docker-py reads only ~/.ssh/config; see docs/sources.md) and
-avoids a second SSH login per pass.
+Doing it here, rather than through docker-py's `ssh://`, keeps the node's one route and its
+host-key checks in force (docker-py reads only ~/.ssh/config and knows nothing of the spec; see
+docs/sources.md) and avoids a second SSH login per pass.
+
+The route itself (the ssh config applied to the spec's target, jump hosts) is resolved in
+sshroute.py and opened in sshconnect.py; the rsync copy's `ssh` takes the same route.
 """
 
 from __future__ import annotations
 
 import contextlib
-import getpass
 import os
 import select
 import shlex
@@ -31,6 +33,8 @@ from reconciler import nodeside
 from reconciler.errors import NodeUnreachableError, ReconcilerError
 from reconciler.spec import SshTarget
 from reconciler.transport.base import CommandResult, LineSink, LineSplitter
+from reconciler.transport.sshconnect import SshConnection, open_route
+from reconciler.transport.sshroute import route_for
 
 _CHUNK = 65536
 _RELAY = (Path(nodeside.__file__).parent / "dockerrelay.py").read_text(encoding="utf-8")
@@ -40,7 +44,7 @@ class SshTransport:
     def __init__(self, node: str, target: SshTarget) -> None:
         self.node = node
         self.target = target
-        self._client: paramiko.SSHClient | None = None
+        self._client: SshConnection | None = None
         self._forward: _DockerForward | None = None
         self._docker: Any = None
         self._lock = threading.Lock()
@@ -58,53 +62,9 @@ class SshTransport:
             assert transport is not None
             return transport
 
-    def _connect(self) -> paramiko.SSHClient:
-        target = self.target
-        where = f"{target.user + '@' if target.user else ''}{target.host}:{target.port}"
-        known_hosts = os.path.expanduser(target.known_hosts)
-        client = paramiko.SSHClient()
-        try:
-            client.load_host_keys(known_hosts)
-        except OSError as exc:
-            raise NodeUnreachableError(
-                f"{self.node}: cannot read known_hosts {known_hosts}: {exc.strerror}",
-                f"verify {target.host}'s host key fingerprint, then add it: ssh-keyscan -p {target.port} {target.host}",
-            ) from None
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        try:
-            client.connect(
-                hostname=target.host,
-                port=target.port,
-                username=target.user or getpass.getuser(),
-                key_filename=os.path.expanduser(target.identity_file) if target.identity_file else None,
-                timeout=target.connect_timeout_s,
-                banner_timeout=target.connect_timeout_s,
-                auth_timeout=target.connect_timeout_s,
-                look_for_keys=target.identity_file is None,
-            )
-        except paramiko.BadHostKeyException:
-            raise NodeUnreachableError(
-                f"{self.node}: the host key of {where} does not match {known_hosts}",
-                "the node was reinstalled, or something intercepts the connection: verify the fingerprint first",
-            ) from None
-        except paramiko.AuthenticationException:
-            raise NodeUnreachableError(
-                f"{self.node}: SSH authentication to {where} failed",
-                "check nodes[].ssh.user and identity_file, and the key in the node's authorized_keys",
-            ) from None
-        except paramiko.SSHException as exc:
-            hint = (
-                f"add the node's host key to {known_hosts} after verifying its fingerprint"
-                if "known_hosts" in str(exc)
-                else "check that sshd runs on the node and the address is right"
-            )
-            raise NodeUnreachableError(f"{self.node}: SSH to {where} failed: {exc}", hint) from None
-        except OSError as exc:
-            raise NodeUnreachableError(
-                f"{self.node}: cannot connect to {where}: {exc.strerror or exc}",
-                "check the cable/address (use the fabric IP) and that sshd is running",
-            ) from None
-        return client
+    def _connect(self) -> SshConnection:
+        """A fresh login along the route the ssh config gives now (an edited config applies on reconnect)."""
+        return open_route(route_for(self.node, self.target))
 
     def run(
         self,
@@ -193,7 +153,7 @@ def _drain(
 class _DockerForward:
     """A local unix socket whose connections are piped to the Docker socket relay on the node."""
 
-    def __init__(self, connect: Callable[[], paramiko.SSHClient]) -> None:
+    def __init__(self, connect: Callable[[], SshConnection]) -> None:
         self._connect = connect
         self._client = connect()
         self._dir = tempfile.mkdtemp(prefix="reconciler-docker-")

@@ -132,9 +132,11 @@ def test_plan_with_facts_for_other_nodes_fails_clearly(capsys: pytest.CaptureFix
 
 
 def test_live_plan_reports_an_unreachable_worker_as_a_blocker(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Loopback only: a closed local port refuses at once; no other address is ever contacted.
+    # No ssh config: this machine's own ~/.ssh/config must not move the connection.
+    monkeypatch.setenv("RECONCILER_SSH_CONFIG", "none")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         closed_port = probe.getsockname()[1]
@@ -150,7 +152,8 @@ def test_live_plan_reports_an_unreachable_worker_as_a_blocker(
     )
     code, out, _ = run(capsys, "plan", "--spec", str(spec), "--detailed-exitcode")
     assert code == 1
-    assert "! w: node unreachable: w: cannot connect to 127.0.0.1" in out
+    assert "! w: node unreachable: w: SSH to " in out
+    assert f"@127.0.0.1:{closed_port}: cannot connect: " in out
 
 
 def test_schema_check_and_write(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

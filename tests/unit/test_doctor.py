@@ -11,7 +11,8 @@ from reconciler import doctor
 from reconciler.cli import main
 from reconciler.doctor import Check, DoctorInput, NodeProbe, Report, checkpoint_weight_bytes, doctor_input
 from reconciler.facts.node import load_facts
-from reconciler.spec import Deployment
+from reconciler.spec import Deployment, SshTarget
+from reconciler.transport.sshroute import SshConfigText, resolve_route
 from tests.scenarios import COMMIT, CONVERGED_FACTS, FIXTURES, SPEC_PATH, empty_facts, reference_deployment
 from tests.testbed import fakesys
 
@@ -106,7 +107,7 @@ def test_a_healthy_spark_pair_has_no_failure() -> None:
     for node in (HEAD, WORKER):
         assert verdicts(report, node) == {**expected, "memory": "WARN"}
     assert verdicts(report, doctor.ALL_NODES) == {"same subnet": "PASS", "mtu": "PASS", "clock skew": "PASS"}
-    assert find(report, WORKER, "ssh").message == "nvidia@10.10.10.11:22 answered; host key matches ~/.ssh/known_hosts"
+    assert find(report, WORKER, "ssh").message == "nvidia@10.10.10.11:22 answered; host keys match ~/.ssh/known_hosts"
     assert find(report, HEAD, "fabric address").message == "enp1s0f1np1 192.168.100.10/24"
     assert find(report, HEAD, "roce gid").message == "NCCL_IB_HCA rocep1s0f1: GID 3 = ::ffff:192.168.100.10"
     assert find(report, doctor.ALL_NODES, "mtu").message == "spark-head enp1s0f1np1 9000, spark-worker enp1s0f1np1 9000"
@@ -206,6 +207,32 @@ def test_an_unreachable_node_fails_ssh_with_the_transports_hint() -> None:
     assert verdicts(report, WORKER) == {"ssh": "FAIL", "other checks": "WARN"}
     assert find(report, doctor.ALL_NODES, "same subnet").message == "not checked: no fabric address on spark-worker"
     assert find(report, doctor.ALL_NODES, "clock skew").status == "WARN"
+
+
+def test_the_ssh_check_names_the_route_and_the_config_entries_that_applied() -> None:
+    config = SshConfigText("/home/nvidia/.ssh/config", "Host spark2\n  HostName 10.10.10.11\n  User nvidia\n")
+    target = SshTarget(host="spark2", known_hosts="/home/nvidia/.ssh/known_hosts")
+    route = resolve_route(WORKER, target, config, "nvidia")
+    report = run_doctor(worker=NodeProbe(raw=raw_probe(SPARK_IPS[WORKER]), route=route))
+    ssh = find(report, WORKER, "ssh")
+    assert (ssh.status, ssh.message) == (
+        "PASS",
+        "nvidia@10.10.10.11:22 (spark2) answered; host keys match /home/nvidia/.ssh/known_hosts; "
+        "ssh config: /home/nvidia/.ssh/config:1: Host spark2",
+    )
+
+
+def test_the_ssh_check_warns_of_config_settings_the_reconciler_does_not_follow() -> None:
+    text = "Host spark2\n  HostName 10.10.10.11\nHost *\n  StrictHostKeyChecking no\n"
+    target = SshTarget(host="spark2", known_hosts="/kh")
+    route = resolve_route(WORKER, target, SshConfigText("/c", text), "nvidia")
+    ssh = find(run_doctor(worker=NodeProbe(raw=raw_probe(SPARK_IPS[WORKER]), route=route)), WORKER, "ssh")
+    assert ssh.status == "WARN"
+    assert ssh.message.endswith(
+        "/c:4: StrictHostKeyChecking no (for spark2) is ignored: the reconciler always checks host keys and never "
+        "adds one"
+    )
+    assert ssh.fix == "remove or fix those lines to silence this; host keys are checked either way"
 
 
 def test_a_missing_python3_is_reported_as_such() -> None:

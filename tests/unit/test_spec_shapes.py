@@ -12,6 +12,7 @@ from reconciler.components.checkpoint_run import rsync_argv
 from reconciler.errors import SpecError, SpecProblem
 from reconciler.plan import plan
 from reconciler.spec import SshTarget, names_api_key, parse_spec
+from reconciler.transport.sshroute import resolve_route
 from tests.scenarios import empty_facts
 
 NODES = """\
@@ -148,8 +149,10 @@ def test_no_type_is_guessed_from_a_string_or_a_number(extra: str) -> None:
 
 
 def test_remote_paths_are_protected_from_the_remote_shell() -> None:
-    argv = rsync_argv(SshTarget(host="10.10.10.11", user="nvidia"), "/m/x y;z", "/w/$(id)", None)
+    route = resolve_route("w", SshTarget(host="10.10.10.11", user="nvidia"), None, "me")
+    argv = rsync_argv(route, "/m/x y;z", "/w/$(id)", None)
     assert "--protect-args" in argv
     assert argv[-2:] == ["/m/x y;z/", "nvidia@10.10.10.11:/w/$(id)/"]
-    again = rsync_argv(SshTarget(host="10.10.10.11"), "/m", "/w", ["model-00001-of-00006.safetensors"])
-    assert again[-3:] == ["--ignore-times", "/m/./model-00001-of-00006.safetensors", "10.10.10.11:/w/"]
+    route = resolve_route("w", SshTarget(host="10.10.10.11"), None, "me")
+    again = rsync_argv(route, "/m", "/w", ["model-00001-of-00006.safetensors"])
+    assert again[-3:] == ["--ignore-times", "/m/./model-00001-of-00006.safetensors", "me@10.10.10.11:/w/"]
