@@ -7,7 +7,7 @@ SPEC := specs/deployment.yaml
 TESTBED_SPEC := specs/testbed.yaml
 NODE_EXEC := python3 -m tests.testbed exec
 
-.PHONY: setup demo demo-offline test lint typecheck unit e2e bench schema clean testbed-install testbed-up testbed-down pi-test-install
+.PHONY: shell-tools setup demo demo-offline test lint typecheck unit e2e bench schema clean testbed-install testbed-up testbed-down pi-test-install
 
 setup: $(STAMP)
 
@@ -54,7 +54,12 @@ typecheck: setup
 schema: setup
 	$(BIN)/reconciler schema
 
-unit: setup pi-test-install
+# zsh for the completion tests (bash is always there); installed when missing and root.
+shell-tools:
+	@command -v zsh >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zsh >/dev/null; } || echo "no zsh: its completion tests are skipped"
+
+unit: setup pi-test-install shell-tools
 	$(BIN)/pytest -m "not testbed and not system and not realengine"
 
 # The real Pi coding agent from npm (0.73.1, 1.6.0 and node 22 for it) in .pi-test/, for

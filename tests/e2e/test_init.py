@@ -29,6 +29,7 @@ import pytest
 
 from reconciler.spec import load_spec
 from tests.e2e.conftest import RECONCILER, TB_ROOT, Bed
+from tests.e2e.userspec import edited_like_a_user
 from tests.testbed.config import Layout, node_named
 
 pytestmark = pytest.mark.testbed
@@ -37,8 +38,6 @@ HEAD, WORKER = "spark-head", "spark-worker"
 FABRIC_IP = {HEAD: "198.18.10.13", WORKER: "198.18.10.11"}
 WORKER_LOGIN = f"root@{FABRIC_IP[WORKER]}"
 MODEL_DIR = "/srv/spark/models/DeepSeek-V4.1-Flash-Spark"
-# The sections a user of the testbed edits after init (see the module docstring).
-TESTBED_SECTIONS = ("state_dir", "model", "image", "serving", "memguard", "startup")
 PASSING = ["ssh", "python3", "rsync", "docker", "image", "rdma port", "fabric address", "roce gid", "disk"]
 HONEST_FAILURES = {"nvidia runtime", "gpu driver", "memory"}
 
@@ -55,34 +54,6 @@ def init(bed: Bed, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     print(f"$ reconciler init {' '.join(args)}  ({elapsed:.1f} s, exit {result.returncode})")
     print(result.stdout + result.stderr)
     return result
-
-
-def top_level_blocks(text: str) -> dict[str, str]:
-    """Each top-level key of a spec with the indented lines under it."""
-    blocks: dict[str, str] = {}
-    key: str | None = None
-    for line in text.splitlines(keepends=True):
-        match = re.match(r"^([a-z_]+):", line)
-        if match:
-            key = match.group(1)
-            blocks[key] = line
-        elif key is not None and line.startswith(" "):
-            blocks[key] += line
-        else:
-            key = None
-    return blocks
-
-
-def edited_like_a_user(drafted: str, testbed_spec: str) -> str:
-    """The drafted spec with the testbed's own sections pasted in place of init's."""
-    ours = top_level_blocks(drafted)
-    kept = drafted
-    for key in TESTBED_SECTIONS:
-        if key in ours:
-            kept = kept.replace(ours[key], "")
-    theirs = top_level_blocks(testbed_spec)
-    pasted = "".join(theirs[key].rstrip("\n") + "\n" for key in TESTBED_SECTIONS)
-    return kept.rstrip("\n") + "\n\n# pasted from specs/testbed.yaml by hand:\n" + pasted
 
 
 def test_an_unknown_host_key_stops_init_with_the_command_that_adds_it(bed: Bed, workdir: Path) -> None:

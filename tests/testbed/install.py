@@ -15,6 +15,8 @@ from tests.testbed.config import TestbedError
 
 PACKAGES = ["docker.io", "openssh-server", "docker-registry", "busybox-static", "rsync", "tini", "iproute2", "curl"]
 PACKAGES += ["python3"]
+# The quickstart test installs the reconciler as the README says (pipx); the completion test runs zsh.
+PACKAGES += ["pipx", "zsh"]
 POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
 
 
