@@ -97,7 +97,7 @@ def slow_hub() -> Iterator[StandinControl]:
 def in_progress(bed: Bed) -> dict[str, Any] | None:
     """The pass under way as `reconciler status --json` shows it (from loop-status.json)."""
     result = bed.reconciler("status", "--json", check=False, timeout=120)
-    if result.returncode != 0:
+    if result.returncode not in (0, 2):  # 2: not converged yet, as during a first pass
         return None
     loop = json.loads(result.stdout).get("loop") or {}
     current = loop.get("pass")

@@ -122,10 +122,12 @@ def test_step_5_plan_shows_the_bring_up(bed: Bed, installed: Installed) -> None:
     result = installed.run(bed, "plan", "--detailed-exitcode", "--json")
     assert result.returncode == 2, result.stderr
     steps = {(action["step"], action["node"]) for action in json.loads(result.stdout)["actions"]}
+    # (The testbed's nodes already hold the engine image: no pull.)
     for node in ("spark-head", "spark-worker"):
-        for step in ("image.pull", "memguard.start", "ranks.start"):
+        for step in ("memguard.start", "ranks.start"):
             assert (step, node) in steps, (step, node)
-    assert ("checkpoint.download", "spark-head") in steps
+    for step, node in (("checkpoint.download", "spark-head"), ("apikey.create", "spark-head")):
+        assert (step, node) in steps, (step, node)
     assert ("checkpoint.copy", "spark-worker") in steps
 
 
