@@ -10,7 +10,6 @@ Problems are reported with file:line:column, the field path and a hint, never a 
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import json
 import os
@@ -84,19 +83,21 @@ DERIVED_ENV = {
     "VLLM_API_KEY": "api.key_file",
 }
 
-_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
-_HCA_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-_HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$")
-_DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
-_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-_SIZE_RE = re.compile(r"^[1-9][0-9]{0,15}[bkmg]?$")
-_FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
-_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
-_REVISION_RE = re.compile(r"^[A-Za-z0-9._/-]{1,255}$")
-_IMAGE_RE = re.compile(r"^[a-z0-9][A-Za-z0-9._/:@-]{0,511}$")
+# Pattern strings, not compiled objects: `re` compiles each on first use (and caches it), so a
+# command that never validates that field never pays for it.
+_NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+_IFNAME_RE = r"^[A-Za-z0-9_.:-]{1,15}$"
+_HCA_RE = r"^[A-Za-z0-9_]{1,64}$"
+_ENV_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_REPO_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
+_HOST_RE = r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$"
+_DIGEST_RE = r"@sha256:[0-9a-f]{64}$"
+_COMMIT_RE = r"^[0-9a-f]{40}$"
+_SIZE_RE = r"^[1-9][0-9]{0,15}[bkmg]?$"
+_FILE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"
+_USER_RE = r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
+_REVISION_RE = r"^[A-Za-z0-9._/-]{1,255}$"
+_IMAGE_RE = r"^[a-z0-9][A-Za-z0-9._/:@-]{0,511}$"
 MAX_PATH = 1024
 MAX_ARG = 256
 MAX_TEXT = 4096
@@ -110,7 +111,7 @@ def _problem(kind: str, message: str, hint: str, **context: object) -> PydanticC
 
 
 def _check_name(value: str) -> str:
-    if not _NAME_RE.match(value):
+    if not re.match(_NAME_RE, value):
         raise _problem(
             "name",
             "'{value}' is not a valid name",
@@ -158,7 +159,7 @@ def _check_host_path(value: str) -> str:
 
 def _check_file_name(value: str) -> str:
     """A plain file name inside the model dir: never a path that could lead out of it."""
-    if not _FILE_NAME_RE.match(value) or value in {".", ".."}:
+    if not re.match(_FILE_NAME_RE, value) or value in {".", ".."}:
         raise _problem(
             "file_name",
             "'{value}' is not a plain file name",
@@ -188,7 +189,7 @@ def _check_arg_value(value: str) -> str:
 
 
 def _check_user(value: str) -> str:
-    if not _USER_RE.match(value):
+    if not re.match(_USER_RE, value):
         raise _problem(
             "user",
             "'{value}' is not a user name",
@@ -199,7 +200,7 @@ def _check_user(value: str) -> str:
 
 
 def _check_revision(value: str) -> str:
-    if not _REVISION_RE.match(value) or value.startswith("-") or ".." in value or value.endswith("/"):
+    if not re.match(_REVISION_RE, value) or value.startswith("-") or ".." in value or value.endswith("/"):
         raise _problem(
             "revision",
             "'{value}' is not a branch, tag or commit",
@@ -251,7 +252,7 @@ def _check_bind_ip(value: str) -> str:
 
 
 def _check_ifname(value: str) -> str:
-    if not _IFNAME_RE.match(value):
+    if not re.match(_IFNAME_RE, value):
         raise _problem(
             "ifname",
             "'{value}' is not a network interface name",
@@ -262,7 +263,7 @@ def _check_ifname(value: str) -> str:
 
 
 def _check_hca(value: str) -> str:
-    if not _HCA_RE.match(value):
+    if not re.match(_HCA_RE, value):
         raise _problem(
             "hca",
             "'{value}' is not an RDMA device name",
@@ -273,7 +274,7 @@ def _check_hca(value: str) -> str:
 
 
 def _check_env_name(value: str) -> str:
-    if not _ENV_RE.match(value):
+    if not re.match(_ENV_RE, value):
         raise _problem(
             "env_name",
             "'{value}' is not an environment variable name",
@@ -284,7 +285,7 @@ def _check_env_name(value: str) -> str:
 
 
 def _check_host(value: str) -> str:
-    if not _HOST_RE.match(value) or ".." in value:
+    if not re.match(_HOST_RE, value) or ".." in value:
         raise _problem(
             "host",
             "'{value}' is not a host name or IPv4 address",
@@ -405,7 +406,7 @@ class Node(StrictModel):
 class Model(StrictModel):
     """The checkpoint and where it comes from."""
 
-    repo: str = Field(default="0xSero/DeepSeek-V4.1-Flash-Spark", pattern=_REPO_RE.pattern, max_length=96)
+    repo: str = Field(default="0xSero/DeepSeek-V4.1-Flash-Spark", pattern=_REPO_RE, max_length=96)
     revision: Revision = Field(default="main", description="Pin a 40-hex commit for reproducible bytes.")
     endpoint: str | None = Field(
         default=None,
@@ -449,14 +450,14 @@ class Image(StrictModel):
     @field_validator("ref")
     @classmethod
     def _pinned(cls, value: str, info: ValidationInfo) -> str:
-        if not _IMAGE_RE.match(value):
+        if not re.match(_IMAGE_RE, value):
             raise _problem(
                 "image_ref",
                 "'{value}' is not an image reference",
                 "write registry/name@sha256:<digest>, e.g. the reference's ghcr.io/0xsero/...@sha256:...",
                 value=value,
             )
-        if not info.data.get("allow_unpinned", False) and not _DIGEST_RE.search(value):
+        if not info.data.get("allow_unpinned", False) and not re.search(_DIGEST_RE, value):
             raise _problem(
                 "unpinned_image",
                 "image '{value}' is not pinned by digest",
@@ -636,7 +637,7 @@ class Serving(StrictModel):
     @field_validator("shm_size")
     @classmethod
     def _size(cls, value: str) -> str:
-        if not _SIZE_RE.match(value.lower()) or size_bytes(value) > 128 * GIB:
+        if not re.match(_SIZE_RE, value.lower()) or size_bytes(value) > 128 * GIB:
             raise _problem(
                 "size", "'{value}' is not a size up to 128g", "write e.g. 32g, 512m or 1073741824", value=value
             )
@@ -910,7 +911,7 @@ def _check_ports(deployment: Deployment) -> list[Located]:
 
 def _warnings(deployment: Deployment, document: LocatedDocument, filename: str) -> list[SpecProblem]:
     warnings: list[SpecProblem] = _profile_warnings(deployment.serving, document, filename)
-    if not _COMMIT_RE.match(deployment.model.revision):
+    if not re.match(_COMMIT_RE, deployment.model.revision):
         warnings.append(
             _at(
                 document,
@@ -987,6 +988,8 @@ def _generic_hint(error: Any, loc: tuple[str | int, ...]) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
+        import difflib  # only to suggest a name for a misspelt key
+
         close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
         suggestion = f"did you mean '{close[0]}'? " if close else ""
         return f"{suggestion}allowed keys here: {', '.join(allowed)}"
