@@ -9,7 +9,6 @@ node is (its home, its transport), never to decide again what to do.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import shutil
 import sys
@@ -23,7 +22,7 @@ from reconciler.actions import Action, Payload, Smoke
 from reconciler.clock import utc_iso
 from reconciler.errors import FactsError, ReconcilerError
 from reconciler.facts.node import Facts
-from reconciler.progress import Counter, PassState, StepState, Throttle, bar, parse_line
+from reconciler.progress import Counter, PassState, StepState, Throttle, bar, parse_line, plausible, printable
 from reconciler.spec import Deployment, Node, expand_home
 from reconciler.transport.base import LineSink, Transport, run_program
 
@@ -32,6 +31,10 @@ from reconciler.transport.base import LineSink, Transport, run_program
 JOURNAL_INTERVAL_S = 5.0
 BAR_INTERVAL_S = 0.5
 PUBLISH_INTERVAL_S = 2.0
+# A line of ours may quote a node (an error's detail): each of its lines is cut to this.
+_MAX_MESSAGE_LINE = 4000
+# The first word of a node's line names its kind for the rate limit (`resuming`, `WARNING`).
+_MAX_KIND = 80
 
 # Takes the pass's state (None once it ended) to STATUS= and the status file; must not raise.
 Publisher = Callable[[PassState | None], None]
@@ -57,11 +60,10 @@ class Progress:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stream = stream or sys.stderr
-        self.min_interval_s = min_interval_s
         self.tty = _isatty(self.stream) if tty is None else tty
         self.clock = clock
         self._lock = threading.RLock()
-        self._last: dict[str, float] = {}
+        self._lines = Throttle(min_interval_s)
         self._shown = Throttle(BAR_INTERVAL_S if self.tty else JOURNAL_INTERVAL_S)
         self._published = Throttle(PUBLISH_INTERVAL_S)
         self._pass = PassState(by="", pid=os.getpid(), started_at=utc_iso())
@@ -73,18 +75,18 @@ class Progress:
     # ---- plain lines -----------------------------------------------------------------------
 
     def line(self, message: str) -> None:
+        """`message` on a line of its own (or several: each is made printable, none moves the cursor)."""
+        shown = "\n".join(printable(part, _MAX_MESSAGE_LINE) for part in message.split("\n"))
         with self._lock:
             self._erase_bar()
-            self.stream.write(message + "\n")
+            self.stream.write(shown + "\n")
             self._draw_bar()
             self.stream.flush()
 
     def throttled(self, key: str, message: str) -> None:
-        now = self.clock()
         with self._lock:
-            if now - self._last.get(key, -math.inf) < self.min_interval_s:
+            if not self._lines.due(key, self.clock()):
                 return
-            self._last[key] = now
         self.line(message)
 
     # ---- the pass and its steps ------------------------------------------------------------
@@ -143,7 +145,7 @@ class Progress:
         if step is None:
             return
         with self._lock:
-            step.detail = detail
+            step.detail = printable(detail, _MAX_MESSAGE_LINE)
             if self._published.due("pass", self.clock()):
                 self._publish()
 
@@ -157,19 +159,24 @@ class Progress:
 
     def sink(self, label: str) -> LineSink:
         """A node program's stderr: structured progress lines are counted for this thread's step;
-        any other line is shown, rate-limited per label and first word (programs repeat)."""
+        any other line is shown, printable and cut, rate-limited per label and first word
+        (programs repeat)."""
         report = self.reporter(label)
 
         def take(line: str) -> None:
             counter = parse_line(line)
             if counter is not None:
                 report(counter)
-            else:
-                self.throttled(f"{label}:{line.split(':')[0]}", f"    {label}: {line}")
+                return
+            shown = printable(line).strip()
+            if shown:
+                self.throttled(f"{label}:{shown.split(':')[0][:_MAX_KIND]}", f"    {label}: {shown}")
 
         return take
 
     def _count(self, counter: Counter, label: str | None, step: StepState | None) -> None:
+        if not plausible(counter):  # a count no file has, from rsync or Docker on a node
+            return
         now = self.clock()
         with self._lock:
             target = step if step is not None else self._loose_step(label or counter.what)

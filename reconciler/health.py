@@ -17,8 +17,7 @@ import httpx
 from reconciler.components.apikey import read_key
 from reconciler.errors import GroupFailedError, ReconcilerError
 from reconciler.execution import ApplyContext
-from reconciler.progress import Throttle, printable_line
-from reconciler.redact import redact
+from reconciler.progress import Throttle, printable, printable_line
 from reconciler.serving import api_base, container_name
 from reconciler.spec import Deployment
 
@@ -94,7 +93,7 @@ def _log_tails(states: dict[str, Any]) -> str:
             lines.append(f"{prefix}| (no container)")
             continue
         text = container.logs(tail=LOG_TAIL).decode("utf-8", errors="replace")
-        lines += [f"{prefix}| {line}" for line in text.splitlines()]
+        lines += [f"{prefix}| {printable(line)}" for line in text.splitlines()]
     return "\n".join(lines)
 
 
@@ -116,7 +115,7 @@ def last_log_lines(states: dict[str, Any]) -> dict[str, str]:
             text = container.logs(tail=1).decode("utf-8", errors="replace")
         except docker.errors.DockerException:  # gone meanwhile: the next poll sees it exit
             text = "(no log)"
-        lines[rank] = printable_line(redact(text), RANK_LINE_LIMIT) or "(nothing logged yet)"
+        lines[rank] = printable_line(text, RANK_LINE_LIMIT) or "(nothing logged yet)"
     return lines
 
 

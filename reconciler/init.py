@@ -9,8 +9,13 @@ is marked REVIEW, with the candidates commented out, never guessed.
 
 Two halves, so the interesting one is tested on fixture data: `draft(request, probed)` is pure
 and turns probe answers into spec text; `probe_nodes(request)` is the only I/O. SSH host keys
-are checked as everywhere: a node whose key is not in known_hosts stops init with the command
-that adds it after the fingerprint is verified; init never adds one itself.
+are checked as everywhere: each node's route through the user's ssh config is resolved as the
+transport resolves it, and a hop whose key is not in the route's known_hosts stops init with the
+commands that add it after the fingerprint is verified; init never adds one itself.
+
+Every value init writes that a node reported (interface, address, HCAs) is first checked against
+the spec's own patterns, so a node cannot smuggle a second value or a key into the file; one the
+spec would refuse is a REVIEW note, never a value.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import shlex
 import textwrap
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import paramiko
@@ -30,7 +35,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from reconciler.components.checkpoint import FULL_SIZE_HEAD, FULL_SIZE_WORKER, human_bytes
 from reconciler.doctor import NodeProbe, doctor_input
-from reconciler.errors import NodeUnreachableError, ReconcilerError, SpecError, YamlError
+from reconciler.errors import NodeUnreachableError, ReconcilerError, SpecError, SshConfigError, YamlError
 from reconciler.facts.fabric import FabricFacts, subnet_mismatches
 from reconciler.facts.gather import probe_args
 from reconciler.facts.memory import KIB_PER_GIB
@@ -50,6 +55,8 @@ from reconciler.spec import (
 )
 from reconciler.transport.base import Transport, run_program
 from reconciler.transport.connect import transport_for
+from reconciler.transport.sshconnect import known_host_keys
+from reconciler.transport.sshroute import SshRoute, openssh_command, route_for
 from reconciler.yamlpos import load_located
 
 DEFAULT_MODEL_DIR: str = Node.model_fields["model_dir"].default
@@ -76,14 +83,18 @@ class InitRequest:
         return [("head", self.head), *(("worker", target) for target in self.workers)]
 
 
-def ssh_target(text: str, option: str, *, port: int, identity_file: str | None, known_hosts: str) -> SshTarget:
-    """`[user@]host` as given to --head / --worker, checked as the spec would check it."""
+def ssh_target(
+    text: str, option: str, *, port: int | None, identity_file: str | None, known_hosts: str | None
+) -> SshTarget:
+    """`[user@]host` as given to --head / --worker, checked as the spec would check it.
+
+    Only what the user gave is set: a field set in the spec overrides the ssh config for good,
+    so an option left out must stay out and let ~/.ssh/config apply (`model_fields_set`)."""
     user, at, host = text.rpartition("@")
-    fields: dict[str, Any] = {"host": host, "port": port, "known_hosts": known_hosts}
+    given = {"port": port, "identity_file": identity_file, "known_hosts": known_hosts}
+    fields: dict[str, Any] = {"host": host, **{key: value for key, value in given.items() if value is not None}}
     if at:
         fields["user"] = user
-    if identity_file is not None:
-        fields["identity_file"] = identity_file
     try:
         return SshTarget.model_validate(fields)
     except ValidationError as exc:
@@ -130,6 +141,7 @@ class Probed:
     target: SshTarget | None
     user: str | None
     facts: NodeFacts
+    route: SshRoute | None = None  # the target through the ssh config, when init resolved it
 
 
 def provisional(request: InitRequest) -> Deployment:
@@ -139,18 +151,22 @@ def provisional(request: InitRequest) -> Deployment:
     for index, (role, target) in enumerate(request.targets):
         node: dict[str, Any] = {"name": f"node-{index}", "role": role, "model_dir": request.model_dir}
         if target is not None:
-            node["ssh"] = target.model_dump(exclude_defaults=True)
+            # Unset, not default: an explicit `--ssh-port 22` must still win over the config's Port.
+            node["ssh"] = target.model_dump(exclude_unset=True)
         nodes.append(node)
     return Deployment.model_validate({"nodes": nodes})
 
 
-def probed_from_answers(request: InitRequest, answers: dict[str, NodeProbe]) -> list[Probed]:
+def probed_from_answers(
+    request: InitRequest, answers: dict[str, NodeProbe], routes: list[SshRoute | None] | None = None
+) -> list[Probed]:
     """Pure: the probes' raw answers (keyed by the provisional names) -> per-node findings."""
     deployment = provisional(request)
     facts = doctor_input(deployment, answers).facts
+    routed = routes if routes is not None else [None] * len(deployment.nodes)
     return [
-        Probed(role, target, _text(answers[node.name].host.get("user")), facts.nodes[node.name])
-        for (role, target), node in zip(request.targets, deployment.nodes, strict=True)
+        Probed(role, target, _text(answers[node.name].host.get("user")), facts.nodes[node.name], route)
+        for (role, target), node, route in zip(request.targets, deployment.nodes, routed, strict=True)
     ]
 
 
@@ -209,14 +225,41 @@ def _safe(text: str) -> str:
 
 
 def scalar(value: str) -> str:
-    """`value` as YAML: plain when the spec loader reads it back as this very string, else quoted."""
+    """`value` as a block-context YAML value: plain when the spec loader reads it back as this very
+    string, else double-quoted."""
     try:
         plain = load_located(f"k: {value}\n").data
     except YamlError:
         plain = None
-    if isinstance(plain, dict) and plain.get("k") == value and "#" not in value:
+    if isinstance(plain, dict) and plain.get("k") == value and "#" not in value and value.isprintable():
         return value
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return quoted(value)
+
+
+def flow_scalar(value: str) -> str:
+    """`value` as an item of a `[a, b]` list: there `,` `[` `]` `{` `}` `:` end or nest a plain
+    value, so only names of the plainest characters stay plain."""
+    return value if re.fullmatch(r"[A-Za-z0-9_.-]+", value) and scalar(value) == value else quoted(value)
+
+
+def quoted(value: str) -> str:
+    """A YAML double-quoted string holding exactly `value`, on one line of printable ASCII:
+    everything else is escaped (a raw line break would be folded into a space, and U+2028 or NEL
+    would end the line for some readers)."""
+    parts = ['"']
+    for char in value:
+        code = ord(char)
+        if char in '"\\':
+            parts.append("\\" + char)
+        elif 0x20 <= code < 0x7F:
+            parts.append(char)
+        elif code <= 0xFF:
+            parts.append(f"\\x{code:02x}")
+        elif code <= 0xFFFF:
+            parts.append(f"\\u{code:04x}")
+        else:
+            parts.append(f"\\U{code:08x}")
+    return "".join(parts) + '"'
 
 
 def draft(request: InitRequest, probed: list[Probed], *, schema_ref: str | None = None) -> Draft:
@@ -302,36 +345,54 @@ def _who(item: Probed) -> str:
 
 
 def _ssh(out: _Lines, where: str, target: SshTarget, item: Probed) -> None:
+    """Only what the user gave: anything else written here would override ~/.ssh/config for good."""
+    given = target.model_fields_set
     out.key(4, "ssh")
-    _ssh_host_comment(out, where, target.host, item.facts.fabric)
+    _ssh_host_comment(out, where, target.host, item)
     out.key(6, "host", target.host)
-    if target.port != SshTarget.model_fields["port"].default:
+    if "port" in given:
         out.key(6, "port", target.port)
     if target.user:
         out.key(6, "user", target.user)
     else:
-        out.comment(6, f"no user given: the user running the reconciler ({item.user or 'unknown'} answered)")
+        out.comment(
+            6,
+            "no user given: the ssh config's User, else the user running the reconciler "
+            f"({item.user or 'unknown'} answered)",
+        )
     if target.identity_file:
         out.key(6, "identity_file", target.identity_file)
-    out.comment(6, "host keys are checked against this file on every connection, never added")
-    out.key(6, "known_hosts", target.known_hosts)
+    if "known_hosts" in given:
+        out.comment(6, "host keys are checked against this file on every connection, never added")
+        out.key(6, "known_hosts", target.known_hosts)
+    else:
+        out.comment(
+            6,
+            "port, key and known_hosts left out: the ssh config's for this host, else the defaults; host keys are "
+            "checked on every connection, never added",
+        )
 
 
-def _ssh_host_comment(out: _Lines, where: str, host: str, fabric: FabricFacts) -> None:
+def _ssh_host_comment(out: _Lines, where: str, host: str, item: Probed) -> None:
     """The checkpoint copy (some 470 GB) runs over ssh.host: it should be the fabric address."""
+    fabric = item.facts.fabric
+    address = item.route.target.hostname if item.route is not None else host
+    leads = "" if address == host else f" (HostName {address} in the ssh config)"
+    if leads and item.route is not None:
+        out.comment(6, f"{host} leads to {_leads_to(item.route)} by the ssh config")
     try:
-        ipaddress.IPv4Address(host)
+        ipaddress.IPv4Address(address)
     except ValueError:
         fabric_ip = f" ({fabric.ip})" if fabric.ip else ""
         out.comment(6, f"a name: it should resolve to the node's fabric address{fabric_ip}, which carries the copy")
         return
-    if host == fabric.ip:
+    if address == fabric.ip:
         out.comment(6, "the node's fabric address: the checkpoint copy (rsync over SSH) takes the fabric")
     elif fabric.ip is not None:
         out.review(
             6,
             f"{where}.ssh.host",
-            f"{host} is not the node's fabric address ({fabric.ip}): the checkpoint copy (rsync over SSH, "
+            f"{host}{leads} is not the node's fabric address ({fabric.ip}): the checkpoint copy (rsync over SSH, "
             f"~{human_bytes(FULL_SIZE_WORKER)}) would take the slower network. Use {fabric.ip} (its host key must "
             "be in known_hosts too), or keep this one knowingly.",
         )
@@ -347,8 +408,14 @@ def _model_dir(out: _Lines, request: InitRequest, item: Probed, where: str) -> N
         if item.role == "head"
         else "the checkpoint is copied here"
     )
-    if free is None:
-        out.review(4, f"{where}.model_dir", f"free space at {path} unknown; {what} (~{human_bytes(need)})")
+    if free is None or free < 0:
+        # A negative count is no measurement (a failed statvfs, a broken probe): unknown, not "too little".
+        said = "" if free is None else f" (the node reported {free})"
+        out.review(
+            4,
+            f"{where}.model_dir",
+            f"free space at {path} unknown{said}; {what} (~{human_bytes(need)})",
+        )
     elif free < need:
         out.review(
             4,
@@ -361,25 +428,41 @@ def _model_dir(out: _Lines, request: InitRequest, item: Probed, where: str) -> N
     out.key(4, "model_dir", request.model_dir)
 
 
+def refused(field_name: str, value: object) -> str | None:
+    """Why the spec would refuse a node-reported `fabric.<field_name>`, or None. Only values the
+    spec accepts are written, so a name a node made up (`a, b`, a line break) can never become
+    two values or a key; the rest is reported for review."""
+    try:
+        Fabric.model_validate({field_name: value})
+    except ValidationError as exc:
+        return str(exc.errors()[0]["msg"])
+    return None
+
+
 def _fabric(out: _Lines, fabric: FabricFacts, where: str) -> None:
     here = f"{where}.fabric"
-    if fabric.ifname is None:
-        _fabric_undecided(out, fabric, here)
+    bad_ifname = refused("ifname", fabric.ifname) if fabric.ifname is not None else None
+    if fabric.ifname is None or bad_ifname is not None:
+        _fabric_undecided(out, fabric, here, bad_ifname)
         return
     out.key(4, "fabric")
-    if fabric.ip is None:
-        _fabric_address_undecided(out, fabric, fabric.ifname, here)
+    bad_ip = refused("ip", fabric.ip) if fabric.ip is not None else None
+    if fabric.ip is None or bad_ip is not None:
+        problem = bad_ip and f"the node reports an address the spec refuses ({bad_ip})"
+        _fabric_address_undecided(out, fabric, fabric.ifname, here, problem)
     else:
         _fabric_decided(out, fabric, fabric.ifname, fabric.ip, here)
 
 
-def _fabric_address_undecided(out: _Lines, fabric: FabricFacts, ifname: str, here: str) -> None:
+def _fabric_address_undecided(out: _Lines, fabric: FabricFacts, ifname: str, here: str, problem: str | None) -> None:
     out.comment(6, f"detected: {ifname} is on an ACTIVE RoCE port{_hcas_text(fabric)}")
     out.key(6, "ifname", ifname)
     out.review(
-        6, f"{here}.ip", f"{fabric.problem or 'no address'}. Uncomment the address the other nodes reach (same subnet):"
+        6,
+        f"{here}.ip",
+        f"{problem or fabric.problem or 'no address'}. Uncomment the address the other nodes reach (same subnet):",
     )
-    out.lines += [f"      # ip: {scalar(_safe(candidate))}" for candidate in fabric.candidates]
+    out.lines += [f"      # ip: {scalar(candidate)}" for candidate in fabric.candidates]
 
 
 def _fabric_decided(out: _Lines, fabric: FabricFacts, ifname: str, ip: str, here: str) -> None:
@@ -388,8 +471,16 @@ def _fabric_decided(out: _Lines, fabric: FabricFacts, ifname: str, ip: str, here
     out.comment(6, f"detected: {ifname} carries {cidr} and is RoCE-capable{_hcas_text(fabric)}{mtu}")
     out.key(6, "ifname", ifname)
     out.key(6, "ip", ip)
-    if fabric.hcas:
-        out.raw(f"      hcas: [{', '.join(scalar(hca) for hca in fabric.hcas)}]")
+    bad_hcas = refused("hcas", fabric.hcas) if fabric.hcas else None
+    if fabric.hcas and bad_hcas is None:
+        out.raw(f"      hcas: [{', '.join(flow_scalar(hca) for hca in fabric.hcas)}]")
+    elif bad_hcas is not None:
+        out.review(
+            6,
+            f"{here}.hcas",
+            f"the node reports HCAs the spec refuses ({bad_hcas}), so NCCL_IB_HCA stays unset (NCCL chooses). "
+            "List the RDMA devices by hand (`rdma link`): hcas: [...].",
+        )
     else:
         out.review(
             6,
@@ -412,10 +503,10 @@ def _hcas_text(fabric: FabricFacts) -> str:
     return f" ({'; '.join(described)})"
 
 
-def _fabric_undecided(out: _Lines, fabric: FabricFacts, here: str) -> None:
+def _fabric_undecided(out: _Lines, fabric: FabricFacts, here: str, bad_ifname: str | None) -> None:
     """No interface decided: the whole `fabric:` block stays commented, so the spec still loads
     (detection then runs each pass and blocks the rank group, saying the same)."""
-    if fabric.candidates:
+    if fabric.candidates and bad_ifname is None:
         out.review(
             4,
             here,
@@ -423,14 +514,14 @@ def _fabric_undecided(out: _Lines, fabric: FabricFacts, here: str) -> None:
             "port on every node); its address and HCAs follow from it:",
         )
         out.raw("    # fabric:")
-        out.lines += [f"    #   ifname: {scalar(_safe(candidate))}" for candidate in fabric.candidates]
+        out.lines += [f"    #   ifname: {scalar(candidate)}" for candidate in fabric.candidates]
         return
-    out.review(
-        4,
-        here,
-        f"{fabric.problem or 'no fabric interface detected'}. Fix the link and run `reconciler init` again, or "
-        "fill in the QSFP port and its address (`rdma link`, `ip -br addr`):",
-    )
+    if bad_ifname is not None:
+        what = f"the node reports a fabric interface the spec refuses ({bad_ifname}). Fill in"
+    else:
+        problem = fabric.problem or "no fabric interface detected"
+        what = f"{problem}. Fix the link and run `reconciler init` again, or fill in"
+    out.review(4, here, f"{what} the QSFP port and its address (`rdma link`, `ip -br addr`):")
     out.raw("    # fabric:")
     out.raw("    #   ifname: <the interface, e.g. enp1s0f1np1>")
     out.raw("    #   ip: <its IPv4>")
@@ -438,8 +529,15 @@ def _fabric_undecided(out: _Lines, fabric: FabricFacts, here: str) -> None:
 
 def _memory(out: _Lines, facts: NodeFacts, where: str) -> None:
     memory = facts.memory
-    if memory is None:
-        out.review(2, where, "memory unknown (/proc/meminfo unreadable): `reconciler doctor` checks it again")
+    if memory is None or memory.total_kib <= 0 or memory.available_kib < 0:
+        # MemTotal 0 would make every availability look sufficient: a reading that cannot be
+        # true is unknown, never "detected".
+        why = (
+            "/proc/meminfo unreadable"
+            if memory is None
+            else f"/proc/meminfo says MemTotal {memory.total_kib} kB, MemAvailable {memory.available_kib} kB"
+        )
+        out.review(2, where, f"memory unknown ({why}): `reconciler doctor` checks it again")
         return
     util = Serving.model_fields["gpu_util"].default
     total = memory.total_kib / KIB_PER_GIB
@@ -458,8 +556,9 @@ def _cross_node(out: _Lines, probed: list[Probed], names: list[tuple[str, str]])
     """What only several nodes together show: fabric addresses on different subnets, unequal MTUs."""
     addresses: dict[str, tuple[str, int | None]] = {}
     for item, (name, _) in zip(probed, names, strict=True):
-        if item.facts.fabric.ip is not None:
-            addresses[name] = (item.facts.fabric.ip, item.facts.fabric.prefixlen)
+        fabric = item.facts.fabric
+        if fabric.ip is not None and refused("ip", fabric.ip) is None:
+            addresses[name] = (fabric.ip, fabric.prefixlen)
     for _, message in subnet_mismatches(addresses):
         out.review(2, "nodes", f"{message}: give every node's QSFP port an address in one subnet (netplan)")
     mtus = {
@@ -514,9 +613,13 @@ def next_steps(spec_option: str) -> list[str]:
 def probe_nodes(request: InitRequest, transport_of: Callable[[Node], Transport] = transport_for) -> list[Probed]:
     """One doctor probe per node, in parallel; any node that does not answer stops init, every
     such node named (a spec drafted without a node's fabric would only move the failure later)."""
-    missing = [problem for _, target in request.targets if target and (problem := unknown_host_key(target))]
+    routes = routes_for(request)
+    missing = [problem for route in routes if route is not None for problem in unknown_host_keys(route)]
     if missing:
-        raise NodeUnreachableError("; ".join(message for message, _ in missing), "; ".join(hint for _, hint in missing))
+        raise NodeUnreachableError(
+            "; ".join(message for message, _ in missing),
+            "; ".join(dict.fromkeys(hint for _, hint in missing)) + "; then run init again",
+        )
     deployment = provisional(request)
     transports = {node.name: transport_of(node) for node in deployment.nodes}
     try:
@@ -535,7 +638,7 @@ def probe_nodes(request: InitRequest, transport_of: Callable[[Node], Transport] 
             "; ".join(f"{_where(target)}: {answer.error}" for target, answer in failed),
             "; ".join(dict.fromkeys(answer.hint for _, answer in failed if answer.hint)) or "check the nodes",
         )
-    return probed_from_answers(request, answers)
+    return probed_from_answers(request, answers, routes)
 
 
 def _where(target: SshTarget | None) -> str:
@@ -552,27 +655,76 @@ def _probe(deployment: Deployment, node: Node, transport: Transport) -> NodeProb
     return NodeProbe(raw=raw)
 
 
-def unknown_host_key(target: SshTarget) -> tuple[str, str] | None:
-    """(message, hint) when known_hosts holds no key for the target: the exact commands that add it,
-    after its fingerprint is checked. A key that is present but wrong is the transport's to refuse."""
-    path = os.path.expanduser(target.known_hosts)
-    entry = target.host if target.port == 22 else f"[{target.host}]:{target.port}"
-    try:
-        keys = paramiko.HostKeys(path)
-    except FileNotFoundError:
-        why = f"{target.known_hosts} does not exist"
-    except (OSError, paramiko.SSHException, ValueError) as exc:
-        return f"{login(target)}: cannot read {target.known_hosts}: {exc}", "check the file given to --known-hosts"
+def routes_for(request: InitRequest) -> list[SshRoute | None]:
+    """Each node's route through the user's ssh config, resolved as the transport resolves it
+    (aliases, HostName, Port, UserKnownHostsFile, ProxyJump); None for this machine."""
+    return [None if target is None else route_for(login(target), target) for _, target in request.targets]
+
+
+def unknown_host_keys(route: SshRoute) -> list[tuple[str, str]]:
+    """(message, hint) for each hop of the route, jump hosts included, whose key none of the
+    route's known_hosts files holds under the name the transport looks it up by; each hint the
+    exact commands that add it once its fingerprint is checked. A key that is present but wrong
+    is the transport's to refuse."""
+    files = ", ".join(route.known_hosts)
+    keys: paramiko.HostKeys | None = None
+    if not any(os.path.exists(path) for path in route.known_hosts):
+        held = (
+            f"{files} does not exist, so it holds no host key"
+            if len(route.known_hosts) == 1
+            else f"none of {files} exists, so none holds a host key"
+        )
     else:
-        if keys.lookup(entry) is not None:
-            return None
-        why = f"{target.known_hosts} holds no host key for {entry}"
-    port = ["-p", str(target.port)] if target.port != 22 else []
-    ssh = shlex.join(["ssh", *port, "-o", f"UserKnownHostsFile={path}", login(target), "true"])
-    keyscan = shlex.join(["ssh-keyscan", *port, target.host])
-    hint = (
-        f"check the node's host key and add it: `{ssh}` shows its fingerprint; compare it with "
-        f"`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` run on the node itself, and answer yes only if they "
-        f"match (or, once verified: `{keyscan} >> {shlex.quote(path)}`); then run init again"
+        try:
+            keys = known_host_keys(route)
+        except SshConfigError as exc:
+            return [(exc.message, "check that file (--known-hosts, or UserKnownHostsFile in the ssh config)")]
+        held = f"{files} holds no host key" if len(route.known_hosts) == 1 else f"none of {files} holds a host key"
+    problems = []
+    for index, hop in enumerate(route.hops):
+        if keys is not None and keys.lookup(hop.host_key_name) is not None:
+            continue
+        message = f"{route.node}: {held} for {hop.host_key_name}{_hop_text(route, index)}"
+        problems.append((f"{message}; init never trusts an unseen host key", _add_key_hint(route, index)))
+    return problems
+
+
+def _hop_text(route: SshRoute, index: int) -> str:
+    hop = route.hops[index]
+    if hop is not route.target:
+        return f" (jump host {hop.describe()} on the way to {route.target.name})"
+    if hop.name != hop.hostname or hop.host_key_alias or route.jumps or route.proxy_command:
+        return f" ({hop.name} is {_leads_to(route)} by the ssh config)"
+    return ""
+
+
+def _leads_to(route: SshRoute) -> str:
+    """Where the route's name leads, and how it is reached."""
+    via = f" via {', '.join(jump.describe() for jump in route.jumps)}" if route.jumps else ""
+    return f"{route.target.address}{via}{' over its ProxyCommand' if route.proxy_command else ''}"
+
+
+def _add_key_hint(route: SshRoute, index: int) -> str:
+    """Scan the hop's key from where the route reaches it, show its fingerprint, and file it in
+    the first known_hosts file under the name the transport looks up (HostKeyAlias, if set)."""
+    hop = route.hops[index]
+    scan = ["ssh-keyscan", "-p", str(hop.port), hop.hostname]
+    if index:
+        # Behind a jump host the hop is reachable only from there: scan over the route to it.
+        previous = route.hops[index - 1]
+        scan = [*openssh_command(replace(route, target=previous, jumps=route.hops[: index - 1])), previous.name, *scan]
+    shown = shlex.join(scan)
+    filed = shown + (f" | sed {shlex.quote(f's|^[^ ]*|{hop.host_key_alias}|')}" if hop.host_key_alias else "")
+    add = f"`{filed} >> {shlex.quote(route.known_hosts[0])}`"
+    if index == 0 and route.proxy_command:
+        return (
+            f"{hop.hostname} is reached through the ProxyCommand, which ssh-keyscan cannot use: run "
+            f"`{shlex.join(scan)}` where {hop.hostname} is reachable, check the fingerprint against "
+            f"`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on {hop.hostname} itself, and append the line to "
+            f"{route.known_hosts[0]}" + (f" under the name {hop.host_key_alias}" if hop.host_key_alias else "")
+        )
+    return (
+        f"check {hop.hostname}'s host key, then add it: `{shown} | ssh-keygen -lf -` shows the fingerprints it "
+        "offers; compare them with `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` run on that host itself, "
+        f"and only if they match: {add}"
     )
-    return f"{login(target)}: {why}; init never trusts an unseen host key", hint

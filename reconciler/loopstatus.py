@@ -17,6 +17,7 @@ from typing import Any
 
 from reconciler.errors import UntrustedFileError
 from reconciler.fsutil import read_bounded, write_private
+from reconciler.progress import printable
 from reconciler.redact import redact
 from reconciler.spec import Deployment
 
@@ -89,16 +90,28 @@ def _alive(pid: object) -> bool:
     return True
 
 
+# The pass's line joins every step under way; the other entries are short.
+_MAX_SHOWN = 1000
+
+
 def render(loop: dict[str, Any] | None) -> list[str]:
-    """The loop's lines of `reconciler status`: its condition, a spec error, the pass under way."""
+    """The loop's lines of `reconciler status`: its condition, a spec error, the pass under way.
+
+    Each entry is one printable line: the file quotes nodes (a failure's message, a log line).
+    """
     if not loop:
         return []
     lines: list[str] = []
     if "condition" in loop:
-        lines.append(f"  loop: {loop['condition']} (last pass {loop.get('last_pass') or 'none yet'})")
+        lines.append(f"  loop: {_shown(loop['condition'])} (last pass {_shown(loop.get('last_pass')) or 'none yet'})")
     if loop.get("spec_error"):
-        lines.append(f"  loop: spec error: {loop['spec_error']}")
+        lines.append(f"  loop: spec error: {_shown(loop['spec_error'])}")
     current = loop.get("pass")
     if isinstance(current, dict) and isinstance(current.get("line"), str):
-        lines.append(f"  {current['line']} ({current.get('by') or '?'}, updated {current.get('updated') or '?'})")
+        by, updated = _shown(current.get("by")) or "?", _shown(current.get("updated")) or "?"
+        lines.append(f"  {_shown(current['line'])} ({by}, updated {updated})")
     return lines
+
+
+def _shown(value: object) -> str:
+    return printable(str(value), _MAX_SHOWN).strip() if value else ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 
+from reconciler.progress import printable
 from reconciler.redact import redact
 
 
@@ -26,12 +27,17 @@ def _send(message: str) -> bool:
 
 
 def ready(status: str = "") -> bool:
-    return _send("READY=1" + (f"\nSTATUS={status}" if status else ""))
+    return _send("READY=1" + (f"\nSTATUS={_one_line(status)}" if status else ""))
 
 
 def status(text: str) -> bool:
-    # One line: systemd shows STATUS= in `systemctl status`; newlines would end the field.
-    return _send("STATUS=" + text.replace("\n", " ")[:400])
+    return _send("STATUS=" + _one_line(text))
+
+
+def _one_line(text: str) -> str:
+    """STATUS= as `systemctl status` shows it to every local user: one line (a newline would end
+    the field), nothing that moves the terminal's cursor or reorders the text, cut."""
+    return printable(text, 400).strip()
 
 
 def watchdog() -> bool:

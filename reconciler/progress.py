@@ -15,17 +15,28 @@ programs, rsync, the Hub client on the head, Docker pulls) gets the same rate an
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from reconciler.redact import redact
 
 # The node-side programs spell the same prefix (they cannot import it); a unit test keeps them equal.
 PREFIX = "@progress "
 # Long enough to smooth a bursty transfer, short enough to follow a rate that changes.
 RATE_WINDOW_S = 20.0
+# At most this many samples per window: a source may report a thousand times a second.
+_RATE_BUCKETS = 100
 _SHORT_SUMMARY = 56
-_MAX_TEXT = 200
+# How much of one line of node text is shown anywhere (terminal, journal, STATUS=, status file).
+MAX_LINE = 400
+_MAX_NAME = 200
+# A counter's line is well under this; a longer one is not progress (and never reaches the parser).
+_MAX_PROGRESS_LINE = 8192
+# Counts are a node's 64-bit file sizes; anything larger is no count (and would not fit a float).
+MAX_COUNT = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -49,52 +60,92 @@ class Counter:
 
 
 def parse_line(line: str) -> Counter | None:
-    """A node's structured progress line as a Counter; None for any other line or a malformed one
-    (node output is untrusted: a wrong type or a negative count is not progress)."""
-    if not line.startswith(PREFIX):
+    """A node's structured progress line as a Counter; None for any other line or a malformed one.
+
+    Node output is untrusted: a wrong type, a count out of range, NaN, a line too long or nested
+    too deep is not progress, and never an exception (this runs on a transport's reader thread).
+    """
+    if not line.startswith(PREFIX) or len(line) > _MAX_PROGRESS_LINE:
         return None
     try:
-        data = json.loads(line[len(PREFIX) :])
-    except ValueError:
+        data = json.loads(line[len(PREFIX) :], parse_constant=_no_constant)
+    except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None
     what, name, unit = data.get("what"), data.get("name"), data.get("unit")
-    if not isinstance(what, str) or not what or not all(isinstance(text, str | None) for text in (name, unit)):
+    if not isinstance(what, str) or not all(isinstance(text, str | None) for text in (name, unit)):
         return None
     counts = {key: data.get(key) for key in ("done", "total", "files_done", "files")}
-    if not all(_count(value) for value in counts.values()) or counts["done"] is None:
+    if not all(value is None or _is_count(value) for value in counts.values()) or counts["done"] is None:
+        return None
+    shown_what = printable(what, 40).strip()
+    if not shown_what:
         return None
     return Counter(
-        what=_printable(what)[:40],
-        done=int(counts["done"]),
+        what=shown_what,
+        done=counts["done"],
         total=counts["total"],
         files_done=counts["files_done"],
         files=counts["files"],
-        name=_printable(name)[:_MAX_TEXT] if name is not None else None,
-        unit=_printable(unit)[:20] if unit is not None else None,
+        name=(printable(name, _MAX_NAME).strip() or None) if name is not None else None,
+        unit=(printable(unit, 20).strip() or None) if unit is not None else None,
     )
 
 
-def _count(value: object) -> bool:
-    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no count")
 
 
-# Terminal escapes first: the ESC alone would go and leave '[31m' behind.
-_CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x1f\x7f-\x9f]")
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
-def _printable(text: str) -> str:
-    """Text as one line without control characters or terminal escapes (log lines carry both)."""
-    return _CONTROL.sub("", text.replace("\t", " ")).strip()
+def plausible(counter: Counter) -> bool:
+    """Whether every count of `counter` is one (rsync's and Docker's numbers come from nodes too)."""
+    counts = (counter.done, counter.total, counter.files_done, counter.files)
+    return all(value is None or _is_count(value) for value in counts)
 
 
-def printable_line(text: str, limit: int = _MAX_TEXT) -> str:
+# Terminal escapes, whole: removing the ESC alone would leave '[31m' behind. CSI (colours, cursor
+# moves), the string commands (OSC: titles, hyperlinks; DCS, APC, ...) up to their terminator or
+# the end of the text, and the two-character ones (ESC c resets the terminal); 7- and 8-bit forms.
+_ESCAPE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[ -/]*[0-~]?"
+)
+
+
+def printable(text: str, limit: int = MAX_LINE) -> str:
+    """Node-provided text as one printable line of at most `limit` characters, secrets redacted.
+
+    Gone: terminal escapes, control characters, and the invisible format characters (bidi
+    overrides and isolates such as U+202E, zero-width ones such as U+200B, U+FEFF, tags) that
+    make a line read otherwise than it is; line breaks become spaces. Only the start of a huge
+    text is looked at, so the work is bounded by `limit`.
+    """
+    scanned = text[: limit * 8]
+    shown = redact(_only_printable(_ESCAPE.sub("", scanned))).rstrip()
+    if len(shown) > limit or len(scanned) < len(text):
+        return shown[: limit - 1].rstrip() + "…"
+    return shown
+
+
+def _only_printable(text: str) -> str:
+    if text.isprintable():
+        return text
+    # Not printable: controls, format characters (bidi, zero-width), separators, surrogates,
+    # private use, unassigned code points. Of those, line breaks, tabs and Unicode's other spaces
+    # become a space; the rest goes.
+    return "".join(char if char.isprintable() else " " for char in text if char.isprintable() or char.isspace())
+
+
+def printable_line(text: str, limit: int = MAX_LINE) -> str:
     """The last redraw of a log line (a `\\r` progress bar keeps only its last state), printable,
     cut to `limit` characters."""
     last = [part for part in text.replace("\r\n", "\n").split("\r") if part.strip()]
-    shown = _printable(last[-1]) if last else ""
-    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+    return printable(last[-1], limit).strip() if last else ""
 
 
 class Rate:
@@ -103,12 +154,18 @@ class Rate:
 
     def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
         self.window_s = window_s
+        self._bucket_s = window_s / _RATE_BUCKETS
         self._samples: deque[tuple[float, int]] = deque()
 
     def add(self, now: float, done: int) -> None:
         if self._samples and done < self._samples[-1][1]:
             self._samples.clear()
-        self._samples.append((now, done))
+        if len(self._samples) >= 2 and now - self._samples[-2][0] < self._bucket_s:
+            # Within one bucket of the sample before, the newest replaces the last: at most two
+            # samples per bucket however often a source reports.
+            self._samples[-1] = (now, done)
+        else:
+            self._samples.append((now, done))
         # Keep one sample older than the window, so the rate always spans the whole window.
         while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_s:
             self._samples.popleft()
@@ -126,7 +183,8 @@ def eta_s(done: int, total: int | None, rate: float | None) -> float | None:
     """Seconds left at the current rate; None when the total or a moving rate is unknown."""
     if total is None or rate is None or rate <= 0:
         return None
-    return max(total - done, 0) / rate
+    eta = max(total - done, 0) / rate
+    return eta if math.isfinite(eta) else None
 
 
 def human_bytes(count: float) -> str:
@@ -281,17 +339,23 @@ class PassState:
 
 
 class Throttle:
-    """At most one event per key every `interval_s` (the first one always passes)."""
+    """At most one event per key every `interval_s` (the first one always passes). Only the
+    `keys` keys let through last are remembered: keys may come from node output, which has no
+    end of distinct ones."""
 
-    def __init__(self, interval_s: float) -> None:
+    def __init__(self, interval_s: float, keys: int = 256) -> None:
         self.interval_s = interval_s
-        self._last: dict[str, float] = {}
+        self.keys = keys
+        self._last: OrderedDict[str, float] = OrderedDict()
 
     def due(self, key: str, now: float) -> bool:
         last = self._last.get(key)
         if last is not None and now - last < self.interval_s:
             return False
         self._last[key] = now
+        self._last.move_to_end(key)
+        while len(self._last) > self.keys:
+            self._last.popitem(last=False)
         return True
 
     def forget(self, key: str) -> None:

@@ -42,10 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    from reconciler.cli.parser import build_parser
+    from reconciler.cli.parser import build_parser, parse
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(build_parser(), None if argv is None else list(argv))
     as_json = bool(getattr(args, "json", False))
     try:
         return _handler(args.handler)(args)

@@ -2,9 +2,12 @@
 
 Generated rather than hand-written so it can never fall behind the commands; static (the script
 holds the whole tree) so completing a word never starts Python, and so `reconciler completion`
-needs no completion library. Both scripts share one shape: walk the words typed so far to find
-the command path ("", "plan", "pi install"), then offer that path's subcommands, its options, the
-values an option takes (choices or file names), or its positional words.
+needs no completion library. Both scripts share one shape. They walk the words typed so far as
+argparse would: subcommand names extend the command path ("", "plan", "pi install"); an option
+that takes one value consumes the next word, one that takes several (`--conc 1 2`) the words up
+to the next option; every other word fills the command's next positional slot. Then they offer
+what the word being typed can be: the option's value (its choices or file names, also after
+`--option=`), the command's options, its subcommands, or what its next positional slot takes.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ from dataclasses import dataclass, field
 
 from reconciler.cli.common import EXIT_OK
 
-FILE = "@file"  # the option takes a path: complete file names
-ANY = "@any"  # the option takes a free value: offer nothing
+FILE = "@file"  # file names
+ANY = "@any"  # a free value: offer nothing
+END = "@end"  # the command takes no more positionals: offer its options
 FILE_METAVARS = {"PATH", "FILE"}
-# Positionals whose words are known though argparse has no choices for them.
-POSITIONAL_WORDS = {"logs": ["r0", "r1", "memguard"], "bench": ["compare"]}
+# Positional slots whose words argparse does not know (no choices): by command path and dest.
+SLOT_WORDS = {("logs", "which"): "r0 r1 memguard", ("bench", "url"): "compare"}
 
 
 @dataclass
@@ -27,18 +31,20 @@ class Option:
     flags: list[str]
     help: str
     value: str | None  # None: a flag; FILE, ANY, or the choices separated by spaces
+    many: bool = False  # takes several values (nargs * or +)
 
 
 @dataclass
 class Command:
     help: str = ""
     options: list[Option] = field(default_factory=list)
-    positional: list[str] = field(default_factory=list)
+    slots: list[str] = field(default_factory=list)  # what each positional takes, in order
+    last_repeats: bool = False  # the last slot takes any number of words
     children: dict[str, Command] = field(default_factory=dict)
 
 
 def tree(parser: argparse.ArgumentParser, path: str = "") -> Command:
-    node = Command(positional=list(POSITIONAL_WORDS.get(path, [])))
+    node = Command()
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
@@ -46,13 +52,15 @@ def tree(parser: argparse.ArgumentParser, path: str = "") -> Command:
                 node.children[name] = tree(child, f"{path} {name}".strip())
                 node.children[name].help = helps.get(name, "")
         elif action.option_strings:
-            node.options.append(Option(list(action.option_strings), _one_line(action.help), _value_kind(action)))
-        elif action.choices:
-            node.positional += [str(choice) for choice in action.choices]
+            many = action.nargs in ("*", "+")
+            node.options.append(Option(list(action.option_strings), _one_line(action.help), _kind(action), many))
+        else:
+            node.slots.append(SLOT_WORDS.get((path, action.dest)) or _kind(action) or ANY)
+            node.last_repeats = action.nargs in ("*", "+")
     return node
 
 
-def _value_kind(action: argparse.Action) -> str | None:
+def _kind(action: argparse.Action) -> str | None:
     if action.nargs == 0:
         return None
     if action.choices:
@@ -75,11 +83,15 @@ def paths(root: Command) -> list[tuple[str, Command]]:
     return found
 
 
-def _case(arms: list[tuple[str, str]]) -> str:
-    """A `case` on "$1", one arm per command path; the same syntax in bash and zsh, and a quoted
-    pattern matches literally in both."""
+def _case(arms: list[tuple[str, str]], default: str = "") -> str:
+    """A `case` on "$1", one arm per pattern; the same syntax in bash and zsh. Patterns are quoted
+    (literal in both shells) except a trailing `*`, which stays a glob."""
     lines = ['    case "$1" in']
-    lines += [f"        {_quote(pattern)}) {body} ;;" for pattern, body in arms]
+    for pattern, body in arms:
+        glob = pattern.endswith("*")
+        lines.append(f"        {_quote(pattern[:-1] if glob else pattern)}{'*' if glob else ''}) {body} ;;")
+    if default:
+        lines.append(f"        *) {default} ;;")
     lines.append("    esac")
     return "\n".join(lines)
 
@@ -92,21 +104,33 @@ def _words(words: list[str]) -> str:
     return "echo " + _quote(" ".join(words))
 
 
-def _value_arms(items: list[tuple[str, Command]]) -> list[tuple[str, str]]:
-    return [
-        (f"{path}|{flag}", _words([option.value]))
-        for path, command in items
-        for option in command.options
-        if option.value is not None
-        for flag in option.flags
-    ]
+def _option_arms(items: list[tuple[str, Command]]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(value kind, how many values) per 'path|--flag'."""
+    kinds, counts = [], []
+    for path, command in items:
+        for option in command.options:
+            for flag in option.flags:
+                if option.value is not None:
+                    kinds.append((f"{path}|{flag}", _words([option.value])))
+                counts.append((f"{path}|{flag}", _words(["*" if option.many else "1" if option.value else "0"])))
+    return kinds, counts
+
+
+def _slot_arms(items: list[tuple[str, Command]]) -> list[tuple[str, str]]:
+    arms = []
+    for path, command in items:
+        for index, kind in enumerate(command.slots):
+            last = index == len(command.slots) - 1
+            pattern = f"{path}|{index}" if not (last and command.last_repeats) else f"{path}|*"
+            arms.append((pattern, _words([kind])))
+    return arms
 
 
 def _common_functions(root: Command) -> str:
     items = paths(root)
     children = [(path, _words(list(command.children))) for path, command in items if command.children]
     options = [(path, _words([f for o in command.options for f in o.flags])) for path, command in items]
-    positional = [(path, _words(command.positional)) for path, command in items if command.positional]
+    kinds, counts = _option_arms(items)
     return "\n".join(
         [
             "_reconciler_children() {",
@@ -115,46 +139,83 @@ def _common_functions(root: Command) -> str:
             "_reconciler_options() {",
             _case(options),
             "}",
-            "_reconciler_value() {  # $1: command path and option, as 'plan|--spec'",
-            _case(_value_arms(items)),
+            "_reconciler_value() {  # $1: 'path|--flag'; what its value is",
+            _case(kinds),
             "}",
-            "_reconciler_positional() {",
-            _case(positional),
+            "_reconciler_nargs() {  # $1: 'path|--flag'; 0, 1 or * values",
+            _case(counts, default="echo 0"),
+            "}",
+            "_reconciler_slot() {  # $1: 'path|N'; what positional N takes",
+            _case(_slot_arms(items), default=f"echo {END}"),
             "}",
         ]
     )
 
 
-BASH_MAIN = r"""
-_reconciler() {
-    local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"
-    local cmdpath="" word i kind
-    for ((i = 1; i < COMP_CWORD; i++)); do
-        word="${COMP_WORDS[i]}"
-        [[ $word == -* ]] && continue
-        [[ " $(_reconciler_children "$cmdpath") " == *" $word "* ]] && cmdpath="${cmdpath:+$cmdpath }$word"
+# The walk, in the syntax both shells share ([[ ]], (( )), case, local); each script binds
+# `words_typed` (the words before the cursor, the command name first) and `cur` before it.
+WALK = r"""
+    local cmdpath="" word pending="" many="" kind
+    local -i npos=0 i
+    for ((i = 2; i <= ${#words_typed[@]}; i++)); do
+        word="${words_typed[$((i - 1 + _reconciler_base))]}"
+        if [[ -n $pending ]]; then pending=""; continue; fi
+        if [[ $word == -* ]]; then
+            many=""
+            [[ $word == *=* ]] && continue
+            case "$(_reconciler_nargs "$cmdpath|$word")" in
+                1) pending="$word" ;;
+                '*') many="$word" ;;
+            esac
+            continue
+        fi
+        [[ -n $many ]] && continue
+        if (( npos == 0 )) && [[ " $(_reconciler_children "$cmdpath") " == *" $word "* ]]; then
+            cmdpath="${cmdpath:+$cmdpath }$word"
+            continue
+        fi
+        npos=$((npos + 1))
     done
-    if [[ $prev == -* ]]; then
-        kind="$(_reconciler_value "$cmdpath|$prev")"
-        case "$kind" in
-            @file) mapfile -t COMPREPLY < <(compgen -f -- "$cur"); return ;;
-            @any) COMPREPLY=(); return ;;
-            ?*) mapfile -t COMPREPLY < <(compgen -W "$kind" -- "$cur"); return ;;
-        esac
+    local prefix=""
+    if [[ $cur == --*=* ]]; then
+        pending="${cur%%=*}"; prefix="${cur%%=*}="; cur="${cur#*=}"
+    elif [[ -z $pending && -n $many && $cur != -* ]]; then
+        pending="$many"
     fi
-    if [[ $cur == -* ]]; then
-        mapfile -t COMPREPLY < <(compgen -W "$(_reconciler_options "$cmdpath")" -- "$cur")
-        return
-    fi
-    local words="$(_reconciler_children "$cmdpath") $(_reconciler_positional "$cmdpath")"
-    if [[ -n ${words// /} ]]; then
-        mapfile -t COMPREPLY < <(compgen -W "$words" -- "$cur")
+    if [[ -n $pending ]]; then
+        kind="$(_reconciler_value "$cmdpath|$pending")"
+    elif [[ $cur == -* ]]; then
+        kind="@options"
     else
-        mapfile -t COMPREPLY < <(compgen -f -- "$cur")
+        kind="$(_reconciler_slot "$cmdpath|$npos")"
+        (( npos == 0 )) && [[ -n $(_reconciler_children "$cmdpath") ]] && kind="@commands"
+        [[ $kind == @end ]] && kind="@options"
+    fi
+"""
+
+BASH_MAIN = (
+    r"""
+_reconciler() {
+    local cur="${COMP_WORDS[COMP_CWORD]}"
+    local -a words_typed=("${COMP_WORDS[@]:0:COMP_CWORD}")
+    local -i _reconciler_base=0
+"""
+    + WALK
+    + r"""
+    case "$kind" in
+        @file) compopt -o filenames 2>/dev/null; mapfile -t COMPREPLY < <(compgen -f -- "$cur") ;;
+        @any) COMPREPLY=() ;;
+        @options) mapfile -t COMPREPLY < <(compgen -W "$(_reconciler_options "$cmdpath")" -- "$cur") ;;
+        @commands) mapfile -t COMPREPLY < <(compgen -W "$(_reconciler_children "$cmdpath")" -- "$cur") ;;
+        *) mapfile -t COMPREPLY < <(compgen -W "$kind" -- "$cur") ;;
+    esac
+    if [[ -n $prefix && $kind != @file ]]; then
+        COMPREPLY=("${COMPREPLY[@]/#/$prefix}")
     fi
 }
 complete -F _reconciler reconciler
 """
+)
 
 
 def bash_script(root: Command) -> str:
@@ -162,43 +223,31 @@ def bash_script(root: Command) -> str:
     return header + _common_functions(root) + "\n" + BASH_MAIN.lstrip("\n")
 
 
-ZSH_MAIN = r"""
+ZSH_MAIN = (
+    r"""
 _reconciler() {
-    local cur="${words[CURRENT]}" prev="${words[CURRENT-1]}"
-    local cmdpath="" word kind i
-    local -a found
-    for ((i = 2; i < CURRENT; i++)); do
-        word="${words[i]}"
-        [[ $word == -* ]] && continue
-        found=(${=$(_reconciler_children "$cmdpath")})
-        (( ${found[(Ie)$word]} )) && cmdpath="${cmdpath:+$cmdpath }$word"
-    done
-    if [[ $prev == -* ]]; then
-        kind="$(_reconciler_value "$cmdpath|$prev")"
-        case "$kind" in
-            @file) _files; return ;;
-            @any) return ;;
-            ?*) compadd -- ${=kind}; return ;;
-        esac
-    fi
+    local cur="${words[CURRENT]}"
+    local -a words_typed=("${(@)words[1,CURRENT-1]}")
+    local -i _reconciler_base=1
+"""
+    + WALK
+    + r"""
     local -a described
-    if [[ $cur == -* ]]; then
-        described=("${(@f)$(_reconciler_option_help "$cmdpath")}")
-        _describe -t options 'option' described
-        return
-    fi
-    described=("${(@f)$(_reconciler_command_help "$cmdpath")}")
-    found=(${=$(_reconciler_positional "$cmdpath")})
-    if (( ${#described} )) && [[ -n ${described[1]} ]]; then
-        _describe -t commands 'command' described
-    elif (( ${#found} )); then
-        compadd -- $found
-    else
-        _files
-    fi
+    case "$kind" in
+        @file) _files ;;
+        @any) return 1 ;;
+        @options)
+            described=("${(@f)$(_reconciler_option_help "$cmdpath")}")
+            _describe -t options 'option' described ;;
+        @commands)
+            described=("${(@f)$(_reconciler_command_help "$cmdpath")}")
+            _describe -t commands 'command' described ;;
+        *) compadd -P "$prefix" -- ${=kind} ;;
+    esac
 }
 _reconciler "$@"
 """
+)
 
 
 def _described(pairs: list[tuple[str, str]]) -> str:

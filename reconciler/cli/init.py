@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from reconciler.init import Draft, InitRequest, Probed
 
 DEFAULT_OUT = DEFAULT_SPEC_PATH
-DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
 def add_init_parser(commands: Any) -> None:
@@ -57,13 +56,24 @@ def add_init_parser(commands: Any) -> None:
         help="the checkpoint's directory on every node, absolute or under ~ "
         "(default ~/models/DeepSeek-V4.1-Flash-Spark)",
     )
-    init.add_argument("--ssh-port", type=_port, default=22, metavar="PORT", help="sshd port of the nodes")
-    init.add_argument("--identity-file", metavar="PATH", help="private key for SSH (default: ssh-agent and ~/.ssh)")
+    # No argparse defaults below: what is given is written into the spec, where it overrides
+    # ~/.ssh/config for good; what is left out keeps coming from the config.
+    init.add_argument(
+        "--ssh-port",
+        type=_port,
+        metavar="PORT",
+        help="sshd port of the nodes (default: the ssh config's Port for the host, else 22)",
+    )
+    init.add_argument(
+        "--identity-file",
+        metavar="PATH",
+        help="private key for SSH (default: the ssh config's IdentityFile, else ssh-agent and ~/.ssh)",
+    )
     init.add_argument(
         "--known-hosts",
-        default=DEFAULT_KNOWN_HOSTS,
         metavar="PATH",
-        help="host keys to check the nodes against; never added to",
+        help="host keys to check the nodes against; never added to "
+        "(default: the ssh config's UserKnownHostsFile, else ~/.ssh/known_hosts)",
     )
     json_option(init)
 
@@ -77,8 +87,9 @@ def _port(text: str) -> int:
 def cmd_init(args: argparse.Namespace) -> int:
     from reconciler import init
 
-    out = Path(args.out)
+    out = _checked_out(args.out)
     _refuse_existing(out)
+    _check_writable(out)
     request = _request(args)
     init.check_distinct(request)
     probed = init.probe_nodes(request)
@@ -108,6 +119,39 @@ def _write(out: Path, text: str) -> None:
         raise ReconcilerError(f"cannot write {out}: {exc.strerror or exc}", "give --out a writable path") from None
 
 
+def _checked_out(text: str) -> Path:
+    """--out as a file path; an empty one would mean the current directory."""
+    from reconciler.errors import ReconcilerError
+
+    if not text.strip():
+        raise ReconcilerError("--out is empty", f"give the spec file to write, e.g. --out {DEFAULT_OUT}")
+    out = Path(text)
+    if text.endswith("/") or out.is_dir():
+        raise ReconcilerError(
+            f"--out {text!r} names a directory", f"give the spec file to write, e.g. --out {out / 'deployment.yaml'}"
+        )
+    return out
+
+
+def _check_writable(out: Path) -> None:
+    """Before probing, which takes a while: the write creates missing parent directories, so the
+    nearest one that exists must be a directory this user may create entries in."""
+    from reconciler.errors import ReconcilerError
+
+    parent = out.absolute().parent
+    existing = next(directory for directory in (parent, *parent.parents) if directory.exists())
+    if not existing.is_dir():
+        raise ReconcilerError(
+            f"cannot write {out}: {existing} is not a directory", "give --out a path under a directory"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = f"cannot write {out}" if existing == parent else f"cannot create {parent} for {out}"
+        raise ReconcilerError(
+            f"{what}: {existing} is not writable by this user",
+            f"write elsewhere with --out PATH, or make {existing} writable (or create {parent}) first",
+        )
+
+
 def _refuse_existing(out: Path) -> None:
     from reconciler.errors import ReconcilerError
 
@@ -128,7 +172,7 @@ def _request(args: argparse.Namespace) -> InitRequest:
             option,
             port=args.ssh_port,
             identity_file=_absolute(args.identity_file),
-            known_hosts=_absolute(args.known_hosts) or DEFAULT_KNOWN_HOSTS,
+            known_hosts=_absolute(args.known_hosts),
         )
 
     head = target(args.head, "--head") if args.head is not None else None
@@ -166,7 +210,8 @@ def _report(out: Path, drafted: Draft, probed: list[Probed], steps: list[str]) -
             {
                 "name": name,
                 "role": item.role,
-                "ssh": None if item.target is None else item.target.model_dump(exclude_defaults=True),
+                "ssh": None if item.target is None else item.target.model_dump(exclude_unset=True),
+                "route": None if item.route is None else item.route.describe(),
                 "hostname": facts.hostname,
                 "home": facts.home,
                 "user": item.user,

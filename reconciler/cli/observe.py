@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from reconciler.cli.common import EXIT_ERROR, EXIT_NOT_CONVERGED, EXIT_OK, emit_json, spec_path
+from reconciler.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NOT_CONVERGED, EXIT_OK, emit_json, spec_path
 
 Report = dict[str, Any]
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -20,12 +20,16 @@ def status(args: argparse.Namespace) -> int:
 
     deployment = load_spec(spec_path(args.spec)).deployment
     with commands.session(deployment) as transports:
-        while True:
+        if args.watch is None:
             report = commands.status(deployment, transports, probe=args.probe)
-            _show(report, as_json=args.json, watching=args.watch is not None)
-            if args.watch is None:
-                return exit_code(report)
-            time.sleep(args.watch)
+            _show(report, as_json=args.json, watching=False)
+            return exit_code(report)
+        try:
+            while True:
+                _show(commands.status(deployment, transports, probe=args.probe), as_json=args.json, watching=True)
+                time.sleep(args.watch)
+        except KeyboardInterrupt:  # the way a watch ends: nothing was interrupted that needs redoing
+            return EXIT_INTERRUPTED
 
 
 def exit_code(report: Report) -> int:

@@ -34,12 +34,32 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             "default" in text
             or default is None
             or default is False
+            or default in ("", [], ())
             or default is argparse.SUPPRESS
             or (not action.option_strings and action.nargs not in ("?", "*"))
         ):
             return text
         shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else str(default)
         return f"{text} (default: {shown.replace('%', '%%')})"
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_args, except that an unknown option is reported by the command it was given to
+    (`reconciler plan --bogus` shows plan's usage and points at `reconciler plan --help`)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command parser that `args` were parsed down to."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(args, action.dest, None)
+            if isinstance(chosen, str) and chosen in action.choices:
+                return innermost(action.choices[chosen], args)
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +148,14 @@ def seconds(text: str) -> float:
         value = -1.0
     if not 0 <= value <= 86_400:  # also refuses nan and inf
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 86400")
+    return value
+
+
+def refresh_seconds(text: str) -> float:
+    """A refresh interval: each refresh asks every node, so not back to back."""
+    value = seconds(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is under 1 second: each refresh asks every node")
     return value
 
 
@@ -282,7 +310,7 @@ def _add_observe_commands(commands: SubParsers) -> None:
     status.add_argument(
         "--watch",
         nargs="?",
-        type=seconds,
+        type=refresh_seconds,
         const=5.0,
         default=None,
         metavar="SECONDS",
@@ -408,13 +436,25 @@ def _add_bench(commands: SubParsers) -> None:
         metavar="FILE",
         help="PNG plot, needs matplotlib (default: --out with .png; for compare, B-vs-A.png beside B)",
     )
-    bench.add_argument("--label", default="", help="a name for this run in reports and comparisons")
+    bench.add_argument("--label", default="", help="a name for this run in reports and comparisons (default: none)")
     bench.add_argument("--conc", nargs="*", type=positive, default=[1, 2], metavar="N", help="concurrent streams")
     bench.add_argument("--prefill", nargs="*", type=positive, default=[8192, 32768], metavar="N", help="prompt tokens")
     bench.add_argument(
-        "--kinds", nargs="*", choices=sorted(constants.DECODE_KINDS), default=list(constants.DECODE_KINDS)
+        "--kinds",
+        nargs="*",
+        choices=sorted(constants.DECODE_KINDS),
+        default=list(constants.DECODE_KINDS),
+        metavar="KIND",
+        help=f"decode prompts to measure: {', '.join(sorted(constants.DECODE_KINDS))}",
     )
-    bench.add_argument("--ctx", nargs="*", type=positive, default=[], metavar="N", help="recall check lengths (tokens)")
+    bench.add_argument(
+        "--ctx",
+        nargs="*",
+        type=positive,
+        default=[],
+        metavar="N",
+        help="recall check lengths in tokens (default: none)",
+    )
     bench.add_argument("--depth", type=fraction, default=0.5, help="where the needle sits: 0 start .. 1 end")
     bench.add_argument("--reps", type=positive, default=3, help="repetitions of each prefill and decode step")
     bench.add_argument("--max-tokens", type=positive, default=None, help="cap decode output (default: no cap)")
@@ -512,4 +552,4 @@ def _add_completion(commands: SubParsers) -> None:
         ],
         "completion:print_script",
     )
-    completion.add_argument("shell", choices=("bash", "zsh"))
+    completion.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete for")

@@ -11,7 +11,7 @@ from typing import Any
 import docker
 
 from reconciler.errors import NodeUnreachableError
-from reconciler.transport.base import CommandResult, LineSink, LineSplitter
+from reconciler.transport.base import CommandResult, LineSink, LineSplitter, keep_tail
 
 
 class LocalTransport:
@@ -78,7 +78,7 @@ def _run_streaming(argv: list[str], stdin: bytes | None, timeout: float, on_line
     def pump() -> None:
         with os.fdopen(read_end, "rb", buffering=0) as source:
             while data := source.read(65536):
-                stderr.extend(data)
+                keep_tail(stderr, data)
                 splitter.feed(data)
 
     reader = threading.Thread(target=pump, daemon=True)

@@ -32,7 +32,7 @@ import paramiko
 from reconciler import nodeside
 from reconciler.errors import NodeUnreachableError, ReconcilerError
 from reconciler.spec import SshTarget
-from reconciler.transport.base import CommandResult, LineSink, LineSplitter
+from reconciler.transport.base import CommandResult, LineSink, LineSplitter, keep_tail
 from reconciler.transport.sshconnect import SshConnection, open_route
 from reconciler.transport.sshroute import route_for
 
@@ -131,7 +131,7 @@ def _drain(
             stdout += channel.recv(_CHUNK)
         elif channel.recv_stderr_ready():
             data = channel.recv_stderr(_CHUNK)
-            stderr += data
+            keep_tail(stderr, data)
             if splitter is not None:
                 splitter.feed(data)
         elif channel.exit_status_ready():
@@ -146,7 +146,7 @@ def _drain(
     while channel.recv_ready():
         stdout += channel.recv(_CHUNK)
     while channel.recv_stderr_ready():
-        stderr += channel.recv_stderr(_CHUNK)
+        keep_tail(stderr, channel.recv_stderr(_CHUNK))
     return bytes(stdout), bytes(stderr)
 
 

@@ -18,6 +18,7 @@ The config file is `~/.ssh/config`, or `$RECONCILER_SSH_CONFIG` (`none`: read no
 from __future__ import annotations
 
 import fnmatch
+import functools
 import getpass
 import math
 import os
@@ -35,7 +36,9 @@ from reconciler.spec import SshTarget
 
 CONFIG_ENV = "RECONCILER_SSH_CONFIG"
 DEFAULT_CONFIG = "~/.ssh/config"
-MAX_CONFIG_BYTES = 1024 * 1024
+# Paramiko's lookup is linear in the file (a glob compiled per Host pattern): 256 KiB, thousands
+# of hosts, is still a second or two per lookup, and far beyond any hand-kept config.
+MAX_CONFIG_BYTES = 256 * 1024
 SSH_PORT = 22
 # OpenSSH's own limit on chained ProxyJump lookups is far higher; eight hops is already absurd,
 # and anything deeper is a loop in the config.
@@ -186,7 +189,7 @@ class _Resolver:
 
     def _parse(self, text: str) -> SSHConfig:
         try:
-            return SSHConfig.from_text(text)
+            return _parsed(text)
         except ConfigParseError as exc:
             number = _unparsable_line(self.text)
             raise self.error(
@@ -251,35 +254,34 @@ class _Resolver:
 
     def port(self, options: dict[str, Any], name: str) -> int:
         value = str(options.get("port", SSH_PORT))
-        if not value.isdigit() or not 1 <= int(value) <= 65535:
+        number = _whole_number(value)
+        if number is None or not 1 <= number <= 65535:
             raise self.error(
                 self.line_of("port", value),
                 f"Port '{value}' (for {_subject(name, options)}) is not a port number",
                 "write a number from 1 to 65535, or set nodes[].ssh.port in the spec (the spec wins)",
             )
-        return int(value)
+        return number
 
     def timeout(self, options: dict[str, Any], name: str) -> float | None:
         value = options.get("connecttimeout")
         if value is None or str(value).lower() == "none":
             return None
         text = str(value)
-        if not text.isdigit() or not 1 <= int(text) <= 600:
+        seconds = _whole_number(text)
+        if seconds is None or not 1 <= seconds <= 600:
             raise self.error(
                 self.line_of("connecttimeout", text),
                 f"ConnectTimeout '{text}' (for {_subject(name, options)}) is not a number of seconds from 1 to 600",
                 "write whole seconds, or set nodes[].ssh.connect_timeout_s in the spec (the spec wins)",
             )
-        return float(text)
+        return float(seconds)
 
     def known_hosts(self, options: dict[str, Any], name: str, *, default: str) -> tuple[str, ...]:
         value = options.get("userknownhostsfile")
         if value is None:
             return (os.path.expanduser(default),)
-        try:
-            files = shlex.split(str(value))
-        except ValueError:
-            files = []
+        files = self.file_list(str(value))
         if not files or any(name.lower() == "none" or "%" in name for name in files):
             raise self.error(
                 self.line_of("userknownhostsfile"),
@@ -288,6 +290,18 @@ class _Resolver:
                 "name the known_hosts file(s) without %-tokens, or set nodes[].ssh.known_hosts in the spec",
             )
         return tuple(os.path.expanduser(name) for name in files)
+
+    def file_list(self, value: str) -> list[str]:
+        """The files of a UserKnownHostsFile value. Paramiko drops the quotes around a value that is
+        quoted as a whole (`"/my dir/known_hosts"`), so the line as written says whether the
+        spaces in it separate files or belong to one name."""
+        written = [line.value.strip() for line in self.lines if line.key == "userknownhostsfile"]
+        if any(_unquote(raw) == value and raw != value for raw in written):
+            return [value]
+        try:
+            return shlex.split(value)
+        except ValueError:
+            return []
 
     def jumps_to(self, name: str, options: dict[str, Any], *, depth: int) -> tuple[tuple[Endpoint, ...], str | None]:
         """The jump hosts to `name` and the ProxyCommand that carries the first connection.
@@ -324,7 +338,7 @@ class _Resolver:
         """`[user@]host[:port]` or `ssh://[user@]host[:port]`, as ProxyJump takes them."""
         bare = text.removeprefix("ssh://").rstrip("/")
         user, _, hostport = bare.rpartition("@")
-        match = re.fullmatch(r"\[([^\]]+)\](?::(\d+))?|([^:\[\]]+)(?::(\d+))?", hostport)
+        match = re.fullmatch(r"\[([^\]]+)\](?::([0-9]{1,5}))?|([^:\[\]]+)(?::([0-9]{1,5}))?", hostport)
         host = (match.group(1) or match.group(3)) if match else ""
         port = (match.group(2) or match.group(4)) if match else None
         if not host or not _NAME.fullmatch(host) or host.startswith("-") or (user and not _NAME.fullmatch(user)):
@@ -362,6 +376,13 @@ class _Resolver:
         return (*loose, *includes)
 
 
+@functools.lru_cache(maxsize=8)
+def _parsed(text: str) -> SSHConfig:
+    """Parsed once per text: every node and hop looks up the same file (or it with the same
+    Port/User lines in front), and parsing is most of a lookup's time. Lookups do not change it."""
+    return SSHConfig.from_text(text)
+
+
 def _lines(text: str) -> list[_Line]:
     lines = []
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -385,6 +406,11 @@ def _subject(name: str, options: dict[str, Any]) -> str:
     """The name being resolved, and the address it resolved to so far."""
     hostname = options.get("hostname")
     return f"{name}, HostName {hostname}" if hostname and hostname != name else name
+
+
+def _whole_number(text: str) -> int | None:
+    """ASCII digits only: `str.isdigit` also takes `²`, which `int` then refuses."""
+    return int(text) if re.fullmatch(r"[0-9]{1,6}", text) else None
 
 
 def _unquote(value: str) -> str:

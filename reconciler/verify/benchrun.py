@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import random
 import threading
@@ -215,4 +216,57 @@ def load_report(path: str) -> benchmark.Report:
         raise ReconcilerError(
             f"{path} is not a bench report ({benchmark.FORMAT})", "pass a file written by `reconciler bench --out`"
         )
+    problem = _number_problem(report, "") or _summary_problem(report.get("summary"))
+    if problem is not None:
+        raise ReconcilerError(
+            f"{path} is not a bench report this version can read: {problem}",
+            "pass a file written by `reconciler bench --out`, unedited",
+        )
     return report
+
+
+# Fields of a summary entry that name the step, and the statistics compare and plot read.
+_SUMMARY_FIELDS = {
+    "prefill": (("target",), ("tok_s", "ttft_s")),
+    "decode": (("conc",), ("per_stream_tok_s", "aggregate_tok_s", "ttft_s", "tpot_s", "itl_s")),
+    "recall": (("length",), ()),
+}
+
+
+def _number_problem(value: object, where: str) -> str | None:
+    """Every number in a report is a finite count, size, rate or time: never NaN, infinite,
+    negative or astronomically large (each would end in a crash or a lie when compared or drawn)."""
+    if isinstance(value, dict):
+        found = (_number_problem(item, f"{where}.{key}") for key, item in value.items())
+    elif isinstance(value, list):
+        found = (_number_problem(item, f"{where}[{index}]") for index, item in enumerate(value))
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    else:
+        good = math.isfinite(value) and 0 <= value < 1e15
+        return None if good else f"{where.lstrip('.')} is {value!r}"
+    return next((problem for problem in found if problem is not None), None)
+
+
+def _summary_problem(summary: object) -> str | None:
+    if summary is None:
+        return None
+    if not isinstance(summary, dict):
+        return "summary is not an object"
+    for part, (keys, figures) in _SUMMARY_FIELDS.items():
+        entries = summary.get(part, [])
+        if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+            return f"summary.{part} is not a list of objects"
+        for index, entry in enumerate(entries):
+            where = f"summary.{part}[{index}]"
+            if any(not _is_number(entry.get(key)) for key in keys):
+                return f"{where} has no {' and '.join(keys)}"
+            for figure in figures:
+                stats = entry.get(figure)
+                if stats is not None and not (isinstance(stats, dict) and all(map(_is_number, stats.values()))):
+                    return f"{where}.{figure} is not a set of statistics"
+    return None
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -5,7 +5,7 @@ on synthetic timings, the table and the comparison (the plots: tests/unit/test_p
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +339,42 @@ def test_compare_refuses_what_is_not_a_report(tmp_path: Path, capsys: pytest.Cap
     other.write_text("{}", encoding="utf-8")
     assert main(["bench", "compare", str(other), str(other), "--json"]) == 1
     assert "is not a bench report" in json.loads(capsys.readouterr().out)["message"]
+
+
+def _each_number(value: object, change: Callable[[float], object]) -> object:
+    if isinstance(value, dict):
+        return {key: _each_number(item, change) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_each_number(item, change) for item in value]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return change(value)
+    return value
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda _v: float("nan"), "is nan"),
+        (lambda v: -v - 1, "is -"),
+        (lambda _v: 10**30, "is 1000000000000000000000000000000"),
+        (lambda _v: "x", "has no target"),
+        (lambda _v: None, "has no target"),
+    ],
+)
+def test_compare_refuses_a_report_with_impossible_numbers_and_says_where(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: Callable[[float], object], said: str
+) -> None:
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    report = synthetic("base", 1.0)
+    report["summary"] = benchmark.summarize(report)
+    good.write_text(json.dumps(report), encoding="utf-8")
+    edited = _each_number(report, change)
+    assert isinstance(edited, dict)
+    bad.write_text(json.dumps({**edited, "format": benchmark.FORMAT}), encoding="utf-8")
+    assert main(["bench", "compare", str(good), str(bad), "--json"]) == 1
+    message = json.loads(capsys.readouterr().out)["message"]
+    assert f"{bad} is not a bench report this version can read: " in message
+    assert said in message
 
 
 def test_the_table_lists_every_section_and_flags_an_incomplete_run() -> None:

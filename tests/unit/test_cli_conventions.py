@@ -108,6 +108,7 @@ def test_plan_help_shows_the_wait_default_of_apply(capsys: pytest.CaptureFixture
         ["plan", "--detailed-exitcode", "--no-such-option"],
         ["no-such-command"],
         ["status", "--watch", "soon"],
+        ["status", "--watch", "0"],
         ["bench", "--reps", "0", "--out", "x.json"],
         [],
     ],
@@ -117,6 +118,15 @@ def test_a_usage_error_exits_1_not_2_which_means_changes(argv: list[str], capsys
         main(argv)
     assert exited.value.code == 1
     assert "--help" in capsys.readouterr().err
+
+
+def test_an_unknown_option_is_reported_by_its_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--bogus"])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("usage: reconciler plan ")
+    assert "`reconciler plan --help`" in err
 
 
 def test_ctrl_c_in_a_handler_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -328,6 +338,13 @@ def scripts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (["reconciler", "completion", "z"], ["zsh"]),
         (["reconciler", "plan", "--spec", "x.yaml", "--verb"], ["--verbose"]),
         (["reconciler", "st"], ["status", "stop", "start"]),
+        # the command's positional slots, counted as argparse counts them
+        (["reconciler", "logs", "r0", "--"], ["--help", "--spec", "--node", "--follow", "--tail"]),
+        (["reconciler", "logs", "r0", ""], ["-h", "--help", "--spec", "--node", "-f", "--follow", "--tail"]),
+        (["reconciler", "bench", "--conc", "1", "2", "--out", "x.json", ""], ["compare"]),
+        (["reconciler", "bench", "--kinds", "code", ""], ["code", "prose"]),
+        (["reconciler", "smoke", "--checks="], ["--checks=all", "--checks=protocol"]),
+        (["reconciler", "plan", "--de"], ["--detailed-exitcode"]),
     ],
 )
 def test_bash_completion_offers_commands_options_and_values(
@@ -341,6 +358,15 @@ def test_bash_completion_offers_files_for_a_path_option(scripts: dict[str, Path]
     assert bash_complete(scripts["bash"], "reconciler", "plan", "--spec", f"{tmp_path}/dep") == [
         f"{tmp_path}/deployment.yaml"
     ]
+    assert bash_complete(scripts["bash"], "reconciler", "bench", "compare", f"{tmp_path}/d") == [
+        f"{tmp_path}/deployment.yaml"
+    ]
+    assert bash_complete(scripts["bash"], "reconciler", "apply", f"{tmp_path}/d") == [f"{tmp_path}/deployment.yaml"]
+
+
+def test_bash_completion_marks_file_candidates_as_file_names(scripts: dict[str, Path]) -> None:
+    """So bash adds the slash after a directory and quotes a name with a space."""
+    assert "compopt -o filenames" in scripts["bash"].read_text(encoding="utf-8")
 
 
 ZSH = shutil.which("zsh") or "/usr/bin/zsh"
@@ -352,7 +378,8 @@ def zsh_complete(script: Path, *words: str) -> list[str]:
     drawn: _describe prints its "name:description" lines, compadd its words, _files FILES."""
     program = (
         '_describe() { print -l -- "${(@P)4}"; }\n'
-        'compadd() { [[ $1 == -- ]] && shift; print -l -- "$@"; }\n'
+        "compadd() { local p=''; [[ $1 == -P ]] && { p=$2; shift 2; }; [[ $1 == -- ]] && shift; "
+        'print -l -- "${@/#/$p}"; }\n'
         "_files() { print FILES; }\n"
         'words=("$@"); CURRENT=${#words}\n'
         f"source {script}\n"
@@ -374,6 +401,9 @@ def test_zsh_completion_describes_commands_and_options(scripts: dict[str, Path])
     assert any(line.startswith("--watch:refresh every SECONDS") for line in options)
     assert zsh_complete(scripts["zsh"], "reconciler", "smoke", "--checks", "") == ["all", "protocol"]
     assert zsh_complete(scripts["zsh"], "reconciler", "plan", "--spec", "") == ["FILES"]
+    assert zsh_complete(scripts["zsh"], "reconciler", "smoke", "--checks=") == ["--checks=all", "--checks=protocol"]
+    assert zsh_complete(scripts["zsh"], "reconciler", "bench", "compare", "") == ["FILES"]
+    assert zsh_complete(scripts["zsh"], "reconciler", "logs", "r0", "")[0].startswith("-h:")
 
 
 @needs_zsh

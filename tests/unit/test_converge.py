@@ -67,20 +67,34 @@ def nodes(monkeypatch: pytest.MonkeyPatch, deployment: Deployment) -> Nodes:
     return fake
 
 
+def in_batches(executed: list[str], actions: list[Action]) -> list[set[str]]:
+    """The ids as run, batch by batch: the actions of one batch run at once, in any order."""
+    run = iter(executed)
+    return [{next(run) for _ in batch} for batch in apply.batches(actions)]
+
+
+def as_planned(actions: list[Action]) -> list[set[str]]:
+    return [{action.id for action in batch} for batch in apply.batches(actions)]
+
+
 def converge(deployment: Deployment, request: commands.Converge) -> commands.ApplyOutcome:
     return commands.converge(deployment, {}, Progress(io.StringIO()), request)
 
 
 def test_converge_plans_applies_every_action_and_plans_again(deployment: Deployment, nodes: Nodes) -> None:
     outcome = converge(deployment, commands.Converge(doing="test"))
-    assert nodes.executed == [action.id for action in outcome.before.actions]
+    actions = list(outcome.before.actions)
+    assert len(nodes.executed) == len(actions)
+    assert in_batches(nodes.executed, actions) == as_planned(actions)
     assert not outcome.after.has_changes
 
 
 def test_a_saved_plan_runs_exactly_as_saved(deployment: Deployment, nodes: Nodes, tmp_path: Path) -> None:
     saved = savedplan.saved(plan(deployment, empty_facts()), deployment, empty_facts())
     outcome = converge(deployment, commands.Converge(doing="test", saved=(saved, tmp_path / "p.json")))
-    assert nodes.executed == [action.id for action in saved.plan.actions]
+    actions = list(saved.plan.actions)
+    assert len(nodes.executed) == len(actions)
+    assert in_batches(nodes.executed, actions) == as_planned(actions)
     assert outcome.before is saved.plan
 
 

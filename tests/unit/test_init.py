@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import paramiko
 import pytest
+import yaml
 
 from reconciler import init
 from reconciler.cli.init import cmd_init
@@ -18,12 +21,30 @@ from reconciler.errors import NodeUnreachableError, ReconcilerError
 from reconciler.nodeside import probe as node_probe
 from reconciler.spec import REFERENCE_IMAGE, Deployment, Node, SshTarget, parse_spec
 from reconciler.transport.base import CommandResult, LineSink
+from reconciler.transport.sshroute import Endpoint, SshRoute, route_for
 from reconciler.yamlpos import load_located
 from tests.scenarios import FIXTURES, INIT_GOLDEN, init_answer, init_two_sparks, spark_infiniband, spark_ip_addr
 from tests.testbed import fakesys
 
 WORKER = SshTarget(host="192.168.100.11", user="nvidia")
 HEAD_IP, WORKER_IP = "192.168.100.10", "192.168.100.11"
+
+
+@pytest.fixture(autouse=True)
+def no_ssh_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This machine's own ~/.ssh never takes part: HOME is a fresh directory, and no ssh config
+    is read unless a test writes one there (`ssh_config`)."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("RECONCILER_SSH_CONFIG", "none")
+    return home
+
+
+def ssh_config(home: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    """`text` as the user's ~/.ssh/config, found where OpenSSH would find it."""
+    (home / ".ssh/config").write_text(text, encoding="utf-8")
+    monkeypatch.delenv("RECONCILER_SSH_CONFIG")
 
 
 def drafted(
@@ -71,6 +92,7 @@ def test_detected_values_are_written_each_with_its_reason() -> None:
     assert (worker.name, worker.role, worker.model_source) == ("spark-c3d4", "worker", "peer")
     assert worker.ssh is not None
     assert (worker.ssh.host, worker.ssh.user, worker.ssh.known_hosts) == (WORKER_IP, "nvidia", "~/.ssh/known_hosts")
+    assert worker.ssh.model_fields_set == {"host", "user"}, "the rest keeps coming from ~/.ssh/config"
     for node, ip in ((head, HEAD_IP), (worker, WORKER_IP)):
         assert (node.fabric.ifname, node.fabric.ip, node.fabric.hcas) == ("enp1s0f1np1", ip, ["rocep1s0f1"])
         assert node.model_dir == init.DEFAULT_MODEL_DIR
@@ -230,6 +252,26 @@ def test_a_hostname_cannot_inject_keys_into_the_spec(newline: str) -> None:
     assert deployment.nodes[1].name == "x-image-ref-evil"
 
 
+def test_disk_free_the_node_cannot_have_is_unknown_not_too_little() -> None:
+    result, _ = drafted(pair(disk_free=-1))
+    (note,) = result.notes
+    assert note.where == "nodes[spark-c3d4].model_dir"
+    assert "free space at /home/nvidia/models/DeepSeek-V4.1-Flash-Spark unknown (the node reported -1)" in note.message
+    assert "only -1" not in result.text
+
+
+@pytest.mark.parametrize("meminfo", ["MemTotal: 0 kB\nMemAvailable: 0 kB\n", "MemTotal: 0 kB\nMemAvailable: 5 kB\n"])
+def test_a_memtotal_of_zero_is_unknown_memory_not_detected(meminfo: str) -> None:
+    answers = pair()
+    answers["node-1"]["meminfo"] = meminfo
+    result, _ = drafted(answers)
+    (note,) = result.notes
+    assert note.where == "nodes[spark-c3d4]"
+    assert note.message.startswith("memory unknown (/proc/meminfo says MemTotal 0 kB")
+    worker_part = result.text.split("# worker:", 1)[1]
+    assert "detected: MemTotal" not in worker_part
+
+
 def test_values_the_loader_would_misread_are_quoted() -> None:
     assert init.scalar("enp1s0f1np1") == "enp1s0f1np1"
     assert init.scalar("~/models/x") == "~/models/x"
@@ -237,6 +279,103 @@ def test_values_the_loader_would_misread_are_quoted() -> None:
         assert init.scalar(value).startswith('"'), value
     for value in ("123", "true", "a #b", "x: y", "*x", '"quoted"', 'say "hi"', "back\\slash", "\\"):
         assert load_located(f"k: {init.scalar(value)}\n").data == {"k": value}, value
+
+
+HOSTILE = [
+    *(f"rocep1s0f1{char}mlx5_evil" for char in ",][{}#:&*!|>'\"%@\\"),
+    "rocep1s0f1, mlx5_evil",
+    "rocep1s0f1]\n      gid_index: 9\n      x: [y",
+    "a\nimage:\n  ref: evil",
+    "a\u2028b",
+    "a\x85b",
+    " leading",
+    "trailing ",
+    "- x",
+    "",
+]
+# Names the spec accepts but YAML would read as something else when written plainly.
+MISREADABLE = ["123", "1e3", "true", "null", "0o17", "0x1f", ".inf", "NaN"]
+
+
+@pytest.mark.parametrize("value", HOSTILE + MISREADABLE + ['say "hi"', "back\\slash", "\U0001f600"])
+def test_every_quoted_value_reads_back_as_exactly_that_value(value: str) -> None:
+    for rendered in (init.scalar(value), init.quoted(value)):
+        assert "\n" not in rendered
+        assert rendered.isprintable()
+        assert yaml.safe_load(f"k: {rendered}\n") == {"k": value}
+    items = f"[{init.flow_scalar(value)}, {init.flow_scalar('rocep1s0f1')}]"
+    assert yaml.safe_load(f"k: {items}\n") == {"k": [value, "rocep1s0f1"]}
+    if value.isprintable():  # the spec loader refuses control characters and line breaks, quoted or not
+        assert load_located(f"k: {init.scalar(value)}\n").data == {"k": value}
+        assert load_located(f"k: {items}\n").data == {"k": [value, "rocep1s0f1"]}
+
+
+def with_worker(probed: list[init.Probed], user: str | None = None, **facts: Any) -> list[init.Probed]:
+    """The pair, with the worker reporting `facts` (top-level or `fabric_*`) and `user`."""
+    worker = probed[1]
+    fabric = {key.removeprefix("fabric_"): value for key, value in facts.items() if key.startswith("fabric_")}
+    node = {key: value for key, value in facts.items() if not key.startswith("fabric_")}
+    updated = worker.facts.model_copy(update={**node, "fabric": worker.facts.fabric.model_copy(update=fabric)})
+    return [probed[0], dataclasses.replace(worker, facts=updated, user=user or worker.user)]
+
+
+def fixture_pair() -> tuple[init.InitRequest, list[init.Probed]]:
+    request = init.InitRequest(head=None, workers=(WORKER,))
+    return request, init.probed_from_answers(request, {name: NodeProbe(raw=raw) for name, raw in pair().items()})
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_what_a_node_says_reads_back_exactly_or_is_left_for_review(value: str) -> None:
+    """Every value a node supplies, rendered, parsed back and compared: a fabric value is in
+    the spec exactly as the node said it or not at all (then REVIEW); hostname, home and user
+    only reach comments, so the spec means the same as without them."""
+    request, probed = fixture_pair()
+    baseline = parse_spec(init.draft(request, probed).text, "x").deployment
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"hostname": value}, ""),
+        ({"home": "/home/" + value}, ""),
+        ({"user": value}, ""),
+        ({"fabric_ifname": value}, "nodes[{name}].fabric"),
+        ({"fabric_ip": value}, "nodes[{name}].fabric.ip"),
+        ({"fabric_hcas": [value]}, "nodes[{name}].fabric.hcas"),
+        ({"fabric_hcas": ["rocep1s0f1", value]}, "nodes[{name}].fabric.hcas"),
+    ]
+    for change, where in cases:
+        user = change.pop("user", None)
+        result = init.draft(request, with_worker(probed, user, **change))
+        deployment = parse_spec(result.text, "x").deployment
+        head, worker = deployment.nodes
+        assert head == baseline.nodes[0], change
+        assert worker.name == result.names[1], change
+        fabric = worker.fabric
+        said = {"fabric_ifname": fabric.ifname, "fabric_ip": fabric.ip, "fabric_hcas": fabric.hcas}
+        for key, reported in change.items():
+            if key in said:
+                assert said[key] in (reported, None), change
+                if said[key] is None:
+                    assert where.format(name=worker.name) in [note.where for note in result.notes], change
+        expected = baseline.nodes[1].model_copy(update={"name": worker.name, "fabric": fabric})
+        assert worker == expected, change
+        assert deployment.image == baseline.image
+        assert deployment.model == baseline.model
+
+
+@pytest.mark.parametrize("hcas", [["123", "true"], ["mlx5_0", "mlx5_1"]])
+def test_hca_names_yaml_would_misread_are_written_quoted_and_read_back(hcas: list[str]) -> None:
+    request, probed = fixture_pair()
+    result = init.draft(request, with_worker(probed, fabric_hcas=hcas))
+    assert parse_spec(result.text, "x").deployment.nodes[1].fabric.hcas == hcas
+    assert result.notes == []
+
+
+def test_a_node_cannot_add_an_hca_with_a_comma() -> None:
+    request, probed = fixture_pair()
+    result = init.draft(request, with_worker(probed, fabric_hcas=["rocep1s0f1, mlx5_evil"]))
+    assert parse_spec(result.text, "x").deployment.nodes[1].fabric.hcas is None
+    (note,) = result.notes
+    assert note.where == "nodes[spark-c3d4].fabric.hcas"
+    assert "'rocep1s0f1, mlx5_evil' is not an RDMA device name" in note.message
+    assert [line for line in result.text.splitlines() if "mlx5_evil" in line.split("#", 1)[0]] == []
 
 
 # ---------------------------------------------------------------- options and validation
@@ -279,43 +418,140 @@ def write_known_hosts(path: Path, *entries: str, hashed: bool = False) -> None:
     keys.save(str(path))
 
 
-def target(known_hosts: Path, host: str = WORKER_IP, port: int = 22) -> SshTarget:
-    return SshTarget(host=host, user="nvidia", port=port, known_hosts=str(known_hosts))
+def target(known_hosts: Path | None = None, host: str = WORKER_IP, port: int | None = None) -> SshTarget:
+    """A target with only the fields `--worker`, `--known-hosts` and `--ssh-port` would set."""
+    given = {"known_hosts": None if known_hosts is None else str(known_hosts), "port": port}
+    return SshTarget.model_validate({"host": host, "user": "nvidia", **{k: v for k, v in given.items() if v}})
+
+
+def problems(known_hosts: Path | None = None, host: str = WORKER_IP, port: int | None = None) -> list[tuple[str, str]]:
+    given = target(known_hosts, host, port)
+    return init.unknown_host_keys(route_for(init.login(given), given))
 
 
 def test_a_missing_host_key_gives_the_exact_commands_that_add_it(tmp_path: Path) -> None:
     known = tmp_path / "known_hosts"
     write_known_hosts(known, "192.168.100.99")
-    message, hint = init.unknown_host_key(target(known)) or ("", "")
+    ((message, hint),) = problems(known)
     assert (
         message
         == f"nvidia@{WORKER_IP}: {known} holds no host key for {WORKER_IP}; init never trusts an unseen host key"
     )
-    assert f"`ssh -o UserKnownHostsFile={known} nvidia@{WORKER_IP} true`" in hint
-    assert f"`ssh-keyscan {WORKER_IP} >> {known}`" in hint
+    assert f"`ssh-keyscan -p 22 {WORKER_IP} | ssh-keygen -lf -`" in hint
+    assert f"`ssh-keyscan -p 22 {WORKER_IP} >> {known}`" in hint
     assert "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub" in hint
 
 
 def test_a_host_key_on_another_port_is_looked_up_as_ssh_writes_it(tmp_path: Path) -> None:
     known = tmp_path / "known_hosts"
     write_known_hosts(known, WORKER_IP)
-    message, hint = init.unknown_host_key(target(known, port=2222)) or ("", "")
+    ((message, hint),) = problems(known, port=2222)
     assert f"no host key for [{WORKER_IP}]:2222" in message
     assert f"`ssh-keyscan -p 2222 {WORKER_IP} >> {known}`" in hint
     write_known_hosts(known, f"[{WORKER_IP}]:2222")
-    assert init.unknown_host_key(target(known, port=2222)) is None
+    assert problems(known, port=2222) == []
 
 
 def test_a_hashed_known_hosts_entry_counts(tmp_path: Path) -> None:
     known = tmp_path / "known_hosts"
     write_known_hosts(known, WORKER_IP, hashed=True)
     assert WORKER_IP not in known.read_text(encoding="utf-8")
-    assert init.unknown_host_key(target(known)) is None
+    assert problems(known) == []
 
 
 def test_a_missing_known_hosts_file_says_so(tmp_path: Path) -> None:
-    message, _ = init.unknown_host_key(target(tmp_path / "absent")) or ("", "")
-    assert f"{tmp_path / 'absent'} does not exist" in message
+    ((message, hint),) = problems(tmp_path / "absent")
+    assert f"{tmp_path / 'absent'} does not exist, so it holds no host key for {WORKER_IP}" in message
+    assert f">> {tmp_path / 'absent'}`" in hint
+
+
+def test_a_known_hosts_file_that_is_not_one_is_named(tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text("not a key line\n", encoding="utf-8")
+    ((message, hint),) = problems(known)
+    assert f"{known} is not a known_hosts file" in message
+    assert "--known-hosts" in hint
+
+
+def test_an_ssh_config_alias_is_looked_up_under_its_hostname_and_port(
+    no_ssh_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--worker spark2` with `Host spark2 / HostName 127.0.0.1 / Port 2222`: the key is filed as
+    [127.0.0.1]:2222 in ~/.ssh/known_hosts, as ssh filed it, and the hint scans exactly there."""
+    ssh_config(no_ssh_config, monkeypatch, "Host spark2\n  HostName 127.0.0.1\n  Port 2222\n")
+    known = no_ssh_config / ".ssh/known_hosts"
+    write_known_hosts(known, "spark2", "127.0.0.1")
+    ((message, hint),) = problems(host="spark2")
+    assert message == (
+        f"nvidia@spark2: {known} holds no host key for [127.0.0.1]:2222 (spark2 is nvidia@127.0.0.1:2222 by the "
+        "ssh config); init never trusts an unseen host key"
+    )
+    assert f"`ssh-keyscan -p 2222 127.0.0.1 >> {known}`" in hint
+    write_known_hosts(known, "[127.0.0.1]:2222")
+    assert problems(host="spark2") == []
+
+
+def test_the_config_s_known_hosts_file_applies_unless_one_is_given(
+    no_ssh_config: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared_known_hosts"
+    ssh_config(no_ssh_config, monkeypatch, f"Host *\n  UserKnownHostsFile {shared}\n")
+    write_known_hosts(shared, WORKER_IP)
+    assert problems() == []
+    ((message, _),) = problems(tmp_path / "given")
+    assert f"{tmp_path / 'given'} does not exist" in message, "an explicit --known-hosts wins"
+
+
+def test_every_hop_of_a_proxy_jump_needs_its_key_and_is_scanned_from_where_it_is_reached(
+    no_ssh_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = "Host spark2\n  HostName 10.0.0.2\n  ProxyJump admin@bastion:2200\n"
+    ssh_config(no_ssh_config, monkeypatch, config)
+    known = no_ssh_config / ".ssh/known_hosts"
+    write_known_hosts(known, "spark2")
+    (bastion, node) = problems(host="spark2")
+    assert "no host key for [bastion]:2200 (jump host admin@bastion:2200 on the way to spark2)" in bastion[0]
+    assert f"`ssh-keyscan -p 2200 bastion >> {known}`" in bastion[1]
+    assert "no host key for 10.0.0.2 (spark2 is nvidia@10.0.0.2:22 via admin@bastion:2200" in node[0]
+    scan = node[1].split("only if they match: `", 1)[1].split("`", 1)[0]
+    assert scan.startswith("ssh -F ")
+    assert f"UserKnownHostsFile={known}" in scan
+    assert "StrictHostKeyChecking=yes" in scan
+    assert scan.endswith(f" -o ProxyCommand=none bastion ssh-keyscan -p 22 10.0.0.2 >> {known}")
+    write_known_hosts(known, "[bastion]:2200", "10.0.0.2")
+    assert problems(host="spark2") == []
+
+
+def test_a_host_key_alias_is_the_name_looked_up_and_filed(no_ssh_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ssh_config(no_ssh_config, monkeypatch, "Host spark2\n  HostName 10.0.0.2\n  HostKeyAlias spark2-key\n")
+    known = no_ssh_config / ".ssh/known_hosts"
+    write_known_hosts(known, "10.0.0.2")
+    ((message, hint),) = problems(host="spark2")
+    assert "no host key for spark2-key" in message
+    assert f"`ssh-keyscan -p 22 10.0.0.2 | sed 's|^[^ ]*|spark2-key|' >> {known}`" in hint
+    write_known_hosts(known, "spark2-key")
+    assert problems(host="spark2") == []
+
+
+def routed(host: str, hostname: str) -> SshRoute:
+    return SshRoute(
+        node=f"nvidia@{host}", target=Endpoint(host, hostname, 22, "nvidia"), known_hosts=("k",), connect_timeout_s=10.0
+    )
+
+
+def test_an_alias_is_judged_by_the_address_it_leads_to() -> None:
+    request = init.InitRequest(head=None, workers=(SshTarget(host="spark2", user="nvidia"),))
+    answers = {name: NodeProbe(raw=raw) for name, raw in pair().items()}
+    for hostname, review in ((WORKER_IP, False), ("192.168.1.51", True)):
+        probed = init.probed_from_answers(request, answers, [None, routed("spark2", hostname)])
+        result = init.draft(request, probed)
+        flat = " ".join(line.strip().lstrip("# ") for line in result.text.splitlines())
+        assert f"spark2 leads to nvidia@{hostname}:22 by the ssh config" in flat
+        assert [note.where for note in result.notes] == (["nodes[spark-c3d4].ssh.host"] if review else [])
+        if review:
+            assert "spark2 (HostName 192.168.1.51 in the ssh config) is not the node's fabric address" in flat
+        else:
+            assert "the node's fabric address: the checkpoint copy (rsync over SSH) takes the fabric" in flat
 
 
 class FakeTransport:
@@ -401,6 +637,32 @@ def test_every_node_that_does_not_answer_is_named(tmp_path: Path) -> None:
         f"nvidia@{WORKER_IP}: SSH authentication to x failed; nvidia@192.168.100.12: SSH authentication to x failed"
     )
     assert caught.value.hint == "check nodes[].ssh.user"
+
+
+def test_an_alias_probes_along_the_route_the_transport_takes(
+    no_ssh_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repro of `--worker spark2`: its key is in known_hosts as ssh filed it, so init probes."""
+    ssh_config(no_ssh_config, monkeypatch, "Host spark2\n  HostName 127.0.0.1\n  Port 2222\n")
+    write_known_hosts(no_ssh_config / ".ssh/known_hosts", "[127.0.0.1]:2222")
+    request = init.InitRequest(head=None, workers=(SshTarget(host="spark2", user="nvidia"),))
+    given: list[Node] = []
+
+    def transport_of(node: Node) -> FakeTransport:
+        given.append(node)
+        return FakeTransport(node.name, pair()[node.name], [])
+
+    probed = init.probe_nodes(request, transport_of)
+    assert [node.ssh.model_dump(exclude_unset=True) if node.ssh else None for node in given] == [
+        None,
+        {"host": "spark2", "user": "nvidia"},
+    ], "nothing the config sets is pinned for the transport"
+    route = probed[1].route
+    assert route is not None
+    assert (route.target.hostname, route.target.port) == ("127.0.0.1", 2222)
+    text = init.draft(request, probed).text
+    assert "# spark2 leads to nvidia@127.0.0.1:2222 by the ssh config" in text
+    assert "port:" not in text
 
 
 # ---------------------------------------------------------------- the command
@@ -529,6 +791,95 @@ def test_secrets_in_the_environment_never_reach_the_spec_or_the_output(
     deployment = parse_spec(out.read_text(encoding="utf-8"), "x").deployment
     assert deployment.model.token_file is None
     assert deployment.api.key_file is None
+
+
+@pytest.mark.usefixtures("probed_pair")
+def test_ssh_options_left_out_are_left_out_of_the_spec(tmp_path: Path) -> None:
+    """A port or known_hosts in the spec overrides ~/.ssh/config for good: only given ones are written."""
+    out = tmp_path / "deployment.yaml"
+    assert run_init(["--worker", f"nvidia@{WORKER_IP}", "--out", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert [key for key in ("port:", "known_hosts:", "identity_file:") if key in text] == []
+    ssh = parse_spec(text, str(out)).deployment.nodes[1].ssh
+    assert ssh is not None
+    assert ssh.model_fields_set == {"host", "user"}
+
+
+def test_an_ssh_port_given_is_written_even_if_it_is_the_default(
+    probed_pair: list[init.InitRequest], tmp_path: Path
+) -> None:
+    out = tmp_path / "deployment.yaml"
+    assert run_init(["--worker", WORKER_IP, "--ssh-port", "22", "--known-hosts", "/etc/kh", "--out", str(out)]) == 0
+    ssh = parse_spec(out.read_text(encoding="utf-8"), str(out)).deployment.nodes[1].ssh
+    assert ssh is not None
+    assert {"port", "known_hosts"} <= ssh.model_fields_set
+    (request,) = probed_pair
+    probing = init.provisional(request).nodes[1].ssh
+    assert probing is not None
+    assert "port" in probing.model_fields_set, "so the route takes 22 over the config's Port"
+
+
+def test_init_help_names_the_defaults_the_ssh_config_supplies(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["init", "--help"])
+    flat = " ".join(capsys.readouterr().out.split())
+    assert "(default: the ssh config's Port for the host, else 22)" in flat
+    assert "(default: the ssh config's UserKnownHostsFile, else ~/.ssh/known_hosts)" in flat
+    assert "(default: the ssh config's IdentityFile, else ssh-agent and ~/.ssh)" in flat
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        ("", "--out is empty"),
+        ("  ", "--out is empty"),
+        (".", "--out '.' names a directory"),
+        ("{tmp}", "--out '{tmp}' names a directory"),
+        ("{tmp}/new/", "--out '{tmp}/new/' names a directory"),
+    ],
+)
+def test_an_out_that_is_no_file_path_is_refused_before_probing(
+    probed_pair: list[init.InitRequest], tmp_path: Path, out: str, message: str
+) -> None:
+    with pytest.raises(ReconcilerError) as caught:
+        run_init(["--worker", WORKER_IP, "--out", out.format(tmp=tmp_path)])
+    assert caught.value.message == message.format(tmp=tmp_path)
+    assert "--out " in caught.value.hint
+    assert probed_pair == []
+
+
+def test_an_out_under_a_file_is_refused_before_probing(probed_pair: list[init.InitRequest], tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("", encoding="utf-8")
+    out = tmp_path / "file/sub/deployment.yaml"
+    with pytest.raises(ReconcilerError) as caught:
+        run_init(["--worker", WORKER_IP, "--out", str(out)])
+    assert caught.value.message == f"cannot write {out}: {tmp_path / 'file'} is not a directory"
+    assert probed_pair == []
+
+
+@pytest.mark.parametrize("missing", ["", "new/deeper/"])
+def test_an_out_in_a_directory_this_user_cannot_write_is_refused_before_probing(
+    probed_pair: list[init.InitRequest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: str
+) -> None:
+    """os.access answers for this user (root passes any mode bits, so the answer is stubbed)."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != locked and real(path, mode))
+    out = locked / f"{missing}deployment.yaml"
+    with pytest.raises(ReconcilerError) as caught:
+        run_init(["--worker", WORKER_IP, "--out", str(out)])
+    doing = f"cannot write {out}" if not missing else f"cannot create {out.parent} for {out}"
+    assert caught.value.message == f"{doing}: {locked} is not writable by this user"
+    assert "--out PATH" in caught.value.hint
+    assert probed_pair == []
+
+
+@pytest.mark.usefixtures("probed_pair")
+def test_missing_parent_directories_are_created(tmp_path: Path) -> None:
+    out = tmp_path / "a/b/c/deployment.yaml"
+    assert run_init(["--worker", WORKER_IP, "--out", str(out)]) == 0
+    assert out.is_file()
 
 
 def test_init_needs_a_worker(capsys: pytest.CaptureFixture[str]) -> None:

@@ -91,7 +91,7 @@ def test_anything_but_a_well_formed_counter_is_no_progress(line: str) -> None:
 
 def test_a_counters_text_from_a_node_loses_control_characters_and_escapes() -> None:
     counter = parse_line(PREFIX + json.dumps({"what": "down\x1b[31mload", "done": 1, "name": "a\nb\rc\x07"}))
-    assert counter == Counter("download", 1, name="abc")
+    assert counter == Counter("download", 1, name="a b c")
 
 
 def test_a_log_line_shows_only_its_last_redraw_printable_and_cut() -> None:

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import paramiko
 import pytest
@@ -20,11 +21,6 @@ from paramiko.common import AUTH_FAILED, AUTH_SUCCESSFUL, OPEN_SUCCEEDED
 from reconciler.errors import NodeUnreachableError, SshConfigError
 from reconciler.transport.sshconnect import open_route
 from reconciler.transport.sshroute import Endpoint, SshRoute
-
-# The stand-in's node sshd runs inside a channel of its jump sshd: when the client hangs up, the
-# inner server thread may try to close its channel after the outer connection is gone and die
-# of EOFError in paramiko's own thread. That is the stand-in's teardown, not the client's.
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 
 
 @functools.cache
@@ -62,11 +58,32 @@ class Jump:
     destinations: list[tuple[str, int]] = field(default_factory=list)
 
 
+class _NodeSocket:
+    """The node sshd's end of its direct-tcpip channel, closed without a word if it cannot be.
+
+    When the client hangs up, the jump connection under the channel can be gone before the node
+    sshd's goodbye goes out on it, and paramiko raises EOFError from the close (in its own thread
+    or in the fixture's teardown). That is the stand-in's goodbye, not what these tests check.
+    """
+
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self._channel = channel
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
+
+    def close(self) -> None:
+        with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
+            self._channel.close()
+
+
 @pytest.fixture
 def jump() -> Iterator[Jump]:
     listener = socket.create_server(("127.0.0.1", 0))
     served = Jump(listener.getsockname()[1])
-    transports: list[paramiko.Transport] = []
+    # The jump sshds on TCP, and the node sshds each running inside a channel of one of them.
+    outer_transports: list[paramiko.Transport] = []
+    inner_transports: list[paramiko.Transport] = []
 
     def serve() -> None:
         while True:
@@ -76,22 +93,24 @@ def jump() -> Iterator[Jump]:
                 return
             outer = paramiko.Transport(connection)
             outer.add_server_key(rsa_key("jump"))
-            transports.append(outer)
+            outer_transports.append(outer)
             try:
                 outer.start_server(server=_Server(served.destinations))
             except (paramiko.SSHException, EOFError):
                 continue
             channel = outer.accept(timeout=10)
             if channel is not None:
-                inner = paramiko.Transport(channel)
+                inner = paramiko.Transport(cast("paramiko.Channel", _NodeSocket(channel)))
                 inner.add_server_key(rsa_key("node"))
-                transports.append(inner)
+                inner_transports.append(inner)
                 threading.Thread(target=_start, args=(inner,), daemon=True).start()
 
     threading.Thread(target=serve, daemon=True).start()
     yield served
     listener.close()
-    for transport in reversed(transports):
+    # Jump sshds first: closing one marks its channels closed, so the node sshds in them have no
+    # goodbye left to send.
+    for transport in (*outer_transports, *inner_transports):
         transport.close()
 
 

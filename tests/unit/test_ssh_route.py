@@ -148,6 +148,10 @@ def test_a_proxy_command_carries_the_first_connection() -> None:
             "Port 'twenty' (for spark2, HostName 10.0.0.2) is not a port number",
         ),
         ("Host spark2\n  Port 70000\n", ":2:", "Port '70000' (for spark2) is not a port number"),
+        # Digits to str.isdigit, not to int(): a superscript or another script's digits.
+        ("Host spark2\n  Port \u00b2\n", ":2:", "Port '\u00b2' (for spark2) is not a port number"),
+        ("Host spark2\n  ConnectTimeout \u00b3\n", ":2:", "ConnectTimeout '\u00b3'"),
+        ("Host spark2\n  ProxyJump b:\u0663\n", ":2:", "is not [user@]host[:port]"),
         ("Host *\n\n  ConnectTimeout 5s\n", ":3:", "ConnectTimeout '5s'"),
         (
             "Host spark2\n  HostName 10.0.0.2;reboot\n",
@@ -269,3 +273,12 @@ def test_a_config_file_that_cannot_be_read_is_an_error(home: Path, monkeypatch: 
     monkeypatch.setenv(CONFIG_ENV, str(binary))
     with pytest.raises(SshConfigError, match=f"w: {binary}:2: the ssh config is not valid UTF-8"):
         read_ssh_config("w")
+
+
+def test_a_quoted_known_hosts_path_with_spaces_is_one_file_and_a_plain_list_is_several() -> None:
+    quoted = route(SshTarget(host="spark2"), 'Host spark2\n  UserKnownHostsFile "/my dir/known_hosts"\n')
+    assert quoted.known_hosts == ("/my dir/known_hosts",)
+    listed = route(SshTarget(host="spark2"), "Host spark2\n  UserKnownHostsFile /a/kh /b/kh\n")
+    assert listed.known_hosts == ("/a/kh", "/b/kh")
+    mixed = route(SshTarget(host="spark2"), 'Host spark2\n  UserKnownHostsFile "/my dir/kh" /b/kh\n')
+    assert mixed.known_hosts == ("/my dir/kh", "/b/kh")
