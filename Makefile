@@ -39,7 +39,7 @@ demo: testbed-up
 	$(NODE_EXEC) spark-head python3 tests/testbed/ask.py "What is 17 * 23?"
 	@echo
 	@echo "The deployment keeps running. Try: $(NODE_EXEC) spark-head $(BIN)/reconciler plan --spec $(DEMO_SPEC)"
-	@echo "Tear down with: ./make.sh testbed-down"
+	@echo "Tear down with: $${TB_ROOT:+TB_ROOT=$$TB_ROOT }./make.sh testbed-down"
 
 # The offline plan of a two-Spark bring-up from fixture facts (no testbed needed).
 demo-offline: setup
