@@ -4,29 +4,42 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SPEC := specs/deployment.yaml
-TESTBED_SPEC := specs/testbed.yaml
 NODE_EXEC := python3 -m tests.testbed exec
+# What the demo converges: specs/testbed.yaml rendered by testbed-up for the testbed that is up
+# (its engine digest, $TB_ROOT's SSH key and known_hosts) into $TB_ROOT/specs/; the tracked
+# file is never rewritten. Asked of the testbed, which owns the $TB_ROOT default.
+DEMO_SPEC = $(shell python3 -m tests.testbed spec --where specs/testbed.yaml)
+# The lowest lane: every direct dependency at its declared lower bound (tools/deps.py lowest),
+# on Python 3.12 (DGX OS's; the other lanes run the machine's python3) when there is one.
+LOWEST := .venv-lowest
+LOWEST_STAMP := $(LOWEST)/.installed
 
-.PHONY: shell-tools setup demo demo-offline test lint typecheck unit e2e bench schema clean testbed-install testbed-up testbed-down pi-test-install
+.PHONY: shell-tools setup lock demo demo-offline test lint typecheck unit unit-lowest e2e bench schema clean testbed-install testbed-up testbed-down pi-test-install
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Everything installs pinned by constraints.txt (pip itself included); `make lock` renews it.
+$(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt --upgrade pip
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+# Resolve pyproject.toml afresh (newest releases its ranges allow, on this python3) into
+# constraints.txt; review and commit the diff, then `make setup` installs it.
+lock:
+	python3 tools/deps.py lock
 
 # The main job: bring up the two-node testbed, converge the deployment on it with the real
 # reconciler running on spark-head, show its status and ask the API one question.
 demo: testbed-up
-	$(NODE_EXEC) spark-head $(BIN)/reconciler apply --spec $(TESTBED_SPEC)
-	$(NODE_EXEC) spark-head $(BIN)/reconciler status --spec $(TESTBED_SPEC)
+	$(NODE_EXEC) spark-head $(BIN)/reconciler apply --spec $(DEMO_SPEC)
+	$(NODE_EXEC) spark-head $(BIN)/reconciler status --spec $(DEMO_SPEC)
 	@echo "== one chat completion through the API (key read from the head's key file)"
 	$(NODE_EXEC) spark-head python3 tests/testbed/ask.py "What is 17 * 23?"
 	@echo
-	@echo "The deployment keeps running. Try: $(NODE_EXEC) spark-head $(BIN)/reconciler plan --spec $(TESTBED_SPEC)"
-	@echo "Tear down with: ./make.sh testbed-down"
+	@echo "The deployment keeps running. Try: $(NODE_EXEC) spark-head $(BIN)/reconciler plan --spec $(DEMO_SPEC)"
+	@echo "Tear down with: $${TB_ROOT:+TB_ROOT=$$TB_ROOT }./make.sh testbed-down"
 
 # The offline plan of a two-Spark bring-up from fixture facts (no testbed needed).
 demo-offline: setup
@@ -35,11 +48,10 @@ demo-offline: setup
 testbed-install:
 	@if [ "$$(id -u)" = 0 ]; then python3 -m tests.testbed install; else echo "not root: the testbed is skipped"; fi
 
-# Brings the testbed up (tearing down any earlier one first) and writes the engine
-# stand-in's digest into specs/testbed.yaml.
+# Brings the testbed up (tearing down any earlier one first) and renders the demo's spec for it.
 testbed-up: setup testbed-install
 	python3 -m tests.testbed up
-	sed -i "s|^  ref: .*|  ref: $$(python3 -m tests.testbed image-ref engine)|" $(TESTBED_SPEC)
+	python3 -m tests.testbed spec specs/testbed.yaml
 
 testbed-down:
 	python3 -m tests.testbed down
@@ -61,6 +73,23 @@ shell-tools:
 
 unit: setup pi-test-install shell-tools
 	$(BIN)/pytest -m "not testbed and not system and not realengine"
+
+# The lowest lane: ruff and the unit tests again in $(LOWEST), with every direct dependency at
+# the lower bound pyproject.toml declares (transitive ones: the newest allowed). mypy is not run
+# here: its bound and the stubs' are the locked releases (see pyproject.toml).
+unit-lowest: $(LOWEST_STAMP) pi-test-install shell-tools
+	@start=$$(date +%s); \
+	$(LOWEST)/bin/ruff check --no-cache . && $(LOWEST)/bin/ruff format --no-cache --check . && \
+	$(LOWEST)/bin/pytest -p no:cacheprovider -m "not testbed and not system and not realengine"; rc=$$?; \
+	echo "lowest lane ($$($(LOWEST)/bin/python -V)): $$(( $$(date +%s) - start )) s wall time"; exit $$rc
+
+$(LOWEST_STAMP): pyproject.toml constraints.txt tools/deps.py
+	rm -rf $(LOWEST)
+	$$(python3 tools/deps.py python 3.12) -m venv $(LOWEST)
+	python3 tools/deps.py lowest > $(LOWEST)/lowest.txt
+	$(LOWEST)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt --upgrade pip
+	$(LOWEST)/bin/pip install --quiet --disable-pip-version-check -c $(LOWEST)/lowest.txt -e '.[dev]'
+	touch $@
 
 # The real Pi coding agent from npm (0.73.1, 1.6.0 and node 22 for it) in .pi-test/, for
 # tests/integration/test_pi_real.py; only the npm registry is contacted; skipped without node/npm.
@@ -101,7 +130,7 @@ system-test: setup
 	$(BIN)/pytest -m system -v -s tests/system
 
 # The README's test command; .ci/run calls exactly this.
-test: lint typecheck unit service-check system-test e2e test-real-engine
+test: lint typecheck unit unit-lowest service-check system-test e2e test-real-engine
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info .pi-test
+	rm -rf $(VENV) $(LOWEST) .mypy_cache .ruff_cache .pytest_cache *.egg-info .pi-test

@@ -117,11 +117,13 @@ def copy_to_peer(mib: int = 512) -> dict[str, float]:
     testbed = Testbed(TB_ROOT)
     testbed.up(nodes=2)
     try:
-        spec = write_spec(ROOT / "specs/testbed.yaml", Path("/tmp/bench-copy.yaml"), testbed.images()["engine"])
+        engine = testbed.images()["engine"]
+        spec = write_spec(ROOT / "specs/testbed.yaml", testbed.layout.specs / "bench-copy.yaml", engine)
         source = "/srv/spark/models/DeepSeek-V4.1-Flash-Spark"
         make = f"mkdir -p {source} && for i in 1 2 3 4; do head -c {mib // 4}M /dev/urandom > {source}/f$i; done"
         testbed.exec("spark-head", ["sh", "-c", make])
-        ssh = "ssh -o BatchMode=yes -i /tmp/testbed/keys/id_ed25519 -o UserKnownHostsFile=/tmp/testbed/keys/known_hosts"
+        keys = testbed.layout
+        ssh = f"ssh -o BatchMode=yes -i {keys.client_key} -o UserKnownHostsFile={keys.known_hosts}"
         plain = ["rsync", "-a", "-e", ssh, f"{source}/", "root@198.18.10.11:/srv/spark/plain/"]
         clear = ["sh", "-c", "rm -rf /srv/spark/plain /srv/spark/models"]
         ours_code = (

@@ -51,8 +51,8 @@ def wait_line(log: Path, text: str, timeout: float) -> float:
 def main() -> None:
     testbed = Testbed(TB_ROOT)
     testbed.up(nodes=2)
-    loop_log = Path("/tmp/bench-loop.log")
-    spec = write_spec(ROOT / "specs/testbed.yaml", Path("/tmp/bench-loop.yaml"), testbed.images()["engine"])
+    loop_log = testbed.layout.root / "bench-loop.log"
+    spec = write_spec(ROOT / "specs/testbed.yaml", testbed.layout.specs / "bench-loop.yaml", testbed.images()["engine"])
     spec.write_text(spec.read_text(encoding="utf-8") + f"loop:\n  resync_s: {RESYNC_S}\n  liveness_s: 60\n")
     process = None
     try:

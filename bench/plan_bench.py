@@ -57,7 +57,8 @@ def main() -> None:
     testbed = Testbed(TB_ROOT)
     testbed.up(nodes=2)
     try:
-        spec = write_spec(ROOT / "specs/testbed.yaml", Path("/tmp/bench-testbed.yaml"), testbed.images()["engine"])
+        engine = testbed.images()["engine"]
+        spec = write_spec(ROOT / "specs/testbed.yaml", testbed.layout.specs / "bench-plan.yaml", engine)
         testbed.exec("spark-head", [RECONCILER, "apply", "--spec", str(spec)], check=True, timeout=600)
         python = str(ROOT / ".venv/bin/python")
         inner = json.loads(testbed.exec("spark-head", [python, "-c", IN_NODE, str(spec)], check=True).stdout)

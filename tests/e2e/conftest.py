@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests.testbed import specfile
+from tests.testbed.config import Layout
 from tests.testbed.testbed import Testbed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,10 +34,8 @@ def testbed_available() -> bool:
 
 
 def write_spec(source: Path, target: Path, image: str, extra: str = "") -> Path:
-    """The testbed spec with the freshly built engine image digest."""
-    text = re.sub(r"(?m)^  ref: .*$", f"  ref: {image}", source.read_text(encoding="utf-8"))
-    target.write_text(text + extra, encoding="utf-8")
-    return target
+    """The testbed spec with the freshly built engine image digest and $TB_ROOT's SSH key files."""
+    return specfile.write(source, target, Layout(TB_ROOT), image, extra)
 
 
 @dataclass
@@ -93,13 +92,14 @@ def running_loop(bed: Bed, *, stop_timeout_s: float = 30, log_tail: int = 3000) 
     print(log_path.read_text(encoding="utf-8")[-log_tail:])
 
 
+# Its key file paths are filled in by specfile.render, as every node's.
 THIRD_NODE = """\
   - name: spark-third
     ssh:
       host: 198.18.10.12
       user: root
-      identity_file: /tmp/testbed/keys/id_ed25519
-      known_hosts: /tmp/testbed/keys/known_hosts
+      identity_file: TESTBED-KEY
+      known_hosts: TESTBED-KNOWN-HOSTS
       connect_timeout_s: 5
     model_dir: /srv/spark/models/DeepSeek-V4.1-Flash-Spark
     fabric: {ip: 198.18.10.12, ifname: enp1s0f1np1}
@@ -115,10 +115,11 @@ def brought_up(directory: Path, nodes: int) -> Iterator[Bed]:
     started = time.monotonic()
     testbed.up(nodes=nodes)
     sys.stderr.write(f"\ntestbed up ({nodes} nodes) in {time.monotonic() - started:.1f} s\n")
-    spec = write_spec(ROOT / "specs/testbed.yaml", directory / "testbed.yaml", testbed.images()["engine"])
+    image = testbed.images()["engine"]
+    spec = write_spec(ROOT / "specs/testbed.yaml", directory / "testbed.yaml", image)
     if nodes == 3:
-        text = spec.read_text(encoding="utf-8")
-        spec.write_text(text.replace("\nmodel:\n", "\n" + THIRD_NODE + "model:\n", 1), encoding="utf-8")
+        text = spec.read_text(encoding="utf-8").replace("\nmodel:\n", "\n" + THIRD_NODE + "model:\n", 1)
+        spec.write_text(specfile.render(text, testbed.layout, image), encoding="utf-8")
     try:
         yield Bed(testbed, spec)
     finally:

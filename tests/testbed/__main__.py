@@ -1,7 +1,9 @@
-"""CLI: python3 -m tests.testbed COMMAND (install, up, down, exec, link, image-ref, rebuild-engine, hub-*, real-*).
+"""CLI: python3 -m tests.testbed COMMAND (install, up, down, exec, link, image-ref, spec, rebuild-engine, ...).
 
 Runs from the repository root with the system python3 (stdlib only), as root.
 $TB_ROOT (default /tmp/testbed) holds all testbed state and caches.
+`spec SOURCE` writes SOURCE (a tracked testbed spec) with the running testbed's engine digest and
+this $TB_ROOT's SSH key and known_hosts to $TB_ROOT/specs/, and prints where.
 `hub-commits` prints the two commits the :5080 Hub stand-in serves (`A <sha>`, `B <sha>`);
 `hub-branch NAME A|B|SHA` points a branch (e.g. main) of the running stand-in at one of them.
 """
@@ -12,8 +14,9 @@ import argparse
 import os
 import sys
 import urllib.error
+from pathlib import Path
 
-from tests.testbed import services
+from tests.testbed import services, specfile
 from tests.testbed.config import HOST_IP, HUB_PORT, TestbedError, node_named
 from tests.testbed.hub.control import StandinControl
 from tests.testbed.install import install
@@ -37,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     link.add_argument("state", choices=("up", "down"))
     ref = sub.add_parser("image-ref", help="print an image's digest reference")
     ref.add_argument("image", choices=("pybase", "engine"))
+    spec = sub.add_parser("spec", help="render a tracked testbed spec for this testbed into $TB_ROOT/specs/")
+    spec.add_argument("source", type=Path)
+    spec.add_argument("--image", help="the engine image ref (default: the one the running testbed pulled)")
+    spec.add_argument("--where", action="store_true", help="only print where it goes; write nothing")
     sub.add_parser("rebuild-engine", help="push a new engine image from tests/testbed/engine and pull it on the nodes")
     sub.add_parser("hub-commits", help="print the Hub stand-in's commits A and B")
     branch = sub.add_parser("hub-branch", help="point a branch of the running Hub stand-in at commit A, B or a sha")
@@ -68,6 +75,11 @@ def main(argv: list[str]) -> int:
         testbed.link(args.node, args.state == "up")
     elif args.command == "image-ref":
         print(testbed.images()[args.image])
+    elif args.command == "spec":
+        target = testbed.layout.specs / args.source.name
+        if not args.where:
+            specfile.write(args.source, target, testbed.layout, args.image or testbed.images()["engine"])
+        print(target)
     elif args.command == "rebuild-engine":
         testbed.rebuild_engine()
     elif args.command == "hub-commits":

@@ -138,6 +138,11 @@ class Layout:
     def state_json(self) -> Path:
         return self.root / "state.json"
 
+    @property
+    def specs(self) -> Path:
+        """Specs rendered for this testbed (tests/testbed/specfile.py), e.g. the one `make demo` converges."""
+        return self.root / "specs"
+
     def node_dir(self, node: Node) -> Path:
         return self.root / node.name
 
@@ -161,7 +166,7 @@ class Layout:
 
     def state_paths(self) -> list[Path]:
         """Everything `down` deletes (caches, keys and the hub build are kept)."""
-        fixed = [self.bin, self.registry, self.images_json, self.state_json, *self.root.glob("hub*.log")]
+        fixed = [self.bin, self.registry, self.images_json, self.state_json, self.specs, *self.root.glob("hub*.log")]
         return fixed + [self.node_dir(n) for n in ALL_NODES]
 
     def cache_paths(self) -> list[Path]:

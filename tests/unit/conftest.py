@@ -1,4 +1,4 @@
-"""Fixtures shared by the unit tests that run the engine stand-in."""
+"""Fixtures shared by the unit tests: a HOME of each test's own, and the engine stand-in."""
 
 from __future__ import annotations
 
@@ -8,6 +8,15 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_engine_standin import Group, Launcher, start_group
+
+
+@pytest.fixture(autouse=True)
+def _own_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`~` is the test's: the developer's ~/.pi, ~/.ssh or ~/.cache must not change what a test sees
+    (a directory apart from tmp_path, which tests list)."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    return home
 
 
 @pytest.fixture

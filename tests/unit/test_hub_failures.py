@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from huggingface_hub.utils import _http as hf_http
+from huggingface_hub import close_session
 
 from reconciler import hub
 from reconciler.errors import HubError
@@ -49,7 +49,7 @@ def _quiet_client(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[N
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.delenv("HF_TOKEN", raising=False)
     yield
-    hf_http.close_session()
+    close_session()
 
 
 def failing(standin: StandinHub, status: int) -> Model:
@@ -96,7 +96,7 @@ def test_a_hub_that_never_answers_times_out(monkeypatch: pytest.MonkeyPatch) -> 
     threading.Thread(target=lambda: accepted.append(listener.accept()[0]), daemon=True).start()
     monkeypatch.setattr(hub, "READ_TIMEOUT_S", 0.5)
     monkeypatch.setattr(hub, "_bounded", False)
-    hf_http.close_session()
+    close_session()
     try:
         with pytest.raises(HubError) as raised:
             list_files(Model(endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}"))

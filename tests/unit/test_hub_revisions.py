@@ -19,9 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from huggingface_hub import HfApi, RepoFile, constants, snapshot_download
+from huggingface_hub import HfApi, RepoFile, close_session, constants, snapshot_download
 from huggingface_hub.errors import RevisionNotFoundError
-from huggingface_hub.utils import _http as hf_http
 
 from tests.testbed import services
 from tests.testbed.config import Layout
@@ -60,7 +59,7 @@ def hf_client(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
     yield
-    hf_http.close_session()
+    close_session()
 
 
 @pytest.fixture

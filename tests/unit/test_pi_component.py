@@ -37,7 +37,7 @@ def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin/pi").symlink_to(cli)
     directory = tmp_path / "agent"
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     monkeypatch.setenv("PI_CODING_AGENT_DIR", str(directory))
     monkeypatch.delenv("DSV41_API_KEY", raising=False)
     return directory

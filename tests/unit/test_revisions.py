@@ -151,7 +151,6 @@ def test_the_record_the_executors_write_reads_back_as_facts(tmp_path: Path) -> N
     is planned again on every pass."""
     from reconciler.components import checkpoint_run
     from reconciler.execution import ApplyContext, Progress
-    from reconciler.facts.gather import _state_file
     from reconciler.transport.local import LocalTransport
 
     deployment = reference_deployment().model_copy(update={"state_dir": str(tmp_path)})
@@ -160,7 +159,6 @@ def test_the_record_the_executors_write_reads_back_as_facts(tmp_path: Path) -> N
     record = str(tmp_path / "checkpoint.json")
     pin = Pin(record=record, repo=deployment.model.repo, revision="main", commit=COMMIT)
     checkpoint_run.EXECUTORS[Step.PIN](ctx, action(Step.PIN, HEAD, "create", "pin", "test", pin))
-    read = _state_file(CheckpointRecord, json.loads((tmp_path / "checkpoint.json").read_text()), None)
-    assert read is not None
+    read = CheckpointRecord.model_validate(json.loads((tmp_path / "checkpoint.json").read_text()))
     assert read.resolved is not None
     assert read.resolved.commit == COMMIT

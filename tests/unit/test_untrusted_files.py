@@ -10,7 +10,6 @@ import resource
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,10 +87,11 @@ def fifo(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def unix_socket() -> Iterator[Path]:
-    # Socket paths are limited to ~108 bytes; pytest's tmp_path can be longer.
-    with tempfile.TemporaryDirectory() as directory, socket.socket(socket.AF_UNIX) as listener:
-        path = Path(directory) / "s.yaml"
+def unix_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    # Socket paths are limited to ~108 bytes; tmp_path (named after the test) can be longer,
+    # the run's base directory with a short name is not.
+    with socket.socket(socket.AF_UNIX) as listener:
+        path = tmp_path_factory.mktemp("sock") / "s.yaml"
         listener.bind(str(path))
         yield path
 

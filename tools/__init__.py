@@ -1,0 +1,1 @@
+"""Developer tools beside the package (not shipped)."""
