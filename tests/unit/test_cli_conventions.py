@@ -169,12 +169,23 @@ def silent_server() -> Iterator[int]:
         listener.close()
 
 
+# `python -m reconciler` with Python's own Ctrl-C handler, as from a terminal: a test run started
+# in the background (`cmd &` in a script) hands its children SIGINT ignored, and Python then
+# installs no KeyboardInterrupt handler.
+AS_FROM_A_TERMINAL = [
+    sys.executable,
+    "-c",
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('reconciler', run_name='__main__', alter_sys=True)",
+]
+
+
 def test_ctrl_c_on_a_real_process_exits_130(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text("k" * 32 + "\n", encoding="utf-8")
     with silent_server() as port:
         process = subprocess.Popen(
-            [sys.executable, "-m", "reconciler", "smoke", f"http://127.0.0.1:{port}", "--key-file", str(key)],
+            [*AS_FROM_A_TERMINAL, "smoke", f"http://127.0.0.1:{port}", "--key-file", str(key)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
