@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import types
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,9 @@ INTERRUPTED_HINT = "interrupted; every step is idempotent: run the command again
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; whatever it prints passes through the secret redactor first."""
+    """Run one command; whatever it prints passes through the secret redactor first.
+
+    `argv` None: the command line of this process, which ends when the command returns."""
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
     try:
@@ -39,12 +42,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     finally:
         sys.stdout, sys.stderr = saved
+        if argv is None:
+            _skip_collection_at_exit()
+
+
+# Commands that end by themselves in seconds, with what they allocate bounded by the spec and the
+# facts: they run without the cyclic collector (see _collect_no_cycles).
+BRIEF = frozenset({"deploy:validate", "deploy:schema", "deploy:plan", "completion:print_script"})
+
+
+def _collect_no_cycles() -> None:
+    """Turn the cyclic collector off for the rest of this process. What a brief command allocates
+    is mostly the program itself (modules, pydantic's models and their schemas, alive to the
+    end): collecting while they are built walks them again and again (a twentieth of `plan
+    --facts`) and finds nothing; the little garbage left in cycles is freed by the exit."""
+    import gc
+
+    gc.disable()
+
+
+def _skip_collection_at_exit() -> None:
+    """What is left when the command returns is the program itself (modules, pydantic's models
+    and their schemas): the interpreter's collections at exit would walk all of it to find
+    nothing, which costs as much as building the spec's models. Freezing them makes those
+    collections skip it; the process's exit frees the memory. Every file the program writes is
+    closed by then (with-blocks), so nothing waits on a collection to be flushed."""
+    import gc
+
+    gc.freeze()
 
 
 def _main(argv: Sequence[str] | None) -> int:
     from reconciler.cli.parser import build_parser, parse
 
-    args = parse(build_parser(), None if argv is None else list(argv))
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    args = parse(build_parser(arguments), arguments)
+    if argv is None and args.handler in BRIEF:
+        _collect_no_cycles()
     as_json = bool(getattr(args, "json", False))
     try:
         return _handler(args.handler)(args)
@@ -72,10 +106,31 @@ def _handler(name: str) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
+# The values for which pydantic's plugin loader returns no plugins without looking.
+_NO_PLUGINS = ("__all__", "1", "true")
+_PLUGIN_LOADER = "pydantic.plugin._loader"
+
+
 def _disable_pydantic_plugins() -> None:
     """pydantic looks for plugins in every installed package's metadata when the first model is
-    built (a scan that costs more than building the spec's models); the program uses none."""
+    built (a scan that costs more than building the spec's models); the program uses none.
+
+    Even told so, pydantic's loader module imports importlib.metadata (and with it email,
+    zipfile, csv, tempfile...: a tenth of `plan --facts`) before it reads the setting. When the
+    setting says "none", the loader is replaced by one that answers what pydantic's would: no
+    plugins. pydantic imports only `get_plugins` from it; a version that wanted more would fail
+    at its first model, in every test."""
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    if os.environ["PYDANTIC_DISABLE_PLUGINS"] in _NO_PLUGINS and _PLUGIN_LOADER not in sys.modules:
+        loader = types.ModuleType(
+            _PLUGIN_LOADER, "No pydantic plugins (PYDANTIC_DISABLE_PLUGINS), found without a scan."
+        )
+        loader.get_plugins = _no_plugins  # type: ignore[attr-defined]
+        sys.modules[_PLUGIN_LOADER] = loader
+
+
+def _no_plugins() -> tuple[()]:
+    return ()
 
 
 _disable_pydantic_plugins()
