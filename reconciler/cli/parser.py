@@ -86,7 +86,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     action = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
-    commands = _Commands(action, argv[0] if argv and not argv[0].startswith("-") else None)
+    commands = _Commands(action, _running(argv))
     _add_spec_commands(commands)
     _add_converge_commands(commands)
     _add_observe_commands(commands)
@@ -98,6 +98,20 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _add_init(commands)
     _add_completion(commands)
     return parser
+
+
+# Options of the top-level parser that end the parse where they stand: what follows is never read.
+_ENDING_OPTIONS = ("-h", "--help", "--version")
+
+
+def _running(argv: Sequence[str] | None) -> str | None:
+    """The command `argv` runs, "" for none (help or version), None when it is not plain which
+    (an option first: then the whole tree parses it, as before)."""
+    if not argv:
+        return None
+    if argv[0] in _ENDING_OPTIONS:
+        return ""
+    return None if argv[0].startswith("-") else argv[0]
 
 
 class _Commands:
