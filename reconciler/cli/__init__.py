@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import types
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -106,31 +105,10 @@ def _handler(name: str) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
-# The values for which pydantic's plugin loader returns no plugins without looking.
-_NO_PLUGINS = ("__all__", "1", "true")
-_PLUGIN_LOADER = "pydantic.plugin._loader"
-
-
 def _disable_pydantic_plugins() -> None:
     """pydantic looks for plugins in every installed package's metadata when the first model is
-    built (a scan that costs more than building the spec's models); the program uses none.
-
-    Even told so, pydantic's loader module imports importlib.metadata (and with it email,
-    zipfile, csv, tempfile...: a tenth of `plan --facts`) before it reads the setting. When the
-    setting says "none", the loader is replaced by one that answers what pydantic's would: no
-    plugins. pydantic imports only `get_plugins` from it; a version that wanted more would fail
-    at its first model, in every test."""
+    built (a scan that costs more than building the spec's models); the program uses none."""
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    if os.environ["PYDANTIC_DISABLE_PLUGINS"] in _NO_PLUGINS and _PLUGIN_LOADER not in sys.modules:
-        loader = types.ModuleType(
-            _PLUGIN_LOADER, "No pydantic plugins (PYDANTIC_DISABLE_PLUGINS), found without a scan."
-        )
-        loader.get_plugins = _no_plugins  # type: ignore[attr-defined]
-        sys.modules[_PLUGIN_LOADER] = loader
-
-
-def _no_plugins() -> tuple[()]:
-    return ()
 
 
 _disable_pydantic_plugins()

@@ -69,18 +69,14 @@ def test_commands_that_touch_no_node_load_no_node_client(argv: list[str]) -> Non
 
 def test_version_and_help_do_not_even_load_pydantic_or_yaml() -> None:
     for argv in (["--version"], ["--help"], ["plan", "--help"]):
-        # The packages themselves: the stand-in plugin loader is registered under pydantic's name.
         assert modules_after(*argv) & {"pydantic", "yaml", "pydantic_core"} == set()
 
 
-# What planning from a file never needs, each a measurable part of its start-up: pydantic's plugin
-# scan (importlib.metadata and email, zipfile, csv with it), the executors' side of apply
-# (progress, transports), the saved plan's payload validator and the Pi config editor.
+# What planning from a file never needs, each a measurable part of its start-up: the executors'
+# side of apply (progress, transports), the saved plan's payload validator and the Pi config
+# editor. (pydantic's plugin loader still imports importlib.metadata, and email and zipfile with
+# it, even with plugins disabled: that is pydantic's, left as it is.)
 NOT_FOR_A_PLAN = (
-    "importlib.metadata",
-    "email",
-    "zipfile",
-    "tempfile",
     "reconciler.execution",
     "reconciler.progress",
     "reconciler.transport",
@@ -97,31 +93,6 @@ NOT_FOR_A_PLAN = (
 )
 def test_validate_and_plan_from_a_file_load_only_what_they_use(argv: list[str]) -> None:
     assert modules_after(*argv) & set(NOT_FOR_A_PLAN) == set()
-
-
-def test_the_stand_in_plugin_loader_answers_as_pydantics_would() -> None:
-    code = (
-        "import sys, os\n"
-        "import reconciler.cli\n"
-        "from pydantic.plugin._loader import get_plugins\n"
-        "from reconciler.spec import Deployment\n"
-        "print(os.environ['PYDANTIC_DISABLE_PLUGINS'], list(get_plugins()), 'importlib.metadata' in sys.modules)\n"
-    )
-    env = {name: value for name, value in os.environ.items() if name != "PYDANTIC_DISABLE_PLUGINS"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
-    assert result.stdout.split() == ["__all__", "[]", "False"]
-
-
-def test_a_plugin_setting_of_the_user_keeps_pydantics_loader() -> None:
-    code = (
-        "import sys\n"
-        "import reconciler.cli\n"
-        "from pydantic.plugin import _loader\n"
-        "print(hasattr(_loader, 'entry_points'))\n"
-    )
-    env = {**os.environ, "PYDANTIC_DISABLE_PLUGINS": "some_plugin"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
-    assert result.stdout.split() == ["True"]
 
 
 def test_no_model_field_has_a_builtin_list_factory() -> None:
