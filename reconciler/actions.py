@@ -4,8 +4,9 @@ An action is a typed step (exactly one executor runs it) plus its payload: every
 executor needs, decided when the plan was made — the rendered rank container, the exact files
 with their sizes and hashes, the commit, the image digest, the guard's settings. The executor
 runs that payload; it re-checks that acting still makes sense (facts go stale between plan and
-apply), but it never works out again what to do. Payloads are pydantic models, so a plan can be
-saved to a file and applied later exactly as it was shown; none of them holds a secret.
+apply), but it never works out again what to do. Payloads are records (reconciler/record.py),
+so a plan can be saved to a file and applied later exactly as it was shown; none of them holds a
+secret.
 
 Kept apart from plan.py so components can speak it without importing the planner that composes them.
 """
@@ -13,14 +14,17 @@ Kept apart from plan.py so components can speak it without importing the planner
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from reconciler.errors import ReconcilerError
 from reconciler.pi.config import PiTarget
+from reconciler.record import KeywordRecord, Record, record_fields
+from reconciler.record import field as record_field
 from reconciler.serving import RankContainer
 
 if TYPE_CHECKING:
@@ -74,11 +78,10 @@ class Step(enum.StrEnum):
         return self.value.split(".", 1)[1]
 
 
-class Payload(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    # List defaults are `lambda: []`, not `list`: pydantic reads a factory's signature, and a
-    # builtin's is parsed from its text, which costs start-up (5 ms for the first one).
+class Payload(KeywordRecord):
+    """What an executor runs. Records, not pydantic models: a plan defines every payload class,
+    and pydantic's (or dataclasses') class construction cost `plan` a tenth of its start-up. A
+    saved plan's payloads are validated by pydantic all the same (`_payload_adapter`)."""
 
 
 class HubFile(Payload):
@@ -101,7 +104,7 @@ class Download(Payload):
     # Nothing was there: the whole repo at the commit (the list above is all of it).
     whole_repo: bool = False
     # Files whose bytes were found wrong: the client's metadata would call them complete.
-    refetch: list[str] = Field(default_factory=lambda: [])
+    refetch: list[str] = record_field(default_factory=list)
     # A hub-sourced worker fetches with the node-side fetcher; the head with the Hub client.
     on_node: bool = False
 
@@ -145,7 +148,7 @@ class PruneRevisions(Payload):
     kind: Literal["prune-revisions"] = "prune-revisions"
     model_dir: str
     remove: list[str]
-    shared_only: list[str] = Field(default_factory=lambda: [])
+    shared_only: list[str] = record_field(default_factory=list)
 
 
 class Shard(Payload):
@@ -295,14 +298,29 @@ AnyPayload = Annotated[
 @cache
 def _payload_adapter() -> TypeAdapter[AnyPayload]:
     """The validator of any payload by its kind, built when a saved plan is read: making and
-    showing a plan never needs it, and it costs start-up (a union of every payload model)."""
+    showing a plan never needs it, and it costs start-up (a union of every payload class).
+    Every part of a payload is a record, which refuses a key it does not declare."""
     from pydantic import TypeAdapter
 
     return TypeAdapter[AnyPayload](AnyPayload)
 
 
-@dataclass(frozen=True)
-class Action:
+def payload_data(value: object) -> Any:
+    """A payload (or a part of one) as JSON data: fields in their declared order, tuples as
+    lists, a float that is not finite as null — the form a saved plan has always had."""
+    names = record_fields(value)
+    if names is not None:
+        return {name: payload_data(getattr(value, name)) for name in names}
+    if isinstance(value, list | tuple):
+        return [payload_data(item) for item in value]
+    if isinstance(value, dict):
+        return {key: payload_data(item) for key, item in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class Action(Record):
     """One step: what it does to which thing on which node, why, and the payload it runs."""
 
     id: str
@@ -335,7 +353,7 @@ class Action:
             "cause": self.cause,
             "depends_on": list(self.depends_on),
             "target": self.target,
-            "payload": self.payload.model_dump(mode="json"),
+            "payload": payload_data(self.payload),
         }
 
     @classmethod
@@ -372,8 +390,7 @@ def action(
     return Action(f"{step.component}.{name}@{node}", step, verb, node, summary, cause, payload, depends_on, target)
 
 
-@dataclass(frozen=True)
-class Blocker:
+class Blocker(Record):
     """Something that keeps a part of the deployment from being planned at all."""
 
     node: str
@@ -395,8 +412,7 @@ class Blocker:
         }
 
 
-@dataclass(frozen=True)
-class InSync:
+class InSync(Record):
     """Why a component needs nothing (printed by `plan --verbose`)."""
 
     node: str

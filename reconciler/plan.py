@@ -7,7 +7,7 @@ prerequisites, and renders the result Terraform-style or as JSON.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.actions import Action, Blocker, Copy, Download, InSync, Outcome, Step
@@ -19,6 +19,7 @@ from reconciler.components.pi import plan_pi
 from reconciler.components.ranks import hold_reasons, plan_ranks
 from reconciler.errors import FactsError
 from reconciler.facts.node import Facts
+from reconciler.record import replace
 from reconciler.revisions import desired_commit
 from reconciler.spec import Deployment
 

@@ -8,11 +8,11 @@ from a read-only mounted file and never appears in argv or the container's envir
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field
 
+from reconciler.record import Record, replace
+from reconciler.record import field as record_field
 from reconciler.spec import Deployment, Node, Serving, expand_home
 
 OWNER = "spark-reconciler"
@@ -38,8 +38,7 @@ KEY_WRAPPER = (
 PLAIN_WRAPPER = 'exec "$@"'
 
 
-@dataclass(frozen=True)
-class ResolvedFabric:
+class ResolvedFabric(Record):
     """The fabric a rank binds to: spec overrides win over detection."""
 
     ifname: str
@@ -48,8 +47,7 @@ class ResolvedFabric:
     gid_index: int
 
 
-@dataclass(frozen=True)
-class NodeContext:
+class NodeContext(Record):
     """What rendering needs to know about a node beyond the spec: its home, its fabric, and
     where the revision to serve is (None: the spec's model_dir and STATE_DIR/plans)."""
 
@@ -60,15 +58,13 @@ class NodeContext:
     commit: str | None = None
 
 
-@dataclass(frozen=True)
-class Mount:
+class Mount(Record):
     source: str
     target: str
     read_only: bool
 
 
-@dataclass(frozen=True)
-class RankContainer:
+class RankContainer(Record):
     """Everything `docker run` needs for one rank; hashable into a config label."""
 
     name: str
@@ -91,7 +87,7 @@ class RankContainer:
     # A rank that Docker restarts alone can never rejoin the group;
     # the reconciler restarts the whole group in order instead.
     restart_policy: str = "no"
-    labels: dict[str, str] = field(default_factory=dict, compare=False)
+    labels: dict[str, str] = record_field(default_factory=dict, compare=False)
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -329,7 +325,7 @@ def render_rank(deployment: Deployment, rank: int, contexts: dict[str, NodeConte
         LABEL_CONFIG_HASH: container.config_hash(),
         LABEL_COMMIT: context.commit or "",
     }
-    return dataclasses.replace(container, labels=labels)
+    return replace(container, labels=labels)
 
 
 def render_group(deployment: Deployment, contexts: dict[str, NodeContext]) -> list[RankContainer]:

@@ -14,7 +14,6 @@ import ipaddress
 import json
 import os
 import re
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
@@ -30,6 +29,7 @@ from pydantic_core import PydanticCustomError
 
 from reconciler.constants import DEFAULT_SPEC_PATH, SPEC_PATH_ENV
 from reconciler.errors import SpecError, SpecProblem, UntrustedTextError, YamlError
+from reconciler.record import Record
 from reconciler.safeio import read_untrusted_text
 from reconciler.yamlpos import LocatedDocument, load_located
 
@@ -750,8 +750,7 @@ def expand_home(path: str, home: str) -> str:
     return path
 
 
-@dataclass(frozen=True)
-class LoadedSpec:
+class LoadedSpec(Record):
     """A valid spec, where it came from, and warnings that do not block it."""
 
     deployment: Deployment

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import yaml
 
 from reconciler.errors import YamlError
+from reconciler.record import Record
 
 Path = tuple[str | int, ...]
 
@@ -55,8 +56,7 @@ _LINE_BREAKS = "\n\r\x85\u2028\u2029"
 _FORBIDDEN_CHARACTER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 
 
-@dataclass(frozen=True)
-class Mark:
+class Mark(Record):
     """1-based position in the source text."""
 
     line: int

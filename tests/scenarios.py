@@ -6,7 +6,6 @@ tests/fixtures/facts/empty.json) so each test states only what differs.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from reconciler.facts.files import (
 from reconciler.facts.memory import GuardFacts, GuardTrip
 from reconciler.facts.node import Facts, NodeFacts, load_facts
 from reconciler.init import InitRequest
+from reconciler.record import replace
 from reconciler.revisions import revision_dir
 from reconciler.serving import RankContainer, render_group, rewrite_exl3_plan
 from reconciler.spec import Deployment, Node, SshTarget, expand_home, load_spec

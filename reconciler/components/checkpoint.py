@@ -18,7 +18,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from reconciler.actions import (
     Action,
@@ -45,6 +45,7 @@ from reconciler.actions import (
 )
 from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
+from reconciler.record import Record, replace
 from reconciler.revisions import desired_commit, is_commit, pinned, pre_revisions_dir, revision_dir, short
 from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import Deployment, Node, expand_home
@@ -70,8 +71,7 @@ def part_files(files: Mapping[str, object]) -> list[str]:
     return sorted(name for name in files if is_part(name))
 
 
-@dataclass(frozen=True)
-class Expectation:
+class Expectation(Record):
     """What a complete checkpoint holds: files (never parts), known sizes, expected sha256."""
 
     files: list[str]
@@ -104,8 +104,7 @@ def expectation(deployment: Deployment, manifest: dict[str, str] | None, hub: Hu
     return Expectation(sorted(name for name in names if not is_part(name)), sizes, hashes)
 
 
-@dataclass(frozen=True)
-class CheckpointState:
+class CheckpointState(Record):
     """How far one node's checkpoint is from done."""
 
     missing: list[str]
@@ -196,8 +195,7 @@ class Staging(Outcome):
             self.restart += other.restart
 
 
-@dataclass(frozen=True)
-class NodeView:
+class NodeView(Record):
     """A node's checkpoint as planning sees it: the facts and the node's own absolute paths."""
 
     node: Node
@@ -232,8 +230,7 @@ def view_of(deployment: Deployment, facts: Facts, node: Node) -> NodeView | None
     return NodeView(node, observed.checkpoint, model_dir, expand_home(deployment.state_dir, home).rstrip("/"))
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(Record):
     """What a rank mounts: the revision directory, its staged plans, and the commit."""
 
     model_path: str
@@ -343,8 +340,7 @@ def _record_path(view: NodeView) -> str:
     return f"{view.state_dir}/{RECORD_FILE}"
 
 
-@dataclass(frozen=True)
-class _PeerSource:
+class _PeerSource(Record):
     head: NodeView
     after: str
 

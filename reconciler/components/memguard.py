@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reconciler import nodeside
-from reconciler.actions import Action, Guard, GuardConfig, InSync, Outcome, Step, action, payload_of
+from reconciler.actions import Action, Guard, GuardConfig, InSync, Outcome, Step, action, payload_data, payload_of
 from reconciler.errors import ReconcilerError
 from reconciler.facts.memory import GuardTrip
 from reconciler.facts.node import Facts
@@ -103,7 +103,7 @@ def _start(ctx: ApplyContext, action: Action) -> str:
     if guard.config is None:
         raise ReconcilerError(f"{action.id}: a guard start without its settings", "plan again: `reconciler plan`")
     program = (Path(nodeside.__file__).parent / "memguard.py").read_text(encoding="utf-8")
-    args = {"state_dir": guard.state_dir, "program": program, "config": guard.config.model_dump()}
+    args = {"state_dir": guard.state_dir, "program": program, "config": payload_data(guard.config)}
     result = ctx.ops(action.node, "guard_start", args)
     return f"running as pid {result['pid']}"
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from reconciler.actions import (
@@ -36,6 +35,7 @@ from reconciler.components.memguard import trip_advice, trips
 from reconciler.errors import ReconcilerError
 from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.node import Facts
+from reconciler.record import Record, replace
 from reconciler.redact import redact
 from reconciler.serving import (
     LABEL_COMMIT,
@@ -65,8 +65,7 @@ def owned_containers(deployment: Deployment, facts: Facts, node: str) -> list[Co
     ]
 
 
-@dataclass(frozen=True)
-class RankState:
+class RankState(Record):
     desired: RankContainer
     observed: ContainerFacts | None
     problem: str

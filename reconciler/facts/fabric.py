@@ -21,12 +21,12 @@ import ipaddress
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field
 
 from reconciler.facts.base import FactsModel
+from reconciler.record import Record
 
 ACTIVE = "ACTIVE"
 
@@ -68,8 +68,7 @@ class FabricFacts(FactsModel):
     candidates: list[str] = Field(default_factory=lambda: [])
 
 
-@dataclass(frozen=True)
-class Address:
+class Address(Record):
     ip: str
     prefixlen: int
 
@@ -83,8 +82,7 @@ class Address:
         return not (address.is_link_local or address.is_loopback or address.is_unspecified or address.is_multicast)
 
 
-@dataclass(frozen=True)
-class Netdev:
+class Netdev(Record):
     """A network interface as `ip addr` shows it (IPv4 only)."""
 
     name: str
@@ -235,8 +233,7 @@ def gid_ipv4(gid: str | None) -> str | None:
 # ---------------------------------------------------------------- selection
 
 
-@dataclass(frozen=True)
-class _Choice:
+class _Choice(Record):
     ifname: str | None = None
     address: Address | None = None
     ip: str | None = None

@@ -27,7 +27,7 @@ import re
 import shutil
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,6 +36,8 @@ from reconciler.clock import utc_stamp
 from reconciler.constants import PI_KEY_ENV, PI_PROVIDER
 from reconciler.errors import JsoncError, PiConfigError
 from reconciler.fsutil import atomic_write
+from reconciler.record import Record
+from reconciler.record import field as record_field
 
 # reconciler.pi.jsonc is imported by the functions that edit a file: a plan only compares entries.
 
@@ -53,8 +55,7 @@ _DEFAULT_KEYS = ("defaultProvider", "defaultModel")
 _BROKEN_HINT = "fix the file (Pi cannot read it either), then run the command again; nothing was written"
 
 
-@dataclass(frozen=True)
-class PiTarget:
+class PiTarget(Record):
     """Everything install writes, decided up front from the spec and the command line."""
 
     provider: str
@@ -209,12 +210,11 @@ def sha256(text: str) -> str:
 # --- the files, as text ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PiFiles:
+class PiFiles(Record):
     """The files install reads and writes, by path relative to the Pi dir; a missing file is absent."""
 
     directory: str
-    texts: Mapping[str, str] = field(default_factory=dict)
+    texts: Mapping[str, str] = record_field(default_factory=dict)
 
     def text(self, name: str) -> str | None:
         return self.texts.get(name)
@@ -223,12 +223,11 @@ class PiFiles:
         return f"{self.directory.rstrip('/')}/{name}"
 
 
-@dataclass(frozen=True)
-class Changes:
+class Changes(Record):
     """New texts by relative path (None: delete), in the order to write them, and what they mean."""
 
-    writes: dict[str, str | None] = field(default_factory=dict)
-    messages: list[str] = field(default_factory=list)
+    writes: dict[str, str | None] = record_field(default_factory=dict)
+    messages: list[str] = record_field(default_factory=list)
 
     @property
     def unchanged(self) -> bool:

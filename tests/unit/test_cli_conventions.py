@@ -108,7 +108,7 @@ def test_no_model_field_has_a_builtin_list_factory() -> None:
             yield from models(sub)
 
     ours = [model for model in models(pydantic.BaseModel) if model.__module__.startswith("reconciler.")]
-    assert len(ours) > 50
+    assert len(ours) > 30  # the spec's and the facts' (payloads are records: no factory reaches pydantic)
     for model in ours:
         for name, info in model.model_fields.items():
             assert info.default_factory is not list, (model.__name__, name)

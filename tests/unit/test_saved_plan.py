@@ -173,6 +173,27 @@ def test_an_edited_payload_of_the_wrong_kind_is_refused(tmp_path: Path) -> None:
         savedplan.read(path)
 
 
+@pytest.mark.parametrize(
+    "where",
+    [(), ("container",), ("container", "mounts", 0)],
+    ids=["payload", "its container", "a mount of the container"],
+)
+def test_a_key_the_payload_does_not_declare_is_refused_at_any_depth(
+    tmp_path: Path, where: tuple[str | int, ...]
+) -> None:
+    path = tmp_path / "plan.json"
+    savedplan.write(path, saved_empty())
+    data = json.loads(path.read_text(encoding="utf-8"))
+    start = next(a for a in data["plan"]["actions"] if a["step"] == "ranks.start")
+    part = start["payload"]
+    for key in where:
+        part = part[key]
+    part["privileged_extra"] = True
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ReconcilerError, match="not a valid saved plan"):
+        savedplan.read(path)
+
+
 def test_actions_round_trip_through_their_dict_form() -> None:
     for item in saved_empty().plan.actions:
         assert Action.from_dict(item.to_dict()) == item
