@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, get_args
 
@@ -23,8 +22,7 @@ from pydantic import Field
 
 from reconciler.errors import ReconcilerError
 from reconciler.pi.config import PiTarget
-from reconciler.record import KeywordRecord, Record, record_fields
-from reconciler.record import field as record_field
+from reconciler.record import KeywordRecord, MutableRecord, Record, field, record_fields
 from reconciler.serving import RankContainer
 
 if TYPE_CHECKING:
@@ -104,7 +102,7 @@ class Download(Payload):
     # Nothing was there: the whole repo at the commit (the list above is all of it).
     whole_repo: bool = False
     # Files whose bytes were found wrong: the client's metadata would call them complete.
-    refetch: list[str] = record_field(default_factory=list)
+    refetch: list[str] = field(default_factory=list)
     # A hub-sourced worker fetches with the node-side fetcher; the head with the Hub client.
     on_node: bool = False
 
@@ -148,7 +146,7 @@ class PruneRevisions(Payload):
     kind: Literal["prune-revisions"] = "prune-revisions"
     model_dir: str
     remove: list[str]
-    shared_only: list[str] = record_field(default_factory=list)
+    shared_only: list[str] = field(default_factory=list)
 
 
 class Shard(Payload):
@@ -423,8 +421,7 @@ class InSync(Record):
         return {"node": self.node, "component": self.component, "reason": self.reason}
 
 
-@dataclass
-class Outcome:
+class Outcome(MutableRecord):
     """What one component concluded for the whole deployment."""
 
     actions: list[Action] = field(default_factory=list)

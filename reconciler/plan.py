@@ -7,7 +7,6 @@ prerequisites, and renders the result Terraform-style or as JSON.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.actions import Action, Blocker, Copy, Download, InSync, Outcome, Step
@@ -19,7 +18,7 @@ from reconciler.components.pi import plan_pi
 from reconciler.components.ranks import hold_reasons, plan_ranks
 from reconciler.errors import FactsError
 from reconciler.facts.node import Facts
-from reconciler.record import replace
+from reconciler.record import MutableRecord, field, replace
 from reconciler.revisions import desired_commit
 from reconciler.spec import Deployment
 
@@ -32,8 +31,7 @@ _SUMMARY_KINDS = {
 }
 
 
-@dataclass
-class Plan:
+class Plan(MutableRecord):
     """Ordered actions (each after its dependencies), plus what blocks and what is in sync."""
 
     deployment: str

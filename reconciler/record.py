@@ -6,9 +6,9 @@ model costs as much; `plan` defines some forty such classes (its payloads, the r
 containers, the components' views), which was a sixth of its start-up. A record's methods are
 written once, here, and a class only lists its fields.
 
-Type checkers see a `Record` as a frozen dataclass and a `KeywordRecord` as a frozen keyword-only
-one (`dataclass_transform`). Pydantic validates either from a dict (`__get_pydantic_core_schema__`):
-its fields, typed as declared, and no other key.
+Type checkers see a `Record` as a frozen dataclass, a `KeywordRecord` as a frozen keyword-only
+one and a `MutableRecord` as a plain one (`dataclass_transform`). Pydantic validates a record
+from a dict (`__get_pydantic_core_schema__`): its fields, typed as declared, and no other key.
 """
 
 from __future__ import annotations
@@ -139,6 +139,20 @@ class KeywordRecord(_Record):
     field with a default may come before one without (a payload's `kind` comes first)."""
 
     _positional = False
+
+
+@dataclass_transform(field_specifiers=(field,))
+class MutableRecord(_Record):
+    """A value built like a plain `@dataclass`: fields by position or by keyword, and assignable
+    (so, like such a dataclass, not hashable)."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        object.__delattr__(self, name)
 
 
 def record_fields(value: object) -> tuple[str, ...] | None:

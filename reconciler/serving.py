@@ -11,8 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from reconciler.record import Record, replace
-from reconciler.record import field as record_field
+from reconciler.record import Record, field, replace
 from reconciler.spec import Deployment, Node, Serving, expand_home
 
 OWNER = "spark-reconciler"
@@ -87,7 +86,7 @@ class RankContainer(Record):
     # A rank that Docker restarts alone can never rejoin the group;
     # the reconciler restarts the whole group in order instead.
     restart_policy: str = "no"
-    labels: dict[str, str] = record_field(default_factory=dict, compare=False)
+    labels: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def env_dict(self) -> dict[str, str]:

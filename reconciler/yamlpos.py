@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import yaml
 
 from reconciler.errors import YamlError
-from reconciler.record import Record
+from reconciler.record import MutableRecord, Record, field
 
 Path = tuple[str | int, ...]
 
@@ -63,8 +62,7 @@ class Mark(Record):
     column: int
 
 
-@dataclass
-class LocatedDocument:
+class LocatedDocument(MutableRecord):
     """The plain data of a YAML document plus the source position of every path."""
 
     data: Any
@@ -122,8 +120,7 @@ def _to_mark(mark: _SourceMark | None) -> Mark:
     return Mark(mark.line + 1, mark.column + 1)
 
 
-@dataclass
-class _Open:
+class _Open(MutableRecord):
     """A mapping or sequence whose end event has not come yet."""
 
     value: dict[str, Any] | list[Any]

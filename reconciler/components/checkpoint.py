@@ -18,7 +18,6 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from reconciler.actions import (
     Action,
@@ -45,7 +44,7 @@ from reconciler.actions import (
 )
 from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
-from reconciler.record import Record, replace
+from reconciler.record import Record, field, replace
 from reconciler.revisions import desired_commit, is_commit, pinned, pre_revisions_dir, revision_dir, short
 from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import Deployment, Node, expand_home
@@ -178,7 +177,6 @@ def plan_checkpoint(deployment: Deployment, facts: Facts, commit: str | None, de
     return staging
 
 
-@dataclass
 class Staging(Outcome):
     """The checkpoint's conclusion: the revision it brings every node to, the actions to run
     before the rank group may restart onto it and those for after it is ready, and why the

@@ -27,7 +27,6 @@ import re
 import shutil
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,8 +35,7 @@ from reconciler.clock import utc_stamp
 from reconciler.constants import PI_KEY_ENV, PI_PROVIDER
 from reconciler.errors import JsoncError, PiConfigError
 from reconciler.fsutil import atomic_write
-from reconciler.record import Record
-from reconciler.record import field as record_field
+from reconciler.record import Record, field
 
 # reconciler.pi.jsonc is imported by the functions that edit a file: a plan only compares entries.
 
@@ -214,7 +212,7 @@ class PiFiles(Record):
     """The files install reads and writes, by path relative to the Pi dir; a missing file is absent."""
 
     directory: str
-    texts: Mapping[str, str] = record_field(default_factory=dict)
+    texts: Mapping[str, str] = field(default_factory=dict)
 
     def text(self, name: str) -> str | None:
         return self.texts.get(name)
@@ -226,8 +224,8 @@ class PiFiles(Record):
 class Changes(Record):
     """New texts by relative path (None: delete), in the order to write them, and what they mean."""
 
-    writes: dict[str, str | None] = record_field(default_factory=dict)
-    messages: list[str] = record_field(default_factory=list)
+    writes: dict[str, str | None] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
 
     @property
     def unchanged(self) -> bool:
@@ -340,8 +338,7 @@ def describe_change(current: object, desired: dict[str, Any]) -> str:
     return ", ".join(keys) + " changed"
 
 
-@dataclass
-class _SettingsOutcome:
+class _SettingsOutcome(Record):
     text: str | None
     messages: list[str]
     enabled_model: str | None

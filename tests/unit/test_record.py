@@ -9,7 +9,7 @@ from typing import Literal
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from reconciler.record import KeywordRecord, Record, field, record_fields, replace
+from reconciler.record import KeywordRecord, MutableRecord, Record, field, record_fields, replace
 
 
 class Point(Record):
@@ -27,6 +27,11 @@ class Label(Record):
 class Part(KeywordRecord):
     name: str
     size: int | None = None
+
+
+class Tally(MutableRecord):
+    name: str
+    seen: list[str] = field(default_factory=list)
 
 
 class Whole(KeywordRecord):
@@ -70,6 +75,15 @@ def test_a_record_cannot_be_changed() -> None:
         point.x = 2  # type: ignore[misc]
     with pytest.raises(FrozenInstanceError):
         del point.x
+
+
+def test_a_mutable_record_can_be_changed_and_so_has_no_hash() -> None:
+    tally = Tally("a")
+    tally.seen += ["x"]
+    tally.name = "b"
+    assert tally == Tally("b", ["x"])
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(tally)
 
 
 def test_equality_and_hash_follow_the_compared_fields_and_the_class() -> None:
