@@ -1,10 +1,10 @@
-"""Records: frozen value classes like frozen dataclasses, which cost next to nothing to define.
+"""Records: value classes like dataclasses, which cost next to nothing to define.
 
 A frozen dataclass writes out and compiles its methods (`__init__`, `__eq__`, `__hash__`,
 `__setattr__`, ...) every time the program starts, about 1.7 ms a class here, and a pydantic
 model costs as much; `plan` defines some forty such classes (its payloads, the rendered
-containers, the components' views), which was a sixth of its start-up. A record's methods are
-written once, here, and a class only lists its fields.
+containers, the components' views), which was about 50 ms of its start-up. A record's methods
+are written once, here, and a class only lists its fields.
 
 Type checkers see a `Record` as a frozen dataclass, a `KeywordRecord` as a frozen keyword-only
 one and a `MutableRecord` as a plain one (`dataclass_transform`). Pydantic validates a record
