@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Bed, running_loop
+from tests.e2e.conftest import TB_ROOT, Bed, running_loop
+from tests.testbed.realengine import vllmcpu
 
 pytestmark = pytest.mark.realengine
 
@@ -140,6 +141,68 @@ def test_a_small_bench_completes_with_a_sane_report(lane: Bed) -> None:
     levels = report["summary"]["decode"]
     assert [(level["conc"], level["kind"]) for level in levels] == [(1, "prose"), (2, "prose")]
     print(json.dumps({level["conc"]: level["per_stream_tok_s"] for level in levels}))
+
+
+# --- our bench against vLLM's own, same server, same workload ------------------------------------
+
+# `vllm bench serve` from the lane's vLLM venv (the one the image is made of), run inside the
+# head node like `reconciler bench`: same network path, same CPUs to share with the engine.
+VLLM_CLI = vllmcpu.venv_dir(TB_ROOT / "cache") / "bin" / "vllm"
+MODEL_DIR = "/srv/spark/models/tiny-qwen2-spark"  # the tokenizer vLLM's bench counts with
+INPUT_LEN, OUTPUT_LEN = 256, 64
+REQUESTS = 24  # repetitions of our step, so REQUESTS x concurrency requests for both tools
+AGREEMENT = 0.10
+AGREED = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput")
+SHOWN = (*AGREED, "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "median_e2el_ms", "request_throughput")
+OURS = "/tmp/realengine-bench-random.json"
+
+
+def vllm_bench_serve(bed: Bed, url: str, conc: int) -> dict[str, Any]:
+    """vLLM's own bench at one concurrency; the key goes from its file to the environment."""
+    name = f"realengine-vllm-c{conc}.json"
+    argv = [
+        str(VLLM_CLI), "bench", "serve", "--backend", "openai", "--base-url", url,
+        "--endpoint", "/v1/completions", "--model", "deepseek-v4.1-flash", "--tokenizer", MODEL_DIR,
+        "--dataset-name", "random", "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
+        "--ignore-eos", "--num-prompts", str(REQUESTS * conc), "--max-concurrency", str(conc), "--num-warmups", "2",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "90,99",
+        "--save-result", "--result-dir", "/tmp", "--result-filename", name, "--disable-tqdm",
+    ]  # fmt: skip
+    script = 'OPENAI_API_KEY="$(cat /srv/spark/state/api_key)" HF_HUB_OFFLINE=1 exec "$@"'
+    started = time.monotonic()
+    result = bed.testbed.exec(HEAD, ["sh", "-c", script, "sh", *argv], check=False, timeout=900)
+    print(f"vllm bench serve c{conc}: {time.monotonic() - started:.0f} s")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    loaded: dict[str, Any] = json.loads(bed.node(HEAD, "cat", f"/tmp/{name}").stdout)
+    return loaded
+
+
+def test_our_bench_agrees_with_vllm_bench_serve_on_the_same_server(lane: Bed) -> None:
+    """The same deployment, workload (random 256-token prompts, exactly 64 tokens out) and
+    concurrency: median TTFT, TPOT, ITL and output throughput within 10% of vLLM's own."""
+    argv = ["bench", "--out", OURS, "--conc", "1", "2", "--prefill", "--kinds", "random"]
+    argv += ["--input-len", str(INPUT_LEN), "--max-tokens", str(OUTPUT_LEN), "--label", "reconciler"]
+    started = time.monotonic()
+    lane.reconciler(*argv, "--reps", str(REQUESTS), timeout=900)
+    print(f"reconciler bench (random kind): {time.monotonic() - started:.0f} s")
+    report: Any = json.loads(lane.node(HEAD, "cat", OURS).stdout)
+    ours = {level["conc"]: level for level in report["summary"]["decode"]}
+    failures = []
+    for conc in (1, 2):
+        theirs = vllm_bench_serve(lane, report["url"], conc)
+        compared = lane.reconciler("bench", "compare", f"/tmp/realengine-vllm-c{conc}.json", OURS).stdout
+        print(f"\nconcurrency {conc}: A = vllm bench serve, B = reconciler bench\n{compared}")
+        mine = ours[conc]["vllm"]
+        print(f"  flagged streams: {len(ours[conc]['flagged'])} of {ours[conc]['streams']}")
+        assert mine["completed"] == theirs["completed"] == REQUESTS * conc
+        for key in SHOWN:
+            print(f"  {key:22} vllm {theirs[key]:10.3f}  ours {mine[key]:10.3f}")
+        failures += [
+            f"c{conc} {key}: vllm {theirs[key]:.3f}, ours {mine[key]:.3f}"
+            for key in AGREED
+            if abs(mine[key] - theirs[key]) > AGREEMENT * theirs[key]
+        ]
+    assert failures == []
 
 
 # --- the real engine's failure modes -----------------------------------------------------------
