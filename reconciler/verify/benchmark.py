@@ -7,10 +7,11 @@ with what users measure there, and the reference bench for decode rates:
 - TTFT: request sent -> first streamed chunk carrying output (content, reasoning or a tool
   call; for /v1/completions the first chunk with a choice, as vLLM counts it). A role-only
   chunk is not output: vLLM sends it together with the first token, other servers may not.
-- TPOT, per request: (latency - TTFT) / (output tokens - 1), latency = sent -> last chunk.
+- E2EL (`latency_s`): sent -> the last chunk with a choice (vLLM's end; the usage chunk after
+  it carries no token).
+- TPOT, per request: (E2EL - TTFT) / (output tokens - 1).
 - ITL: the gaps between successive output chunks, pooled over requests. With speculative
-  decoding one chunk carries several tokens, and bursty delivery makes the median ITL ~0:
-  compare means and TPOT.
+  decoding one chunk carries several tokens: compare TPOT.
 - Output tokens: `completion_tokens` of the final usage chunk; output chunks only when a
   server sends no usage.
 - Prefill tok/s: prompt tokens / TTFT of a 1-token completion of a fresh random prompt
@@ -21,7 +22,11 @@ with what users measure there, and the reference bench for decode rates:
   - 1) / (last output chunk of any stream - first output chunk of any stream). The reference
   bench counts all tokens; the first one arrives at the start of the span, not within it, and
   without the -1 a single stream's aggregate would exceed its own rate by n/(n-1).
-- mean, median and p99 (linear interpolation, numpy's default) over the samples.
+- mean, median, p90 and p99 (linear interpolation, numpy's default) over the samples; the
+  summary's `vllm` object has vLLM's `--save-result` keys (std as numpy's, the population's).
+- Sanity: a stream whose chunks came faster than an engine makes them (`burst`) or whose rate
+  is far beyond its step's others (`rate_outlier`) is listed as flagged and counted in no
+  statistic: such numbers time the client's reading, not the engine.
 """
 
 from __future__ import annotations
@@ -151,8 +156,10 @@ def _output(choice: dict[str, Any]) -> tuple[str, bool]:
     if isinstance(delta, dict):
         text = delta.get("content")
         return (text if isinstance(text, str) else ""), any(delta.get(name) for name in OUTPUT_FIELDS)
+    # A completion chunk is a step's output even with empty text (a special token, or bytes the
+    # detokenizer holds back until a character is whole): vLLM's bench counts it so.
     text = choice.get("text")
-    return (text, bool(text)) if isinstance(text, str) else ("", False)
+    return (text, True) if isinstance(text, str) else ("", False)
 
 
 def _count(usage: dict[str, Any], name: str) -> int | None:
