@@ -147,12 +147,15 @@ class BenchRun:
         streams = concurrent_streams(self.target, path, [self._decode_body(model, kind) for _ in range(conc)])
         record = benchmark.decode_record(conc, kind, rep, streams)
         self.report["decode"].append(record)
-        per_stream = benchmark.stats(stream["tok_s"] for stream in record["streams"])
+        clean = [stream for stream in record["streams"] if not stream["flags"]]
+        per_stream = benchmark.stats(stream["tok_s"] for stream in clean)
         tokens = sum(stream["completion_tokens"] for stream in record["streams"])
+        flagged = len(record["streams"]) - len(clean)
         return (
             f"decode c{conc} {kind}, rep {rep}/{self.settings.reps}: "
             f"{_number(per_stream['median'] if per_stream else None)} tok/s per stream (median), "
             f"{_number(record['aggregate_tok_s'])} aggregate, {tokens} tokens"
+            + (f"; {flagged} stream(s) flagged burst, not counted" if flagged else "")
         )
 
     def _decode_body(self, model: str, kind: str) -> JsonObject:

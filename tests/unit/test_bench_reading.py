@@ -17,11 +17,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from reconciler.cli import main
+from reconciler.errors import BenchError
 from reconciler.verify import benchmark, benchrun
-from reconciler.verify.apiclient import ApiTarget
+from reconciler.verify.apiclient import ApiTarget, async_client
 
 KEY = "test-key-not-secret"
 CHUNKS = 6
@@ -338,3 +340,26 @@ def test_compare_refuses_a_vllm_result_it_cannot_place(tmp_path: Path, capsys: p
     negative = vllm_file(tmp_path / "negative.json", output_throughput=-1.0)
     assert main(["bench", "compare", str(ours), str(negative), "--json"]) == 1
     assert "output_throughput is -1.0" in json.loads(capsys.readouterr().out)["message"]
+
+
+def test_a_compressed_stream_is_refused_it_cannot_be_timed_chunk_by_chunk() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert request.headers["accept-encoding"] == "identity"
+        return httpx.Response(200, headers={"content-encoding": "gzip"}, content=b"")
+
+    async def run() -> None:
+        headers = {"accept-encoding": "identity"}
+        async with httpx.AsyncClient(
+            transport=httpx.MockTransport(answer), base_url="http://x", headers=headers
+        ) as http:
+            await benchrun._timed_reads(http, "/v1/completions", {"stream": True}, lambda: 0.0)
+
+    with pytest.raises(BenchError, match=r"the stream came compressed \(gzip\), so its chunks cannot be timed"):
+        asyncio.run(run())
+
+
+def test_the_streaming_client_asks_for_no_compression() -> None:
+    http = async_client(ApiTarget("http://x", KEY, "m"), connections=2)
+    assert http.headers["accept-encoding"] == "identity"
+    assert http.headers["authorization"] == f"Bearer {KEY}"
+    asyncio.run(http.aclose())
