@@ -10,8 +10,10 @@ How streams are read decides what the numbers mean. The streams of a step are re
 clock starts, so TTFT holds no TCP handshake), every network read timed the moment it returns.
 The loop does nothing else while streams run: the chunks are parsed after the step, so the
 client's own CPU time (on a machine it may share with the engine) cannot hold a read back and
-let chunks pile up in the socket. Threads, one per stream, each parsing JSON as it went, did:
-a late reader then sees a whole answer at once, and its rate is the reader's, not the engine's.
+let chunks pile up in the socket. A reader that still falls behind (its process descheduled,
+or a server that holds small writes back for the client's delayed ACK) sees a whole answer at
+once, and its rate is the reader's, not the engine's: no timing can be recovered afterwards,
+so benchmark.py flags such streams instead of counting them.
 """
 
 from __future__ import annotations
