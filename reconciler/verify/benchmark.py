@@ -233,7 +233,8 @@ def burst_flags(tokens: int, gaps: list[float]) -> list[str]:
     if tokens < 2 or not gaps:
         return []
     short = sum(gap < BURST_GAP_S for gap in gaps)
-    return ["burst"] if short > BURST_SHARE * len(gaps) else []
+    # One short gap is a server's doing (a finish chunk right behind the last token), not a burst.
+    return ["burst"] if short >= 2 and short > BURST_SHARE * len(gaps) else []
 
 
 def aggregate_tok_s(streams: list[dict[str, Any]]) -> float | None:

@@ -246,6 +246,13 @@ def test_a_rate_far_beyond_the_rest_of_its_step_is_flagged() -> None:
     assert "rate_outlier" in json.dumps(report["summary"])
 
 
+def test_one_short_gap_is_not_a_burst_two_in_a_short_stream_are() -> None:
+    assert benchmark.burst_flags(4, [0.002, 0.00001, 0.002]) == []
+    assert benchmark.burst_flags(4, [0.00001, 0.00001, 0.002]) == ["burst"]
+    assert benchmark.burst_flags(65, [0.0016] * 50 + [0.00001] * 13) == []  # a fifth: read in time
+    assert benchmark.burst_flags(65, [0.0016] * 40 + [0.00001] * 23) == ["burst"]
+
+
 def test_clean_streams_are_not_flagged() -> None:
     report = report_of([spaced(0.0, 0.013, 0.0016, 64), spaced(0.0, 0.014, 0.0017, 64)], conc=2)
     assert report["summary"]["decode"][0]["flagged"] == []
