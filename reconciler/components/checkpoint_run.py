@@ -29,6 +29,7 @@ from reconciler.actions import (
     Step,
     Switch,
     Verify,
+    payload_of,
     shorten,
 )
 from reconciler.clock import utc_iso
@@ -40,7 +41,7 @@ from reconciler.components.checkpoint import (
     shard_of,
 )
 from reconciler.errors import NodeCommandError
-from reconciler.execution import ApplyContext, Executor, payload_of
+from reconciler.execution import ApplyContext, Executor
 from reconciler.facts.files import parse_manifest
 from reconciler.progress import Counter
 from reconciler.serving import rewrite_exl3_plan
