@@ -244,11 +244,14 @@ def aggregate_tok_s(streams: list[dict[str, Any]]) -> float | None:
     return _round((sum(s["completion_tokens"] for s in streams) - 1) / span) if span > 0 else None
 
 
-def decode_record(conc: int, kind: str, rep: int, streams: list[Stream]) -> dict[str, Any]:
-    origin = min(stream.sent for stream in streams)
-    records = [decode_stream_record(stream, origin) for stream in streams]
+def decode_record(conc: int, kind: str, rep: int, streams: list[Stream], origin: float | None = None) -> dict[str, Any]:
+    """One repetition: the rep-th request of each of the step's `conc` slots. `origin` is when
+    the step started (all its repetitions share it); by default the first stream's sending."""
+    start = min(stream.sent for stream in streams) if origin is None else origin
+    records = [decode_stream_record(stream, start) for stream in streams]
+    first = min(record["sent_s"] for record in records)
     # vLLM's benchmark duration: the first request sent -> the last one finished.
-    duration = max(record["sent_s"] + record["latency_s"] for record in records)
+    duration = max(record["sent_s"] + record["latency_s"] for record in records) - first
     return {
         "conc": conc,
         "kind": kind,
@@ -406,10 +409,11 @@ def group_flags(reps: list[dict[str, Any]]) -> dict[tuple[int, int], list[str]]:
 
 def vllm_metrics(reps: list[dict[str, Any]], clean: list[dict[str, Any]]) -> dict[str, Any]:
     """The group in the keys of `vllm bench serve --save-result`. Throughput counts every
-    request over the repetitions' summed durations (first sent -> last finished, as vLLM's
-    duration); the latency statistics count the unflagged streams only."""
+    request over the step's duration (its first request sent -> its last finished, as vLLM's
+    duration: the repetitions' times share the step's origin); the latency statistics count
+    the unflagged streams only."""
     every = [stream for rep in reps for stream in rep["streams"]]
-    duration = sum(rep.get("duration_s") or 0.0 for rep in reps)
+    duration = _step_duration(reps, every)
     output = sum(stream["completion_tokens"] for stream in every)
     prompt = sum(stream.get("prompt_tokens") or 0 for stream in every)
     metrics: dict[str, Any] = {
@@ -431,6 +435,14 @@ def vllm_metrics(reps: list[dict[str, Any]], clean: list[dict[str, Any]]) -> dic
     for name, values in samples.items():
         metrics.update(_ms_stats(name, values))
     return metrics
+
+
+def _step_duration(reps: list[dict[str, Any]], streams: list[dict[str, Any]]) -> float:
+    """First request sent -> last finished, from the streams' times on the step's clock; a
+    report written before the repetitions shared that clock has each repetition's own span."""
+    if all(isinstance(s.get("sent_s"), int | float) and isinstance(s.get("latency_s"), int | float) for s in streams):
+        return float(max(s["sent_s"] + s["latency_s"] for s in streams) - min(s["sent_s"] for s in streams))
+    return float(sum(rep.get("duration_s") or 0.0 for rep in reps))
 
 
 def _per(count: float, duration: float) -> float | None:

@@ -117,8 +117,7 @@ class BenchRun:
                 yield functools.partial(self._prefill, model, length, rep)
         for conc in self.settings.conc:
             for kind in self.settings.kinds:
-                for rep in range(1, reps + 1):
-                    yield functools.partial(self._decode, model, conc, kind, rep)
+                yield functools.partial(self._decode, model, conc, kind)
         for length in self.settings.ctx:
             yield functools.partial(self._recall, model, length)
 
@@ -144,19 +143,26 @@ class BenchRun:
             f"{record['tok_s']:.0f} tok/s"
         )
 
-    def _decode(self, model: str, conc: int, kind: str, rep: int) -> str:
+    def _decode(self, model: str, conc: int, kind: str) -> str:
+        """One step: `reps` requests through each of `conc` slots, as `vllm bench serve
+        --max-concurrency conc` sends them (a slot's next request leaves when its last one
+        ends); repetition k is the k-th request of every slot."""
         path = "/v1/completions" if kind == RANDOM_KIND else "/v1/chat/completions"
-        streams = concurrent_streams(self.target, path, [self._decode_body(model, kind) for _ in range(conc)])
-        record = benchmark.decode_record(conc, kind, rep, streams)
-        self.report["decode"].append(record)
-        clean = [stream for stream in record["streams"] if not stream["flags"]]
+        reps = self.settings.reps
+        bodies = [[self._decode_body(model, kind) for _ in range(conc)] for _ in range(reps)]
+        origin, rows = slotted_streams(self.target, path, bodies)
+        records = [benchmark.decode_record(conc, kind, rep, row, origin) for rep, row in enumerate(rows, 1)]
+        self.report["decode"] += records
+        streams = [stream for record in records for stream in record["streams"]]
+        clean = [stream for stream in streams if not stream["flags"]]
         per_stream = benchmark.stats(stream["tok_s"] for stream in clean)
-        tokens = sum(stream["completion_tokens"] for stream in record["streams"])
-        flagged = len(record["streams"]) - len(clean)
+        aggregate = benchmark.stats(record["aggregate_tok_s"] for record in records)
+        tokens = sum(stream["completion_tokens"] for stream in streams)
+        flagged = len(streams) - len(clean)
         return (
-            f"decode c{conc} {kind}, rep {rep}/{self.settings.reps}: "
+            f"decode c{conc} {kind}, {reps} reps: "
             f"{_number(per_stream['median'] if per_stream else None)} tok/s per stream (median), "
-            f"{_number(record['aggregate_tok_s'])} aggregate, {tokens} tokens"
+            f"{_number(aggregate['median'] if aggregate else None)} aggregate, {tokens} tokens"
             + (f"; {flagged} stream(s) flagged burst, not counted" if flagged else "")
         )
 
@@ -209,6 +215,32 @@ async def _streams(
         await _open_connections(http, len(bodies))
         reads = await asyncio.gather(*(_timed_reads(http, path, body, clock) for body in bodies))
     return [benchmark.parse_stream(sent, timed) for sent, timed in reads]
+
+
+def slotted_streams(
+    target: ApiTarget, path: str, bodies: list[list[JsonObject]]
+) -> tuple[float, list[list[benchmark.Stream]]]:
+    """(when the first request left, streams[rep][slot]): each slot sends its column of
+    `bodies` back to back, all slots at once, all read by one event loop."""
+    return asyncio.run(_slotted(target, path, bodies, time.perf_counter))
+
+
+async def _slotted(
+    target: ApiTarget, path: str, bodies: list[list[JsonObject]], clock: Callable[[], float]
+) -> tuple[float, list[list[benchmark.Stream]]]:
+    slots = len(bodies[0])
+    async with async_client(target, connections=slots) as http:
+        await _open_connections(http, slots)
+
+        async def slot(index: int) -> list[tuple[float, list[benchmark.TimedRead]]]:
+            # No pause between a slot's requests: the engine never idles between them, as
+            # under vLLM's bench, and a request's prefill meets the other slots' decodes.
+            return [await _timed_reads(http, path, row[index], clock) for row in bodies]
+
+        origin = clock()
+        columns = await asyncio.gather(*(slot(index) for index in range(slots)))
+    rows = [[benchmark.parse_stream(*columns[index][rep]) for index in range(slots)] for rep in range(len(bodies))]
+    return origin, rows
 
 
 async def _open_connections(http: httpx.AsyncClient, count: int) -> None:

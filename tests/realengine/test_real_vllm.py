@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -155,15 +156,38 @@ ROUNDS, REPS = 3, 8  # the tools take turns, so a change in the machine's load h
 AGREEMENT = 0.10
 
 
-def vllm_round(bed: Bed, url: str, conc: int, round_: int) -> tuple[list[dict[str, Any]], float]:
-    """vLLM's own bench: (its requests from --save-detailed, its duration). The key goes from
-    its file to the environment, never into an argv."""
+@dataclass
+class Pooled:
+    """One tool's rounds: the requests its latency figures count, the output tokens and the
+    duration its throughput counts."""
+
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    tokens: int = 0
+    duration: float = 0.0
+
+    def add(self, other: Pooled) -> None:
+        self.requests += other.requests
+        self.tokens += other.tokens
+        self.duration += other.duration
+
+
+def vllm_round(bed: Bed, url: str, conc: int, round_: int) -> Pooled:
+    """vLLM's own bench, from its --save-detailed file. The key goes from
+    its file to the environment, never into an argv.
+
+    The deployment serves with prefix caching (the reference's flag), and vLLM's bench would
+    meet its own prompts in the cache twice over: with one --seed its random prompts are the
+    same in every run, so each round gets its own; and its first prompt is sent before the
+    measured run (a test request and the warm-ups), so that request's TTFT is the cache's. One
+    extra prompt is sent and the first request left out of the latency figures (it stays in
+    the duration and the throughput, which span it)."""
     name = f"realengine-vllm-c{conc}-{round_}.json"
     argv = [
         str(VLLM_CLI), "bench", "serve", "--backend", "openai", "--base-url", url,
         "--endpoint", "/v1/completions", "--model", "deepseek-v4.1-flash", "--tokenizer", MODEL_DIR,
         "--dataset-name", "random", "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-        "--ignore-eos", "--num-prompts", str(REPS * conc), "--max-concurrency", str(conc), "--num-warmups", "2",
+        "--ignore-eos", "--num-prompts", str(REPS * conc + 1), "--max-concurrency", str(conc), "--num-warmups", "2",
+        "--seed", str(1000 * conc + round_),
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "90,99",
         "--save-result", "--save-detailed", "--result-dir", "/tmp", "--result-filename", name, "--disable-tqdm",
     ]  # fmt: skip
@@ -177,10 +201,10 @@ def vllm_round(bed: Bed, url: str, conc: int, round_: int) -> tuple[list[dict[st
         {"ttft": ttft, "itl": itl, "e2el": ttft + sum(itl), "tokens": tokens}
         for ttft, itl, tokens in zip(saved["ttfts"], saved["itls"], saved["output_lens"], strict=True)
     ]
-    return requests, float(saved["duration"])
+    return Pooled(requests[1:], sum(saved["output_lens"]), float(saved["duration"]))
 
 
-def our_round(bed: Bed, conc: int, round_: int) -> tuple[list[dict[str, Any]], float]:
+def our_round(bed: Bed, conc: int, round_: int) -> Pooled:
     out = f"/tmp/realengine-ours-c{conc}-{round_}.json"
     argv = ["bench", "--out", out, "--conc", str(conc), "--prefill", "--kinds", "random", "--reps", str(REPS)]
     bed.reconciler(*argv, "--input-len", str(INPUT_LEN), "--max-tokens", str(OUTPUT_LEN), timeout=900)
@@ -192,11 +216,12 @@ def our_round(bed: Bed, conc: int, round_: int) -> tuple[list[dict[str, Any]], f
         for rep in report["decode"]
         for s in rep["streams"]
     ]
-    return requests, sum(rep["duration_s"] for rep in report["decode"])
+    return Pooled(requests, sum(r["tokens"] for r in requests), float(level["vllm"]["duration"]))
 
 
-def vllm_figures(requests: list[dict[str, Any]], duration: float) -> dict[str, float]:
+def vllm_figures(pooled: Pooled) -> dict[str, float]:
     """vLLM's definitions (calculate_metrics in vllm/benchmarks/serve.py), over pooled rounds."""
+    requests = pooled.requests
     ttfts = [r["ttft"] * 1000 for r in requests]
     tpots = [(r["e2el"] - r["ttft"]) / (r["tokens"] - 1) * 1000 for r in requests]
     itls = [gap * 1000 for r in requests for gap in r["itl"]]
@@ -205,7 +230,7 @@ def vllm_figures(requests: list[dict[str, Any]], duration: float) -> dict[str, f
         "mean_ttft_ms": statistics.fmean(ttfts),
         "median_tpot_ms": statistics.median(tpots),
         "median_itl_ms": statistics.median(itls),
-        "output_throughput": sum(r["tokens"] for r in requests) / duration,
+        "output_throughput": pooled.tokens / pooled.duration,
     }
 
 
@@ -223,17 +248,15 @@ def test_our_bench_agrees_with_vllm_bench_serve_on_the_same_server(lane: Bed) ->
     url = json.loads(lane.node(HEAD, "cat", REPORT).stdout)["url"]
     failures = []
     for conc in (1, 2):
-        pooled: dict[str, tuple[list[dict[str, Any]], float]] = {"vllm": ([], 0.0), "ours": ([], 0.0)}
+        pooled = {"vllm": Pooled(), "ours": Pooled()}
         started = time.monotonic()
         for round_ in range(1, ROUNDS + 1):
-            for tool in ("ours", "vllm"):
-                requests, duration = (
-                    our_round(lane, conc, round_) if tool == "ours" else vllm_round(lane, url, conc, round_)
-                )
-                pooled[tool] = (pooled[tool][0] + requests, pooled[tool][1] + duration)
+            pooled["ours"].add(our_round(lane, conc, round_))
+            pooled["vllm"].add(vllm_round(lane, url, conc, round_))
         print(f"concurrency {conc}: {ROUNDS} rounds of both tools in {time.monotonic() - started:.0f} s")
-        theirs, ours = (vllm_figures(*pooled[tool]) for tool in ("vllm", "ours"))
-        assert len(pooled["ours"][0]) == len(pooled["vllm"][0]) == ROUNDS * REPS * conc
+        theirs, ours = (vllm_figures(pooled[tool]) for tool in ("vllm", "ours"))
+        assert len(pooled["ours"].requests) == ROUNDS * REPS * conc
+        assert len(pooled["vllm"].requests) == ROUNDS * REPS * conc  # its first request left out
         for key in theirs:
             print(f"  c{conc} {key:18} vllm bench serve {theirs[key]:9.3f}   reconciler bench {ours[key]:9.3f}")
         failures += [

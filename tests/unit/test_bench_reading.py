@@ -187,7 +187,9 @@ def trickle(sent: float, at: float, count: int, gap: float) -> benchmark.Stream:
 
 def report_of(*reps: list[benchmark.Stream], conc: int = 1) -> benchmark.Report:
     report = benchmark.new_report("t", "m", "http://x", "2026-12-01T00:00:00Z", {"max_tokens": 64})
-    report["decode"] = [benchmark.decode_record(conc, "random", rep, streams) for rep, streams in enumerate(reps, 1)]
+    # The streams' times are on one clock from 0, as the repetitions of one step are.
+    records = [benchmark.decode_record(conc, "random", rep, streams, 0.0) for rep, streams in enumerate(reps, 1)]
+    report["decode"] = records
     report["complete"] = True
     report["summary"] = benchmark.summarize(report)
     return report
@@ -264,9 +266,9 @@ def test_clean_streams_are_not_flagged() -> None:
 
 def test_the_summary_holds_vllms_figures_with_its_definitions() -> None:
     """TPOT = (E2EL - TTFT) / (tokens - 1); E2EL ends at the last chunk with a choice; output
-    throughput = output tokens / (first sent -> last finished), summed over repetitions."""
+    throughput = output tokens / (the step's first request sent -> its last finished)."""
     one = spaced(0.0, 0.010, 0.002, 11)  # E2EL 0.010 + 10 * 0.002 = 0.030 (the usage chunk is later)
-    two = spaced(1.0, 1.020, 0.004, 11)  # E2EL 0.060
+    two = spaced(0.030, 0.050, 0.004, 11)  # sent as the first ended (one slot): E2EL 0.060
     report = report_of([one], [two])
     figures = report["summary"]["decode"][0]["vllm"]
     assert figures["completed"] == 2
@@ -328,7 +330,7 @@ def vllm_file(path: Path, **overrides: Any) -> Path:
 
 def test_compare_sets_our_report_next_to_a_vllm_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ours = tmp_path / "ours.json"
-    ours.write_text(json.dumps(report_of([spaced(0.0, 0.010, 0.002, 11)], [spaced(1.0, 1.020, 0.004, 11)])))
+    ours.write_text(json.dumps(report_of([spaced(0.0, 0.010, 0.002, 11)], [spaced(0.030, 0.050, 0.004, 11)])))
     theirs = vllm_file(tmp_path / "vllm.json")
     assert main(["bench", "compare", str(theirs), str(ours), "--json"]) == 0
     rows = {row["metric"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
@@ -379,3 +381,77 @@ def test_the_streaming_client_asks_for_no_compression() -> None:
     assert http.headers["accept-encoding"] == "identity"
     assert http.headers["authorization"] == f"Bearer {KEY}"
     asyncio.run(http.aclose())
+
+
+# --- a decode step sends as vllm bench serve --max-concurrency does ---------------------------
+
+
+class Slots:
+    """The server's record of the requests in order of events; r1s1 (slot 1's first request)
+    is held until r3s0 (slot 0's third) has arrived, which only a client whose slots do not
+    wait for each other (no waves of `conc` requests) ever sends."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.lock = threading.Lock()
+        self.third_of_slot0 = threading.Event()
+
+    def note(self, event: str) -> None:
+        with self.lock:
+            self.events.append(event)
+
+
+def slots_handler(state: Slots) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = json.dumps({"object": "list", "data": [{"id": "m"}]}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            name = json.loads(self.rfile.read(int(self.headers["content-length"])))["prompt"]
+            state.note(f"{name} sent")
+            if name == "r3s0":
+                state.third_of_slot0.set()
+            if name == "r1s1":
+                state.third_of_slot0.wait(TURN_TIMEOUT_S)
+            body = b"".join(chat_events(3))
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            state.note(f"{name} ended")
+            self.wfile.write(body)
+
+    return Handler
+
+
+def test_a_slot_sends_its_next_request_when_its_last_ends_without_waiting_for_the_others() -> None:
+    state = Slots()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), slots_handler(state))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        target = ApiTarget(f"http://127.0.0.1:{server.server_address[1]}", KEY, "m")
+        bodies: list[list[dict[str, Any]]] = [
+            [{"model": "m", "prompt": f"r{rep}s{slot}", "stream": True} for slot in (0, 1)] for rep in (1, 2, 3)
+        ]
+        origin, rows = benchrun.slotted_streams(target, "/v1/chat/completions", bodies)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert state.third_of_slot0.is_set()
+    order = state.events
+    assert order.index("r3s0 sent") < order.index("r1s1 ended"), "slot 0 went on while slot 1 was busy"
+    for slot in (0, 1):
+        for rep in (1, 2):
+            assert order.index(f"r{rep}s{slot} ended") < order.index(f"r{rep + 1}s{slot} sent"), order
+    assert [[stream.content for stream in row] for row in rows] == [["t0 t1 t2 "] * 2] * 3
+    assert all(origin <= stream.sent for row in rows for stream in row)
