@@ -492,10 +492,11 @@ def _add_bench(commands: SubParsers) -> None:
     bench.add_argument(
         "--kinds",
         nargs="*",
-        choices=sorted(constants.DECODE_KINDS),
+        choices=sorted(constants.ALL_DECODE_KINDS),
         default=list(constants.DECODE_KINDS),
         metavar="KIND",
-        help=f"decode prompts to measure: {', '.join(sorted(constants.DECODE_KINDS))}",
+        help=f"decode prompts to measure: {', '.join(sorted(constants.ALL_DECODE_KINDS))} "
+        f"(default: {' '.join(constants.DECODE_KINDS)}; random is vllm bench serve's workload)",
     )
     bench.add_argument(
         "--ctx",
@@ -507,7 +508,13 @@ def _add_bench(commands: SubParsers) -> None:
     )
     bench.add_argument("--depth", type=fraction, default=0.5, help="where the needle sits: 0 start .. 1 end")
     bench.add_argument("--reps", type=positive, default=3, help="repetitions of each prefill and decode step")
-    bench.add_argument("--max-tokens", type=positive, default=None, help="cap decode output (default: no cap)")
+    bench.add_argument(
+        "--max-tokens",
+        type=positive,
+        default=None,
+        help="cap decode output (default: no cap; the random kind: exactly this many, default 128)",
+    )
+    bench.add_argument("--input-len", type=positive, default=256, help="prompt tokens of the random kind (default 256)")
 
 
 # --- the Pi coding agent on this machine ----------------------------------------------------

@@ -59,6 +59,7 @@ def bench(args: argparse.Namespace) -> int:
         args.reps,
         args.max_tokens,
         args.label,
+        args.input_len,
     )
     run = BenchRun(_api_target(args), settings, Path(args.out), Progress().line)
     try:
@@ -93,6 +94,8 @@ def _bench_compare(args: argparse.Namespace) -> int:
         emit_json({"a": args.files[0], "b": args.files[1], "rows": rows})
     else:
         sys.stdout.write(benchmark.render_compare(rows, *labels))
+    if benchmark.is_vllm_result(first) or benchmark.is_vllm_result(second):
+        return EXIT_OK  # a vLLM result holds one concurrency's figures: the table is the picture
     path = _compare_plot_path(args)
     _draw(lambda: plot.write_compare_plot(first, second, path, labels), path)
     return EXIT_OK

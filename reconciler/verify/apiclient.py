@@ -119,6 +119,18 @@ def client(target: ApiTarget, *, keyed: bool = True, timeout: float = REQUEST_TI
     return httpx.Client(base_url=target.url, headers=headers, timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S))
 
 
+def async_client(target: ApiTarget, *, connections: int, timeout: float = REQUEST_TIMEOUT_S) -> httpx.AsyncClient:
+    """The bench's streaming client: keyed, `connections` kept alive, and asking for no
+    compression (a compressor hands an event stream on in its own blocks, not chunk by chunk)."""
+    headers = {"Authorization": f"Bearer {target.key}", "Accept-Encoding": "identity"}
+    return httpx.AsyncClient(
+        base_url=target.url,
+        headers=headers,
+        timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S),
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+    )
+
+
 def listed_models(body: object) -> list[str]:
     """The ids in a /v1/models answer ([] when it has none or is not one)."""
     data = body.get("data") if isinstance(body, dict) else None

@@ -7,10 +7,11 @@ with what users measure there, and the reference bench for decode rates:
 - TTFT: request sent -> first streamed chunk carrying output (content, reasoning or a tool
   call; for /v1/completions the first chunk with a choice, as vLLM counts it). A role-only
   chunk is not output: vLLM sends it together with the first token, other servers may not.
-- TPOT, per request: (latency - TTFT) / (output tokens - 1), latency = sent -> last chunk.
+- E2EL (`latency_s`): sent -> the last chunk with a choice (vLLM's end; the usage chunk after
+  it carries no token).
+- TPOT, per request: (E2EL - TTFT) / (output tokens - 1).
 - ITL: the gaps between successive output chunks, pooled over requests. With speculative
-  decoding one chunk carries several tokens, and bursty delivery makes the median ITL ~0:
-  compare means and TPOT.
+  decoding one chunk carries several tokens: compare TPOT.
 - Output tokens: `completion_tokens` of the final usage chunk; output chunks only when a
   server sends no usage.
 - Prefill tok/s: prompt tokens / TTFT of a 1-token completion of a fresh random prompt
@@ -21,7 +22,11 @@ with what users measure there, and the reference bench for decode rates:
   - 1) / (last output chunk of any stream - first output chunk of any stream). The reference
   bench counts all tokens; the first one arrives at the start of the span, not within it, and
   without the -1 a single stream's aggregate would exceed its own rate by n/(n-1).
-- mean, median and p99 (linear interpolation, numpy's default) over the samples.
+- mean, median, p90 and p99 (linear interpolation, numpy's default) over the samples; the
+  summary's `vllm` object has vLLM's `--save-result` keys (std as numpy's, the population's).
+- Sanity: a stream whose chunks came faster than an engine makes them (`burst`) or whose rate
+  is far beyond its step's others (`rate_outlier`) is listed as flagged and counted in no
+  statistic: such numbers time the client's reading, not the engine.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import itertools
 import math
 import random
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,17 +76,45 @@ class Stream:
     completion_tokens: int | None
     prompt_tokens: int | None
     content: str
+    # The last chunk with a choice: where vLLM's bench ends a request (not at the usage chunk).
+    last_choice: float | None = None
+
+
+TimedRead = tuple[float, bytes]
+
+
+def parse_stream(sent: float, reads: Iterable[TimedRead]) -> Stream:
+    """A stream from the network reads it arrived in, each timed when it arrived: a line is
+    as old as the read that completed it. Parsing happens after the stream has ended, so the
+    time the client spends on JSON cannot delay (or batch) the reading."""
+    return stream_from_events(sent, sse_events(reads))
+
+
+def sse_events(reads: Iterable[TimedRead]) -> Iterator[tuple[float, str]]:
+    """(arrival time, data) of each `data:` line in a byte stream cut into timed reads."""
+    pending = b""
+    for arrived, data in reads:
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            text = line.decode("utf-8", "replace").rstrip("\r")
+            if text.startswith("data:"):
+                yield arrived, text[5:].strip()
 
 
 def read_stream(sent: float, lines: Iterable[str], clock: Callable[[], float]) -> Stream:
     """Time every chunk as it arrives (`clock` is read right after each line)."""
+    return stream_from_events(sent, ((clock(), payload) for payload in sse_payloads(lines)))
+
+
+def stream_from_events(sent: float, events: Iterable[tuple[float, str]]) -> Stream:
     output_times: list[float] = []
     first_choice: float | None = None
+    last_choice: float | None = None
     end = sent
     usage: dict[str, Any] = {}
     content: list[str] = []
-    for payload in sse_payloads(lines):
-        now = clock()
+    for now, payload in events:
         if payload == "[DONE]":
             break
         chunk = chunk_json(payload)
@@ -94,6 +127,7 @@ def read_stream(sent: float, lines: Iterable[str], clock: Callable[[], float]) -
         if choice is None:
             continue
         first_choice = now if first_choice is None else first_choice
+        last_choice = now
         piece, carries = _output(choice)
         content.append(piece)
         if carries:
@@ -106,6 +140,7 @@ def read_stream(sent: float, lines: Iterable[str], clock: Callable[[], float]) -
         _count(usage, "completion_tokens"),
         _count(usage, "prompt_tokens"),
         "".join(content),
+        last_choice,
     )
 
 
@@ -121,8 +156,10 @@ def _output(choice: dict[str, Any]) -> tuple[str, bool]:
     if isinstance(delta, dict):
         text = delta.get("content")
         return (text if isinstance(text, str) else ""), any(delta.get(name) for name in OUTPUT_FIELDS)
+    # A completion chunk is a step's output even with empty text (a special token, or bytes the
+    # detokenizer holds back until a character is whole): vLLM's bench counts it so.
     text = choice.get("text")
-    return (text, bool(text)) if isinstance(text, str) else ("", False)
+    return (text, True) if isinstance(text, str) else ("", False)
 
 
 def _count(usage: dict[str, Any], name: str) -> int | None:
@@ -148,12 +185,20 @@ def stats(values: Iterable[float | None]) -> Stats | None:
     return {
         "mean": statistics.fmean(present),
         "median": statistics.median(present),
+        "p90": percentile(present, 90),
         "p99": percentile(present, 99),
         "n": len(present),
     }
 
 
 # --- records of one step ----------------------------------------------------------------------
+
+# Sanity: no decode step of a real engine delivers two chunks of one stream within 0.2 ms (the
+# fastest here, a tiny model on CPU, takes 1.6 ms a step). Gaps that short mean the chunks
+# waited in a buffer and were read together: they time the reader, not the engine.
+BURST_GAP_S = 0.0002
+BURST_SHARE = 0.25  # more than this share of a stream's gaps that short: the stream is a burst
+OUTLIER_FACTOR = 3.0  # a stream this many times faster than the median of its step's others
 
 
 def decode_stream_record(stream: Stream, origin: float) -> dict[str, Any]:
@@ -163,20 +208,33 @@ def decode_stream_record(stream: Stream, origin: float) -> dict[str, Any]:
         raise StreamError("the stream carried no output")
     tokens = stream.completion_tokens if stream.completion_tokens is not None else len(times)
     ttft = times[0] - stream.sent
-    latency = stream.end - stream.sent
+    latency = (stream.last_choice if stream.last_choice is not None else times[-1]) - stream.sent
     decode = times[-1] - times[0]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     return {
         "ttft_s": _round(ttft),
         "latency_s": _round(latency),
         "completion_tokens": tokens,
+        "prompt_tokens": stream.prompt_tokens,
         "tokens_from_usage": stream.completion_tokens is not None,
         "chunks": len(times),
         "tok_s": _round((tokens - 1) / decode) if tokens > 1 and decode > 0 else None,
         "tpot_s": _round((latency - ttft) / (tokens - 1)) if tokens > 1 else None,
+        "sent_s": _round(stream.sent - origin),
         "t_first_s": _round(times[0] - origin),
         "t_last_s": _round(times[-1] - origin),
-        "itl_s": [_round(later - earlier) for earlier, later in itertools.pairwise(times)],
+        "itl_s": [_round(gap) for gap in gaps],
+        "flags": burst_flags(tokens, gaps),
     }
+
+
+def burst_flags(tokens: int, gaps: list[float]) -> list[str]:
+    """["burst"] when the chunks arrived faster than any engine makes them (see BURST_GAP_S)."""
+    if tokens < 2 or not gaps:
+        return []
+    short = sum(gap < BURST_GAP_S for gap in gaps)
+    # One short gap is a server's doing (a finish chunk right behind the last token), not a burst.
+    return ["burst"] if short >= 2 and short > BURST_SHARE * len(gaps) else []
 
 
 def aggregate_tok_s(streams: list[dict[str, Any]]) -> float | None:
@@ -186,10 +244,22 @@ def aggregate_tok_s(streams: list[dict[str, Any]]) -> float | None:
     return _round((sum(s["completion_tokens"] for s in streams) - 1) / span) if span > 0 else None
 
 
-def decode_record(conc: int, kind: str, rep: int, streams: list[Stream]) -> dict[str, Any]:
-    origin = min(stream.sent for stream in streams)
-    records = [decode_stream_record(stream, origin) for stream in streams]
-    return {"conc": conc, "kind": kind, "rep": rep, "aggregate_tok_s": aggregate_tok_s(records), "streams": records}
+def decode_record(conc: int, kind: str, rep: int, streams: list[Stream], origin: float | None = None) -> dict[str, Any]:
+    """One repetition: the rep-th request of each of the step's `conc` slots. `origin` is when
+    the step started (all its repetitions share it); by default the first stream's sending."""
+    start = min(stream.sent for stream in streams) if origin is None else origin
+    records = [decode_stream_record(stream, start) for stream in streams]
+    first = min(record["sent_s"] for record in records)
+    # vLLM's benchmark duration: the first request sent -> the last one finished.
+    duration = max(record["sent_s"] + record["latency_s"] for record in records) - first
+    return {
+        "conc": conc,
+        "kind": kind,
+        "rep": rep,
+        "duration_s": _round(duration),
+        "aggregate_tok_s": aggregate_tok_s(records),
+        "streams": records,
+    }
 
 
 def prefill_record(target: int, rep: int, stream: Stream, sent_tokens: int) -> dict[str, Any]:
@@ -296,18 +366,104 @@ def _prefill_summary(key: tuple[Any, ...], runs: list[dict[str, Any]]) -> dict[s
 
 
 def _decode_summary(key: tuple[Any, ...], reps: list[dict[str, Any]]) -> dict[str, Any]:
-    streams = [stream for rep in reps for stream in rep["streams"]]
+    """Statistics over the streams that passed the sanity checks; the others are listed in
+    `flagged` with the reason, and repetitions holding one leave the aggregate out."""
+    flags = group_flags(reps)
+    clean = [stream for rep in reps for index, stream in enumerate(rep["streams"]) if (rep["rep"], index) not in flags]
+    clean_reps = [rep for rep in reps if not any((rep["rep"], index) in flags for index in range(len(rep["streams"])))]
     return {
         "conc": key[0],
         "kind": key[1],
         "reps": len(reps),
-        "per_stream_tok_s": stats(stream["tok_s"] for stream in streams),
-        "aggregate_tok_s": stats(rep["aggregate_tok_s"] for rep in reps),
-        "ttft_s": stats(stream["ttft_s"] for stream in streams),
-        "tpot_s": stats(stream["tpot_s"] for stream in streams),
-        "itl_s": stats(gap for stream in streams for gap in stream["itl_s"]),
-        "completion_tokens": stats(stream["completion_tokens"] for stream in streams),
+        "streams": sum(len(rep["streams"]) for rep in reps),
+        "flagged": [
+            {"rep": rep, "stream": index, "flags": reasons, "tok_s": _stream(reps, rep, index)["tok_s"]}
+            for (rep, index), reasons in flags.items()
+        ],
+        "per_stream_tok_s": stats(stream["tok_s"] for stream in clean),
+        "aggregate_tok_s": stats(rep["aggregate_tok_s"] for rep in clean_reps),
+        "ttft_s": stats(stream["ttft_s"] for stream in clean),
+        "tpot_s": stats(stream["tpot_s"] for stream in clean),
+        "itl_s": stats(gap for stream in clean for gap in stream["itl_s"]),
+        "completion_tokens": stats(stream["completion_tokens"] for stream in clean),
+        "vllm": vllm_metrics(reps, clean),
     }
+
+
+def _stream(reps: list[dict[str, Any]], rep: int, index: int) -> dict[str, Any]:
+    streams: list[dict[str, Any]] = next(r for r in reps if r["rep"] == rep)["streams"]
+    return streams[index]
+
+
+def group_flags(reps: list[dict[str, Any]]) -> dict[tuple[int, int], list[str]]:
+    """(rep, stream index) -> why that stream is not counted: its own burst flag, or a rate
+    more than OUTLIER_FACTOR times the median of the group's other unflagged streams."""
+    streams = [(rep["rep"], index, stream) for rep in reps for index, stream in enumerate(rep["streams"])]
+    flags = {(rep, index): list(stream.get("flags") or []) for rep, index, stream in streams}
+    for rep, index, stream in streams:
+        others = [s["tok_s"] for r, i, s in streams if (r, i) != (rep, index) and s["tok_s"] and not flags[r, i]]
+        if stream["tok_s"] and len(others) >= 2 and stream["tok_s"] > OUTLIER_FACTOR * statistics.median(others):
+            flags[rep, index].append("rate_outlier")
+    return {where: reasons for where, reasons in flags.items() if reasons}
+
+
+def vllm_metrics(reps: list[dict[str, Any]], clean: list[dict[str, Any]]) -> dict[str, Any]:
+    """The group in the keys of `vllm bench serve --save-result`. Throughput counts every
+    request over the step's duration (its first request sent -> its last finished, as vLLM's
+    duration: the repetitions' times share the step's origin); the latency statistics count
+    the unflagged streams only."""
+    every = [stream for rep in reps for stream in rep["streams"]]
+    duration = _step_duration(reps, every)
+    output = sum(stream["completion_tokens"] for stream in every)
+    prompt = sum(stream.get("prompt_tokens") or 0 for stream in every)
+    metrics: dict[str, Any] = {
+        "completed": len(every),
+        "max_concurrency": reps[0]["conc"],
+        "duration": _round(duration),
+        "total_input_tokens": prompt,
+        "total_output_tokens": output,
+        "request_throughput": _per(len(every), duration),
+        "output_throughput": _per(output, duration),
+        "total_token_throughput": _per(prompt + output, duration),
+    }
+    samples = {
+        "ttft": [s["ttft_s"] for s in clean],
+        "tpot": [s["tpot_s"] for s in clean if s.get("tpot_s") is not None],
+        "itl": [gap for s in clean for gap in s["itl_s"]],
+        "e2el": [s["latency_s"] for s in clean if s.get("latency_s") is not None],
+    }
+    for name, values in samples.items():
+        metrics.update(_ms_stats(name, values))
+    return metrics
+
+
+def _step_duration(reps: list[dict[str, Any]], streams: list[dict[str, Any]]) -> float:
+    """First request sent -> last finished, from the streams' times on the step's clock; a
+    report written before the repetitions shared that clock has each repetition's own span."""
+    if all(isinstance(s.get("sent_s"), int | float) and isinstance(s.get("latency_s"), int | float) for s in streams):
+        return float(max(s["sent_s"] + s["latency_s"] for s in streams) - min(s["sent_s"] for s in streams))
+    return float(sum(rep.get("duration_s") or 0.0 for rep in reps))
+
+
+def _per(count: float, duration: float) -> float | None:
+    return _round(count / duration) if duration > 0 else None
+
+
+def _ms_stats(name: str, values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {f"{which}_{name}_ms": None for which in VLLM_STATS}
+    ms = [value * 1000 for value in values]
+    return {
+        f"mean_{name}_ms": _round(statistics.fmean(ms)),
+        f"median_{name}_ms": _round(statistics.median(ms)),
+        f"std_{name}_ms": _round(statistics.pstdev(ms)),  # numpy.std's default: the population's
+        f"p90_{name}_ms": _round(percentile(ms, 90)),
+        f"p99_{name}_ms": _round(percentile(ms, 99)),
+    }
+
+
+VLLM_STATS = ("mean", "median", "std", "p90", "p99")
+VLLM_LATENCIES = ("ttft", "tpot", "itl", "e2el")
 
 
 # --- the terminal table -----------------------------------------------------------------------
@@ -322,6 +478,8 @@ def render_table(report: Report) -> str:
         cap = report["settings"].get("max_tokens")
         title = f"Decode (output capped at {cap} tokens)" if cap else "Decode (no output cap)"
         parts += ["", title, _table(_DECODE_HEAD, _decode_rows(summary))]
+        parts += ["", "Serving, in `vllm bench serve` terms", _table(_VLLM_HEAD, _vllm_rows(summary))]
+        parts += _flag_lines(summary)
     if summary["recall"]:
         parts += ["", "Long-context recall (pass key)", _table(_RECALL_HEAD, _recall_rows(summary))]
     if not report["complete"]:
@@ -339,6 +497,18 @@ _DECODE_HEAD = (
     "TPOT ms mean/med/p99",
     "ITL ms mean/med/p99",
     "out tok mean",
+    "flagged",
+)
+_VLLM_HEAD = (
+    "conc",
+    "kind",
+    "requests",
+    "req/s",
+    "output tok/s",
+    "TTFT ms mean/med/p99",
+    "TPOT ms mean/med/p99",
+    "ITL ms mean/med/p99",
+    "E2EL ms mean/med/p99",
 )
 _RECALL_HEAD = ("length", "depth", "prompt tok", "TTFT s", "result")
 
@@ -367,9 +537,49 @@ def _decode_rows(summary: dict[str, Any]) -> list[tuple[str, ...]]:
             _triple(s["tpot_s"], 1000, 1),
             _triple(s["itl_s"], 1000, 1),
             _fmt(s["completion_tokens"], "mean", 0),
+            f"{len(s['flagged'])}/{s['streams']}",
         )
         for s in summary["decode"]
     ]
+
+
+def _vllm_rows(summary: dict[str, Any]) -> list[tuple[str, ...]]:
+    return [
+        (
+            str(s["conc"]),
+            s["kind"],
+            str(s["vllm"]["completed"]),
+            _number_cell(s["vllm"]["request_throughput"], 2),
+            _number_cell(s["vllm"]["output_throughput"], 1),
+            *(_vllm_triple(s["vllm"], name) for name in VLLM_LATENCIES),
+        )
+        for s in summary["decode"]
+    ]
+
+
+def _vllm_triple(metrics: dict[str, Any], name: str) -> str:
+    return "/".join(_number_cell(metrics[f"{which}_{name}_ms"], 2) for which in ("mean", "median", "p99"))
+
+
+def _number_cell(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _flag_lines(summary: dict[str, Any]) -> list[str]:
+    """Every stream left out of the statistics, and why: never averaged in silently."""
+    lines = [
+        f"  FLAGGED c{s['conc']} {s['kind']} rep {f['rep']} stream {f['stream'] + 1}: {', '.join(f['flags'])}"
+        f" ({_number_cell(f['tok_s'], 0)} tok/s; not in the statistics)"
+        for s in summary["decode"]
+        for f in s["flagged"]
+    ]
+    return ["", *lines, f"  {FLAG_NOTE}"] if lines else []
+
+
+FLAG_NOTE = (
+    "burst: most chunks arrived less than 0.2 ms apart, read from a buffer rather than as made; "
+    "rate_outlier: over 3x the median rate of the other streams of its step"
+)
 
 
 def _recall_rows(summary: dict[str, Any]) -> list[tuple[str, ...]]:
@@ -410,8 +620,13 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], left: int = 0) ->
 
 
 def compare(a: Report, b: Report) -> list[dict[str, Any]]:
-    """Each metric both runs have (or either has), with B's change relative to A."""
-    left, right = _metrics(a), _metrics(b)
+    """Each metric both runs have (or either has), with B's change relative to A. A `vllm bench
+    serve` result on either side is compared in vLLM's terms at its concurrency."""
+    if is_vllm_result(a) or is_vllm_result(b):
+        conc = (a if is_vllm_result(a) else b)["max_concurrency"]
+        left, right = _serving_metrics(a, conc), _serving_metrics(b, conc)
+    else:
+        left, right = _metrics(a), _metrics(b)
     rows = []
     for name in [*left, *(name for name in right if name not in left)]:
         value_a, better = left.get(name, (None, ""))
@@ -428,6 +643,35 @@ def compare(a: Report, b: Report) -> list[dict[str, Any]]:
     return rows
 
 
+VLLM_FORMAT = "vllm bench serve --save-result"
+# The figures of a `vllm bench serve --save-result` file that `bench compare` reads.
+VLLM_COMPARED = (
+    ("request_throughput", "req/s", "higher"),
+    ("output_throughput", "output tok/s", "higher"),
+    *(
+        (f"{which}_{name}_ms", f"{name.upper()} ms {which}", "lower")
+        for name in VLLM_LATENCIES
+        for which in ("mean", "median", "p99")
+    ),
+)
+
+
+def is_vllm_result(report: Report) -> bool:
+    return report.get("format") == VLLM_FORMAT
+
+
+def _serving_metrics(report: Report, conc: int) -> dict[str, tuple[Any, str]]:
+    """vLLM's figures at concurrency `conc`: a vLLM result's own, or the decode step of ours at
+    that concurrency (the `random` kind, vLLM's workload, when the report has it)."""
+    if is_vllm_result(report):
+        figures: dict[str, Any] = report["metrics"]
+    else:
+        summary = report.get("summary") or summarize(report)
+        levels = sorted((s for s in summary["decode"] if s["conc"] == conc), key=lambda s: s["kind"] != "random")
+        figures = levels[0]["vllm"] if levels else {}
+    return {f"c{conc}: {label}": (figures.get(key), better) for key, label, better in VLLM_COMPARED}
+
+
 def _metrics(report: Report) -> dict[str, tuple[Any, str]]:
     summary = report.get("summary") or summarize(report)
     metrics: dict[str, tuple[Any, str]] = {}
@@ -441,6 +685,10 @@ def _metrics(report: Report) -> dict[str, tuple[Any, str]]:
         metrics[f"{where}: TTFT s mean"] = (_pick(s["ttft_s"], "mean"), "lower")
         metrics[f"{where}: TPOT ms mean"] = (_pick(s["tpot_s"], "mean", 1000), "lower")
         metrics[f"{where}: ITL ms mean"] = (_pick(s["itl_s"], "mean", 1000), "lower")
+        figures = s.get("vllm") or {}
+        metrics[f"{where}: output tok/s"] = (figures.get("output_throughput"), "higher")
+        for name in VLLM_LATENCIES:
+            metrics[f"{where}: {name.upper()} ms median"] = (figures.get(f"median_{name}_ms"), "lower")
     for r in summary["recall"]:
         metrics[f"recall {r['length']} at depth {r['depth']:g}"] = ("PASS" if r["pass"] else "FAIL", "")
     return metrics

@@ -4,20 +4,29 @@ Steps run in order — an unrecorded warm-up, prefill per prompt length, decode 
 and kind, the recall check per context length — and the JSON report is rewritten (atomically)
 after every step, so an interrupted or failed run keeps everything it measured. The
 arithmetic lives in reconciler/verify/benchmark.py; this module only sends requests and times them.
+
+How streams are read decides what the numbers mean. The streams of a step are read as
+`vllm bench serve` reads them: one event loop, one connection per stream (opened before the
+clock starts, so TTFT holds no TCP handshake), every network read timed the moment it returns.
+The loop does nothing else while streams run: the chunks are parsed after the step, so the
+client's own CPU time (on a machine it may share with the engine) cannot hold a read back and
+let chunks pile up in the socket. A reader that still falls behind (its process descheduled,
+or a server that holds small writes back for the client's delayed ACK) sees a whole answer at
+once, and its rate is the reader's, not the engine's: no timing can be recovered afterwards,
+so benchmark.py flags such streams instead of counting them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import math
 import os
 import random
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -25,15 +34,16 @@ from typing import Any, NoReturn
 import httpx
 
 from reconciler.clock import utc_iso
+from reconciler.constants import RANDOM_KIND
 from reconciler.errors import BenchError, ReconcilerError, StreamError
 from reconciler.verify import benchmark
-from reconciler.verify.apiclient import ApiTarget, JsonObject, client, discover_model, error_text
+from reconciler.verify.apiclient import ApiTarget, JsonObject, async_client, client, discover_model, error_text
 
 WARM_UP_PROMPT = "Say hello."
 # The reference's warm-up has no cap; a model that never emits EOS (random weights, a broken
 # tokenizer) would then run to max-model-len before the first measurement.
 WARM_UP_MAX_TOKENS = 32
-BARRIER_TIMEOUT_S = 60.0
+RANDOM_OUTPUT_TOKENS = 128  # vllm bench serve's --random-output-len default
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class BenchSettings:
     reps: int = 3
     max_tokens: int | None = None
     label: str = ""
+    input_len: int = 256
 
     def to_dict(self) -> dict[str, Any]:
         return {name: list(value) if isinstance(value, tuple) else value for name, value in asdict(self).items()}
@@ -70,7 +81,7 @@ class BenchRun:
             self.save()
             try:
                 self._warm_up(http, model)
-                for step in self._steps(http, model):
+                for step in self._steps(model):
                     message = step()
                     self.save()
                     self.progress(message)
@@ -99,17 +110,16 @@ class BenchRun:
         done = len(self.report["prefill"]) + len(self.report["decode"]) + len(self.report["recall"])
         raise BenchError(f"bench stopped: {message}", f"{self.out} keeps what was measured before it ({done} steps)")
 
-    def _steps(self, http: httpx.Client, model: str) -> Iterator[Callable[[], str]]:
+    def _steps(self, model: str) -> Iterator[Callable[[], str]]:
         reps = self.settings.reps
         for length in self.settings.prefill:
             for rep in range(1, reps + 1):
-                yield functools.partial(self._prefill, http, model, length, rep)
+                yield functools.partial(self._prefill, model, length, rep)
         for conc in self.settings.conc:
             for kind in self.settings.kinds:
-                for rep in range(1, reps + 1):
-                    yield functools.partial(self._decode, model, conc, kind, rep)
+                yield functools.partial(self._decode, model, conc, kind)
         for length in self.settings.ctx:
-            yield functools.partial(self._recall, http, model, length)
+            yield functools.partial(self._recall, model, length)
 
     def _warm_up(self, http: httpx.Client, model: str) -> None:
         started = time.monotonic()
@@ -123,40 +133,63 @@ class BenchRun:
             raise BenchError(f"warm-up: POST /v1/chat/completions: {error_text(response)}")
         self.progress(f"warm-up done in {time.monotonic() - started:.1f} s (not recorded)")
 
-    def _prefill(self, http: httpx.Client, model: str, length: int, rep: int) -> str:
+    def _prefill(self, model: str, length: int, rep: int) -> str:
         ids = benchmark.prefill_ids(length, self.rng)
         body: JsonObject = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0, **_STREAM}
-        record = benchmark.prefill_record(length, rep, timed_stream(http, "/v1/completions", body), len(ids))
+        record = benchmark.prefill_record(length, rep, timed_stream(self.target, "/v1/completions", body), len(ids))
         self.report["prefill"].append(record)
         return (
             f"prefill {length} tokens, rep {rep}/{self.settings.reps}: TTFT {record['ttft_s']:.3f} s, "
             f"{record['tok_s']:.0f} tok/s"
         )
 
-    def _decode(self, model: str, conc: int, kind: str, rep: int) -> str:
-        streams = concurrent_streams(self.target, [self._decode_body(model, kind) for _ in range(conc)])
-        record = benchmark.decode_record(conc, kind, rep, streams)
-        self.report["decode"].append(record)
-        per_stream = benchmark.stats(stream["tok_s"] for stream in record["streams"])
-        tokens = sum(stream["completion_tokens"] for stream in record["streams"])
+    def _decode(self, model: str, conc: int, kind: str) -> str:
+        """One step: `reps` requests through each of `conc` slots, as `vllm bench serve
+        --max-concurrency conc` sends them (a slot's next request leaves when its last one
+        ends); repetition k is the k-th request of every slot."""
+        path = "/v1/completions" if kind == RANDOM_KIND else "/v1/chat/completions"
+        reps = self.settings.reps
+        bodies = [[self._decode_body(model, kind) for _ in range(conc)] for _ in range(reps)]
+        origin, rows = slotted_streams(self.target, path, bodies)
+        records = [benchmark.decode_record(conc, kind, rep, row, origin) for rep, row in enumerate(rows, 1)]
+        self.report["decode"] += records
+        streams = [stream for record in records for stream in record["streams"]]
+        clean = [stream for stream in streams if not stream["flags"]]
+        per_stream = benchmark.stats(stream["tok_s"] for stream in clean)
+        aggregate = benchmark.stats(record["aggregate_tok_s"] for record in records)
+        tokens = sum(stream["completion_tokens"] for stream in streams)
+        flagged = len(streams) - len(clean)
         return (
-            f"decode c{conc} {kind}, rep {rep}/{self.settings.reps}: "
+            f"decode c{conc} {kind}, {reps} reps: "
             f"{_number(per_stream['median'] if per_stream else None)} tok/s per stream (median), "
-            f"{_number(record['aggregate_tok_s'])} aggregate, {tokens} tokens"
+            f"{_number(aggregate['median'] if aggregate else None)} aggregate, {tokens} tokens"
+            + (f"; {flagged} stream(s) flagged burst, not counted" if flagged else "")
         )
 
     def _decode_body(self, model: str, kind: str) -> JsonObject:
+        if kind == RANDOM_KIND:
+            return self._random_body(model)
         prompt = benchmark.decode_prompt(kind, _nonce(self.rng))
         body: JsonObject = {"model": model, "messages": [{"role": "user", "content": prompt}], **_STREAM}
         if self.settings.max_tokens is not None:
             body["max_tokens"] = self.settings.max_tokens
         return body
 
-    def _recall(self, http: httpx.Client, model: str, length: int) -> str:
+    def _random_body(self, model: str) -> JsonObject:
+        """vLLM's random workload: fresh random ids, exactly the output length (EOS ignored)."""
+        return {
+            "model": model,
+            "prompt": benchmark.prefill_ids(self.settings.input_len, self.rng),
+            "max_tokens": self.settings.max_tokens or RANDOM_OUTPUT_TOKENS,
+            "ignore_eos": True,
+            **_STREAM,
+        }
+
+    def _recall(self, model: str, length: int) -> str:
         key = str(self.rng.randrange(10_000, 100_000))
         prompt = benchmark.recall_prompt(length, self.settings.depth, key, _nonce(self.rng))
         body: JsonObject = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0}
-        stream = timed_stream(http, "/v1/chat/completions", {**body, **_STREAM})
+        stream = timed_stream(self.target, "/v1/chat/completions", {**body, **_STREAM})
         record = benchmark.recall_record(length, self.settings.depth, key, stream)
         self.report["recall"].append(record)
         verdict = "PASS" if record["pass"] else f"FAIL (answered {record['answer']!r})"
@@ -166,26 +199,84 @@ class BenchRun:
 _STREAM: JsonObject = {"stream": True, "stream_options": {"include_usage": True}}
 
 
-def timed_stream(http: httpx.Client, path: str, body: JsonObject) -> benchmark.Stream:
-    sent = time.perf_counter()
-    with http.stream("POST", path, json=body) as response:
+def timed_stream(target: ApiTarget, path: str, body: JsonObject) -> benchmark.Stream:
+    return concurrent_streams(target, path, [body])[0]
+
+
+def concurrent_streams(target: ApiTarget, path: str, bodies: list[JsonObject]) -> list[benchmark.Stream]:
+    """The streams sent together, each on its own connection, all read by one event loop."""
+    return asyncio.run(_streams(target, path, bodies, time.perf_counter))
+
+
+async def _streams(
+    target: ApiTarget, path: str, bodies: list[JsonObject], clock: Callable[[], float]
+) -> list[benchmark.Stream]:
+    async with async_client(target, connections=len(bodies)) as http:
+        await _open_connections(http, len(bodies))
+        reads = await asyncio.gather(*(_timed_reads(http, path, body, clock) for body in bodies))
+    return [benchmark.parse_stream(sent, timed) for sent, timed in reads]
+
+
+def slotted_streams(
+    target: ApiTarget, path: str, bodies: list[list[JsonObject]]
+) -> tuple[float, list[list[benchmark.Stream]]]:
+    """(when the first request left, streams[rep][slot]): each slot sends its column of
+    `bodies` back to back, all slots at once, all read by one event loop."""
+    return asyncio.run(_slotted(target, path, bodies, time.perf_counter))
+
+
+async def _slotted(
+    target: ApiTarget, path: str, bodies: list[list[JsonObject]], clock: Callable[[], float]
+) -> tuple[float, list[list[benchmark.Stream]]]:
+    slots = len(bodies[0])
+    async with async_client(target, connections=slots) as http:
+        await _open_connections(http, slots)
+
+        async def slot(index: int) -> list[tuple[float, list[benchmark.TimedRead]]]:
+            # No pause between a slot's requests: the engine never idles between them, as
+            # under vLLM's bench, and a request's prefill meets the other slots' decodes.
+            return [await _timed_reads(http, path, row[index], clock) for row in bodies]
+
+        origin = clock()
+        columns = await asyncio.gather(*(slot(index) for index in range(slots)))
+    rows = [[benchmark.parse_stream(*columns[index][rep]) for index in range(slots)] for rep in range(len(bodies))]
+    return origin, rows
+
+
+async def _open_connections(http: httpx.AsyncClient, count: int) -> None:
+    """`count` kept-alive connections in the pool, so no stream's TTFT holds a handshake."""
+    answers = await asyncio.gather(*(http.get("/v1/models") for _ in range(count)))
+    for answer in answers:
+        if answer.status_code != 200:
+            raise BenchError(f"GET /v1/models: {error_text(answer)}", "check `reconciler logs r0`")
+
+
+async def _timed_reads(
+    http: httpx.AsyncClient, path: str, body: JsonObject, clock: Callable[[], float]
+) -> tuple[float, list[benchmark.TimedRead]]:
+    """(sent, every network read with the time it returned); nothing else in the loop."""
+    content = json.dumps(body).encode()
+    headers = {"content-type": "application/json"}
+    reads: list[benchmark.TimedRead] = []
+    sent = clock()
+    async with http.stream("POST", path, content=content, headers=headers) as response:
         if response.status_code != 200:
-            response.read()
+            await response.aread()
             raise BenchError(f"POST {path}: {error_text(response)}", "check `reconciler logs r0`")
-        return benchmark.read_stream(sent, response.iter_lines(), time.perf_counter)
+        _refuse_encoded(response, path)
+        async for data in response.aiter_raw():
+            reads.append((clock(), data))
+    return sent, reads
 
 
-def concurrent_streams(target: ApiTarget, bodies: list[JsonObject]) -> list[benchmark.Stream]:
-    """The streams sent together (a barrier releases them at once), each on its own connection."""
-    barrier = threading.Barrier(len(bodies))
-
-    def one(body: JsonObject) -> benchmark.Stream:
-        with client(target) as http:
-            barrier.wait(BARRIER_TIMEOUT_S)
-            return timed_stream(http, "/v1/chat/completions", body)
-
-    with ThreadPoolExecutor(max_workers=len(bodies), thread_name_prefix="bench-stream") as pool:
-        return list(pool.map(one, bodies))
+def _refuse_encoded(response: httpx.Response, path: str) -> None:
+    """A compressed stream arrives in the compressor's blocks, not as the engine made it."""
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise BenchError(
+            f"POST {path}: the stream came compressed ({encoding}), so its chunks cannot be timed",
+            "reach the API directly, not through a proxy that compresses event streams",
+        )
 
 
 def _number(value: float | None) -> str:
@@ -205,17 +296,15 @@ def _describe(exc: Exception) -> str:
 
 
 def load_report(path: str) -> benchmark.Report:
-    """A saved report, for `bench compare`."""
+    """A saved report, for `bench compare`: ours, or a `vllm bench serve --save-result` file."""
     try:
         report = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ReconcilerError(
-            f"cannot read bench report {path}: {exc}", "pass a file written by `reconciler bench --out`"
-        ) from None
+        raise ReconcilerError(f"cannot read bench report {path}: {exc}", _REPORT_HINT) from None
+    if isinstance(report, dict) and "format" not in report and report.keys() >= _VLLM_MARKS:
+        return vllm_result(path, report)
     if not isinstance(report, dict) or report.get("format") != benchmark.FORMAT:
-        raise ReconcilerError(
-            f"{path} is not a bench report ({benchmark.FORMAT})", "pass a file written by `reconciler bench --out`"
-        )
+        raise ReconcilerError(f"{path} is not a bench report ({benchmark.FORMAT})", _REPORT_HINT)
     problem = _number_problem(report, "") or _summary_problem(report.get("summary"))
     if problem is not None:
         raise ReconcilerError(
@@ -223,6 +312,33 @@ def load_report(path: str) -> benchmark.Report:
             "pass a file written by `reconciler bench --out`, unedited",
         )
     return report
+
+
+_REPORT_HINT = "pass a file written by `reconciler bench --out` or `vllm bench serve --save-result`"
+# Keys every `vllm bench serve --save-result` file has (and a report of ours has not).
+_VLLM_MARKS = {"completed", "duration", "output_throughput", "median_ttft_ms"}
+
+
+def vllm_result(path: str, raw: dict[str, Any]) -> benchmark.Report:
+    """The figures `bench compare` reads from a vLLM result, checked as ours are."""
+    conc = raw.get("max_concurrency")
+    if not isinstance(conc, int) or isinstance(conc, bool) or conc < 1:
+        raise ReconcilerError(
+            f"{path}: a vllm bench serve result without max_concurrency cannot be matched to a decode step",
+            "run vllm bench serve with --max-concurrency N (the bench's --conc) and --save-result",
+        )
+    metrics = {key: raw.get(key) for key, _label, _better in benchmark.VLLM_COMPARED}
+    problem = next((key for key, value in metrics.items() if value is not None and not _is_number(value)), None)
+    problem = f"{problem} is {metrics[problem]!r}" if problem else _number_problem(metrics, "")
+    if problem is not None:
+        raise ReconcilerError(f"{path} is not a vllm bench serve result this version can read: {problem}", _REPORT_HINT)
+    label = raw.get("label")
+    return {
+        "format": benchmark.VLLM_FORMAT,
+        "label": label if isinstance(label, str) and label else f"vllm bench serve c{conc}",
+        "max_concurrency": conc,
+        "metrics": metrics,
+    }
 
 
 # Fields of a summary entry that name the step, and the statistics compare and plot read.

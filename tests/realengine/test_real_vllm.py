@@ -13,14 +13,17 @@ Tests build on each other in file order (one deployment). Times are printed, not
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Bed, running_loop
+from tests.e2e.conftest import TB_ROOT, Bed, running_loop
+from tests.testbed.realengine import vllmcpu
 
 pytestmark = pytest.mark.realengine
 
@@ -140,6 +143,128 @@ def test_a_small_bench_completes_with_a_sane_report(lane: Bed) -> None:
     levels = report["summary"]["decode"]
     assert [(level["conc"], level["kind"]) for level in levels] == [(1, "prose"), (2, "prose")]
     print(json.dumps({level["conc"]: level["per_stream_tok_s"] for level in levels}))
+
+
+# --- our bench against vLLM's own, same server, same workload ------------------------------------
+
+# `vllm bench serve` from the lane's vLLM venv (the one the image is made of), run inside the
+# head node like `reconciler bench`: same network path, same CPUs to share with the engine.
+VLLM_CLI = vllmcpu.venv_dir(TB_ROOT / "cache") / "bin" / "vllm"
+MODEL_DIR = "/srv/spark/models/tiny-qwen2-spark"  # the tokenizer vLLM's bench counts with
+INPUT_LEN, OUTPUT_LEN = 256, 64
+ROUNDS, REPS = 3, 8  # the tools take turns, so a change in the machine's load hits both alike
+AGREEMENT = 0.10
+
+
+@dataclass
+class Pooled:
+    """One tool's rounds: the requests its latency figures count, the output tokens and the
+    duration its throughput counts."""
+
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    tokens: int = 0
+    duration: float = 0.0
+
+    def add(self, other: Pooled) -> None:
+        self.requests += other.requests
+        self.tokens += other.tokens
+        self.duration += other.duration
+
+
+def vllm_round(bed: Bed, url: str, conc: int, round_: int) -> Pooled:
+    """vLLM's own bench, from its --save-detailed file. The key goes from
+    its file to the environment, never into an argv.
+
+    The deployment serves with prefix caching (the reference's flag), and vLLM's bench would
+    meet its own prompts in the cache twice over: with one --seed its random prompts are the
+    same in every run, so each round gets its own; and its first prompt is sent before the
+    measured run (a test request and the warm-ups), so that request's TTFT is the cache's. One
+    extra prompt is sent and the first request left out of the latency figures (it stays in
+    the duration and the throughput, which span it)."""
+    name = f"realengine-vllm-c{conc}-{round_}.json"
+    argv = [
+        str(VLLM_CLI), "bench", "serve", "--backend", "openai", "--base-url", url,
+        "--endpoint", "/v1/completions", "--model", "deepseek-v4.1-flash", "--tokenizer", MODEL_DIR,
+        "--dataset-name", "random", "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
+        "--ignore-eos", "--num-prompts", str(REPS * conc + 1), "--max-concurrency", str(conc), "--num-warmups", "2",
+        "--seed", str(1000 * conc + round_),
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "90,99",
+        "--save-result", "--save-detailed", "--result-dir", "/tmp", "--result-filename", name, "--disable-tqdm",
+    ]  # fmt: skip
+    script = 'OPENAI_API_KEY="$(cat /srv/spark/state/api_key)" HF_HUB_OFFLINE=1 exec "$@"'
+    result = bed.testbed.exec(HEAD, ["sh", "-c", script, "sh", *argv], check=False, timeout=900)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    saved: dict[str, Any] = json.loads(bed.node(HEAD, "cat", f"/tmp/{name}").stdout)
+    if round_ == 1:  # `bench compare` reads vLLM's file as it is
+        print(bed.reconciler("bench", "compare", f"/tmp/{name}", f"/tmp/realengine-ours-c{conc}-1.json").stdout)
+    requests = [
+        {"ttft": ttft, "itl": itl, "e2el": ttft + sum(itl), "tokens": tokens}
+        for ttft, itl, tokens in zip(saved["ttfts"], saved["itls"], saved["output_lens"], strict=True)
+    ]
+    return Pooled(requests[1:], sum(saved["output_lens"]), float(saved["duration"]))
+
+
+def our_round(bed: Bed, conc: int, round_: int) -> Pooled:
+    out = f"/tmp/realengine-ours-c{conc}-{round_}.json"
+    argv = ["bench", "--out", out, "--conc", str(conc), "--prefill", "--kinds", "random", "--reps", str(REPS)]
+    bed.reconciler(*argv, "--input-len", str(INPUT_LEN), "--max-tokens", str(OUTPUT_LEN), timeout=900)
+    report: Any = json.loads(bed.node(HEAD, "cat", out).stdout)
+    (level,) = report["summary"]["decode"]
+    print(f"reconciler bench c{conc} round {round_}: {len(level['flagged'])} of {level['streams']} streams flagged")
+    requests = [
+        {"ttft": s["ttft_s"], "itl": s["itl_s"], "e2el": s["latency_s"], "tokens": s["completion_tokens"]}
+        for rep in report["decode"]
+        for s in rep["streams"]
+    ]
+    return Pooled(requests, sum(r["tokens"] for r in requests), float(level["vllm"]["duration"]))
+
+
+def vllm_figures(pooled: Pooled) -> dict[str, float]:
+    """vLLM's definitions (calculate_metrics in vllm/benchmarks/serve.py), over pooled rounds."""
+    requests = pooled.requests
+    ttfts = [r["ttft"] * 1000 for r in requests]
+    tpots = [(r["e2el"] - r["ttft"]) / (r["tokens"] - 1) * 1000 for r in requests]
+    itls = [gap * 1000 for r in requests for gap in r["itl"]]
+    return {
+        "median_ttft_ms": statistics.median(ttfts),
+        "mean_ttft_ms": statistics.fmean(ttfts),
+        "median_tpot_ms": statistics.median(tpots),
+        "median_itl_ms": statistics.median(itls),
+        "output_throughput": pooled.tokens / pooled.duration,
+    }
+
+
+def agreed(conc: int) -> tuple[str, ...]:
+    """At two streams the TTFT has two modes (one request of a pair waits for the other's
+    prefill step; vLLM's requests show it as ours do), so its median falls on either mode or
+    between them by a single sample: the mean is compared there."""
+    ttft = "median_ttft_ms" if conc == 1 else "mean_ttft_ms"
+    return (ttft, "median_tpot_ms", "median_itl_ms", "output_throughput")
+
+
+def test_our_bench_agrees_with_vllm_bench_serve_on_the_same_server(lane: Bed) -> None:
+    """The same deployment, workload (random 256-token prompts, exactly 64 tokens out) and
+    concurrency: TTFT, median TPOT, median ITL and output throughput within 10% of vLLM's own."""
+    url = json.loads(lane.node(HEAD, "cat", REPORT).stdout)["url"]
+    failures = []
+    for conc in (1, 2):
+        pooled = {"vllm": Pooled(), "ours": Pooled()}
+        started = time.monotonic()
+        for round_ in range(1, ROUNDS + 1):
+            pooled["ours"].add(our_round(lane, conc, round_))
+            pooled["vllm"].add(vllm_round(lane, url, conc, round_))
+        print(f"concurrency {conc}: {ROUNDS} rounds of both tools in {time.monotonic() - started:.0f} s")
+        theirs, ours = (vllm_figures(pooled[tool]) for tool in ("vllm", "ours"))
+        assert len(pooled["ours"].requests) == ROUNDS * REPS * conc
+        assert len(pooled["vllm"].requests) == ROUNDS * REPS * conc  # its first request left out
+        for key in theirs:
+            print(f"  c{conc} {key:18} vllm bench serve {theirs[key]:9.3f}   reconciler bench {ours[key]:9.3f}")
+        failures += [
+            f"c{conc} {key}: vllm {theirs[key]:.3f}, ours {ours[key]:.3f}"
+            for key in agreed(conc)
+            if abs(ours[key] - theirs[key]) > AGREEMENT * theirs[key]
+        ]
+    assert failures == []
 
 
 # --- the real engine's failure modes -----------------------------------------------------------

@@ -94,6 +94,7 @@ def test_the_numbers_match_the_standins_known_rates(url: str, tmp_path: Path) ->
         assert time_near(level["itl_s"]["mean"], TOKEN_DELAY_S)
         assert time_near(level["itl_s"]["median"], TOKEN_DELAY_S)
         assert level["ttft_s"]["mean"] < 3 * TOKEN_DELAY_S
+        assert level["flagged"] == []  # the stand-in streams as vLLM does: no Nagle, no bursts
     assert rate_near(one["aggregate_tok_s"]["median"], 1 / TOKEN_DELAY_S)
     assert rate_near(two["aggregate_tok_s"]["median"], 2 / TOKEN_DELAY_S)
 
@@ -111,6 +112,20 @@ def test_the_numbers_match_the_standins_known_rates(url: str, tmp_path: Path) ->
     assert time_near(recall["ttft_s"], recall["prompt_tokens"] * PREFILL_DELAY_S + TOKEN_DELAY_S)
 
 
+def test_the_random_kind_sends_vllms_workload(url: str, tmp_path: Path) -> None:
+    """Random ids of --input-len through /v1/completions, EOS ignored, --max-tokens out."""
+    run = bench(
+        url, tmp_path / "bench.json", conc=(2,), prefill=(), kinds=("random",), reps=1, max_tokens=8, input_len=64
+    )
+    body = run._decode_body(MODEL, "random")
+    assert (len(body["prompt"]), body["max_tokens"], body["ignore_eos"], body["stream"]) == (64, 8, True, True)
+    report = run.run()
+    (level,) = report["summary"]["decode"]
+    assert (level["conc"], level["kind"], level["vllm"]["completed"]) == (2, "random", 2)
+    assert level["vllm"]["total_input_tokens"] == 128  # from usage: one token per id
+    assert all(stream["completion_tokens"] <= 8 for stream in report["decode"][0]["streams"])
+
+
 def test_the_report_is_written_after_every_step(url: str, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     seen: list[tuple[str, int]] = []
@@ -123,8 +138,8 @@ def test_the_report_is_written_after_every_step(url: str, tmp_path: Path) -> Non
     run.progress = progress
     run.run()
     # When a step's progress line is shown, the file on disk already holds that step.
-    assert [count for _, count in seen] == [0, 1, 2, 3, 4]
-    assert [what for what, _ in seen[1:]] == ["prefill 256 tokens"] * 2 + ["decode c1 prose"] * 2
+    assert [count for _, count in seen] == [0, 1, 2, 4]  # a decode step holds its repetitions
+    assert [what for what, _ in seen[1:]] == ["prefill 256 tokens"] * 2 + ["decode c1 prose"]
     assert seen[0][0].startswith("warm-up done in ")
     assert json.loads(out.read_text(encoding="utf-8"))["complete"] is True
 
@@ -239,14 +254,15 @@ def test_a_stream_is_timed_at_its_output_chunks() -> None:
     )
     times = clock(1.0, 1.5, 1.6, 1.8, 1.85, 1.9)
     stream = benchmark.read_stream(0.5, lines, lambda: next(times))
-    # The role-only chunk is no output; the usage chunk ends the latency.
+    # The role-only chunk is no output; the last chunk with a choice ends the latency (E2EL),
+    # as in vLLM's bench: the usage chunk after it carries no token.
     assert stream.output_times == (1.5, 1.6, 1.8)
-    assert (stream.first_choice, stream.end, stream.content) == (1.0, 1.85, "42")
+    assert (stream.first_choice, stream.last_choice, stream.end, stream.content) == (1.0, 1.8, 1.85, "42")
     assert (stream.completion_tokens, stream.prompt_tokens) == (5, 9)
     record = benchmark.decode_stream_record(stream, origin=0.5)
     assert record["ttft_s"] == 1.0
-    assert record["latency_s"] == 1.35
-    assert record["tpot_s"] == pytest.approx((1.35 - 1.0) / 4)
+    assert record["latency_s"] == 1.3
+    assert record["tpot_s"] == pytest.approx((1.3 - 1.0) / 4)
     assert record["tok_s"] == pytest.approx(4 / 0.3)  # speculative decoding: 5 tokens in 3 chunks
     assert record["itl_s"] == pytest.approx([0.1, 0.2])
     assert (record["t_first_s"], record["t_last_s"]) == (1.0, 1.3)
@@ -289,7 +305,13 @@ def test_prefill_rate_is_prompt_tokens_over_ttft() -> None:
 def test_percentiles_follow_numpy() -> None:
     assert benchmark.percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
     assert benchmark.percentile([5.0], 99) == 5.0
-    assert benchmark.stats([3.0, None, 1.0, 2.0]) == {"mean": 2.0, "median": 2.0, "p99": pytest.approx(2.98), "n": 3}
+    assert benchmark.stats([3.0, None, 1.0, 2.0]) == {
+        "mean": 2.0,
+        "median": 2.0,
+        "p90": pytest.approx(2.8),
+        "p99": pytest.approx(2.98),
+        "n": 3,
+    }
     assert benchmark.stats([None]) is None
 
 
@@ -316,6 +338,7 @@ def synthetic(label: str, scale: float) -> benchmark.Report:
     report["prefill"] = [{"target": 8192, "rep": 1, "prompt_tokens": 8192, "ttft_s": 4.0, "tok_s": 2048.0}]
     stream = {
         "ttft_s": 0.2,
+        "latency_s": 0.2 + 399 * 0.025 / scale,
         "tpot_s": 0.025 / scale,
         "tok_s": 40.0 * scale,
         "itl_s": [0.025 / scale] * 3,

@@ -442,7 +442,7 @@ def scripts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (["reconciler", "logs", "r0", "--"], ["--help", "--spec", "--node", "--follow", "--tail"]),
         (["reconciler", "logs", "r0", ""], ["-h", "--help", "--spec", "--node", "-f", "--follow", "--tail"]),
         (["reconciler", "bench", "--conc", "1", "2", "--out", "x.json", ""], ["compare"]),
-        (["reconciler", "bench", "--kinds", "code", ""], ["code", "prose"]),
+        (["reconciler", "bench", "--kinds", "code", ""], ["code", "prose", "random"]),
         (["reconciler", "smoke", "--checks="], ["--checks=all", "--checks=protocol"]),
         (["reconciler", "plan", "--de"], ["--detailed-exitcode"]),
     ],

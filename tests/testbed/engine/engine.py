@@ -1781,6 +1781,10 @@ class ApiServer(ThreadingHTTPServer):
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "uvicorn"
+    # TCP_NODELAY, as uvicorn's transports set it: with Nagle on, each small chunk after the
+    # first waits for the client's delayed ACK (up to 200 ms on a kept-alive connection), and
+    # a stream arrives late and in one burst that the real server never sends.
+    disable_nagle_algorithm = True
 
     def version_string(self) -> str:
         return self.server_version
