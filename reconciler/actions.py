@@ -178,7 +178,8 @@ class Verify(Payload):
 
 
 class Copy(Payload):
-    """rsync from the head over the worker's SSH target (all files, or exactly these)."""
+    """rsync from the head over the worker's SSH target, in parallel streams: every file of
+    `sizes`, skipping those already complete (None), or exactly `files`, copied again."""
 
     kind: Literal["copy"] = "copy"
     source_node: str
@@ -186,6 +187,8 @@ class Copy(Payload):
     destination_dir: str
     files: list[str] | None
     bytes: int
+    # Every file to copy and its size (0 when the Hub does not say): what the streams split.
+    sizes: dict[str, int]
 
 
 class StagePlan(Payload):

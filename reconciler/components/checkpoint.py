@@ -531,7 +531,8 @@ def _fetch_action(
     if source is not None:
         where = _shown(node, listing.commit)
         summary = (
-            f"copy {len(fetch)} files ({size}) from {source.head.node.name} over the fabric into {where} (resumable)"
+            f"copy {len(fetch)} files ({size}) from {source.head.node.name} over the fabric into {where} "
+            "(parallel rsync streams, biggest files first, resumable)"
         )
         payload: Payload = Copy(
             source_node=source.head.node.name,
@@ -539,6 +540,7 @@ def _fetch_action(
             destination_dir=target,
             files=None if nothing_here else sorted(fetch),
             bytes=sum(expect.sizes.get(name, 0) for name in fetch),
+            sizes={name: expect.sizes.get(name, 0) for name in sorted(fetch)},
         )
         return _action(Step.COPY, "create", node, summary, cause, payload, earlier, after=after)
     where = _shown(node, listing.commit)

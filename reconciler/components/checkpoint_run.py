@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 import shlex
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from reconciler import hub
@@ -39,12 +43,13 @@ from reconciler.components.checkpoint import (
     patterns_for,
     shard_of,
 )
+from reconciler.components.copystreams import CIPHER_OPTION, split_streams, stream_count
 from reconciler.errors import NodeCommandError
 from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.files import parse_manifest
 from reconciler.progress import Counter
 from reconciler.serving import rewrite_exl3_plan
-from reconciler.transport.base import LineSink, check, run_program
+from reconciler.transport.base import CommandResult, LineSink, check, run_program
 from reconciler.transport.sshroute import SshRoute, openssh_command, route_for
 
 _INCOMPLETE_HINT = "run `reconciler apply` again: it re-fetches exactly the files named (nothing else is deleted)"
@@ -224,7 +229,7 @@ def _refetch(ctx: ApplyContext, node: str, verify: Verify, names: list[str]) -> 
     if verify.refetch_from == "peer":
         if verify.peer_dir is None:
             raise NodeCommandError(f"{node}: a peer verify without the head's revision dir", "plan again")
-        _rsync(ctx, node, verify.peer_dir, verify.model_dir, names)
+        _rsync(ctx, node, verify.peer_dir, verify.model_dir, dict.fromkeys(names, 0), recopy=True)
         return
     if verify.refetch_from == "node-hub":
         patterns = [HubFile(path=p, size=None) for p in patterns_for(names)]
@@ -242,47 +247,91 @@ def _refetch(ctx: ApplyContext, node: str, verify: Verify, names: list[str]) -> 
 def _copy(ctx: ApplyContext, action: Action) -> str:
     copy = payload_of(action, Copy)
     _room_for(ctx, action.node, copy.destination_dir, copy.bytes)
-    destination = _rsync(ctx, action.node, copy.source_dir, copy.destination_dir, copy.files, copy.bytes)
-    return f"copied to {action.node}:{destination}"
+    names = copy.files if copy.files is not None else sorted(copy.sizes)
+    sizes = {name: copy.sizes.get(name, 0) for name in names}
+    streams = _rsync(ctx, action.node, copy.source_dir, copy.destination_dir, sizes, copy.files is not None, copy.bytes)
+    return f"copied {len(names)} files to {action.node}:{copy.destination_dir} in {streams} rsync streams"
 
 
 def _rsync(
-    ctx: ApplyContext, node: str, source_dir: str, destination: str, only: list[str] | None, size: int | None = None
-) -> str:
-    """rsync head -> worker over the worker's SSH target; resumable; parts and caches excluded.
+    ctx: ApplyContext,
+    node: str,
+    source_dir: str,
+    destination: str,
+    sizes: dict[str, int],
+    recopy: bool,
+    size: int | None = None,
+) -> int:
+    """rsync head -> worker over the worker's SSH target, in parallel streams; resumable.
 
-    With `only`, exactly those files are copied again, ignoring size and time (a flipped byte
-    keeps both), so nothing else on the worker is touched. `size`: the bytes to copy, if known.
+    `sizes`: the files to copy (relative names) and their sizes, which the streams are split
+    by. `recopy`: copy them again ignoring size and time (a flipped byte keeps both), else
+    files already complete on the worker are skipped. Nothing else on the worker is touched.
+    `size`: the bytes to copy, if known. Returns the number of streams.
     """
     head = ctx.deployment.head
     worker = ctx.node(node)
     if worker.ssh is None:
         raise NodeCommandError(f"{node}: a peer copy needs an ssh: target", "add nodes[].ssh for this worker")
-    # Resolved here, where the control connection resolves it: the head runs the reconciler.
+    # Resolved here, where the control connection resolves it: the head runs the reconciler,
+    # so its cores are this process's.
     route = route_for(node, worker.ssh)
     ctx.ops(node, "mkdirs", {"paths": [destination]})
-    argv = rsync_argv(route, source_dir, destination, only)
-    ctx.progress.line(f"    {head.name} -> {node}: rsync over {route.describe()}")
-    # rsync's progress goes to stdout; redirect it to stderr so it streams like ours.
-    command = ["sh", "-c", 'exec "$@" 1>&2', "rsync", *argv]
-    lines = _rsync_lines(ctx, f"{head.name}->{node}", size)
-    result = ctx.transport(head.name).run(command, timeout=24 * 3600, on_line=lines)
-    check(result, head.name, "rsync to " + node)
-    return destination
+    streams = split_streams(sizes, stream_count(os.cpu_count(), len(sizes)))
+    label = f"{head.name}->{node}"
+    ctx.progress.line(f"    {label}: {len(streams)} rsync streams over {route.describe()}")
+    meter = StreamMeter(ctx.progress.reporter(label), ctx.progress.sink(label), size, len(streams))
+    transport = ctx.transport(head.name)
+
+    def run(index: int, names: list[str]) -> CommandResult:
+        argv = rsync_argv(route, source_dir, destination, names, recopy=recopy)
+        # rsync's progress goes to stdout; redirect it to stderr so it streams like ours.
+        command = ["sh", "-c", 'exec "$@" 1>&2', "rsync", *argv]
+        return transport.run(command, timeout=24 * 3600, on_line=meter.lines(index))
+
+    with ThreadPoolExecutor(max_workers=len(streams), thread_name_prefix="rsync") as pool:
+        results = list(pool.map(run, range(len(streams)), streams))
+    for result in results:
+        check(result, head.name, "rsync to " + node)
+    return len(streams)
 
 
-def _rsync_lines(ctx: ApplyContext, label: str, size: int | None) -> LineSink:
-    """rsync's progress lines as byte counters of the copy step; its other lines as text."""
-    report, other = ctx.progress.reporter(label), ctx.progress.sink(label)
+class StreamMeter:
+    """The streams' rsync progress lines as one byte counter of the copy (bytes, rate and ETA
+    per destination); their other lines as text. Lines arrive on the streams' reader threads."""
 
-    def take(line: str) -> None:
-        counter = rsync_counter(line, size)
-        if counter is not None:
-            report(counter)
-        else:
-            other(line)
+    def __init__(self, report: Callable[[Counter], None], other: LineSink, size: int | None, count: int) -> None:
+        self._report, self._other, self._size = report, other, size
+        self._counters: list[Counter | None] = [None] * count
+        self._lock = threading.Lock()
 
-    return take
+    def lines(self, index: int) -> LineSink:
+        def take(line: str) -> None:
+            counter = rsync_counter(line, None)
+            if counter is None:
+                self._other(line)
+                return
+            with self._lock:  # reported under the lock too, so the bytes never go backwards
+                self._counters[index] = counter
+                self._report(self._combined())
+
+        return take
+
+    def _combined(self) -> Counter:
+        """Every stream's bytes; totals and file counts once every stream has said its own."""
+        known = [counter for counter in self._counters if counter is not None]
+        done = sum(counter.done for counter in known)
+        everyone = len(known) == len(self._counters)
+        total: int | None = max(self._size, done) if self._size else None
+        if total is None and everyone:
+            total = _sum_of_all([counter.total for counter in known])
+        files = _sum_of_all([counter.files for counter in known]) if everyone else None
+        files_done = _sum_of_all([counter.files_done for counter in known]) if everyone else None
+        return Counter("copy", done, total, files_done, files)
+
+
+def _sum_of_all(values: list[int | None]) -> int | None:
+    return None if any(value is None for value in values) else sum(value or 0 for value in values)
 
 
 # `--info=progress2`: '  1,234,567  45%  110.52MB/s    0:01:23 (xfr#3, to-chk=10/20)'; the part in
@@ -307,25 +356,31 @@ def rsync_counter(line: str, size: int | None) -> Counter | None:
     return Counter("copy", done, total, files_done, files)
 
 
-def rsync_argv(route: SshRoute, source_dir: str, destination: str, only: list[str] | None) -> list[str]:
-    """The copy's argv: over the control connection's route; remote paths stay data.
+def rsync_argv(
+    route: SshRoute, source_dir: str, destination: str, only: list[str] | None, *, recopy: bool = True
+) -> list[str]:
+    """One copy stream's argv: over the control connection's route; remote paths stay data.
 
     rsync's `ssh` gets the resolved route as explicit options (port, user, address, keys,
-    known_hosts, jump hosts), so it reaches the worker exactly as paramiko does.
+    known_hosts, jump hosts), so it reaches the worker exactly as paramiko does, plus the
+    cipher preference (copystreams.CIPHER_OPTION).
     `--protect-args` (rsync >= 3.0; `--secluded-args` since 3.2.7, which keeps the old name)
     sends the remote paths inside rsync's protocol instead of through the remote shell, so a
     model dir with spaces or `;` can never run anything on the worker. rsync writes each file
     to a temporary name and renames it: a file being replaced is never rewritten in place.
+    `only`: exactly these files (the whole tree when None), again even if size and time match
+    when `recopy`.
     """
     target = route.target
     remote = f"{target.user}@{target.name}:{destination.rstrip('/')}/"
     argv = ["rsync", "-a", "--protect-args", "--partial", "--info=progress2"]
     argv += ["--exclude", "*.safetensors.part[0-9][0-9]", "--exclude", ".cache/"]
-    argv += ["-e", shlex.join(openssh_command(route))]
+    argv += ["-e", shlex.join([*openssh_command(route), "-o", CIPHER_OPTION])]
     source = f"{source_dir.rstrip('/')}/"
     if only is None:
         return [*argv, source, remote]
-    return [*argv, "-R", "--ignore-times", *(f"{source}./{name}" for name in only), remote]
+    again = ["--ignore-times"] if recopy else []
+    return [*argv, "-R", *again, *(f"{source}./{name}" for name in only), remote]
 
 
 def _stage_plan(ctx: ApplyContext, action: Action) -> str:

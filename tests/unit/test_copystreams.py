@@ -1,0 +1,240 @@
+"""The copy to a worker in parallel rsync streams: the split, the argv of each stream, the one
+counter per destination, and the copy executor end to end against a recording head."""
+
+from __future__ import annotations
+
+import io
+import os
+import shlex
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reconciler.actions import Copy, Step, action
+from reconciler.components import checkpoint_run
+from reconciler.components.checkpoint_run import StreamMeter, rsync_argv
+from reconciler.components.copystreams import CIPHER_OPTION, MAX_STREAMS, split_streams, stream_count
+from reconciler.errors import NodeCommandError
+from reconciler.execution import ApplyContext, Progress
+from reconciler.facts.node import Facts, NodeFacts
+from reconciler.progress import Counter
+from reconciler.spec import SshTarget
+from reconciler.transport.base import CommandResult, LineSink, Transport
+from reconciler.transport.local import LocalTransport
+from reconciler.transport.sshroute import resolve_route
+from tests.scenarios import reference_deployment
+
+GB = 1000**3
+# The reference's shape: two big reassembled shards, four native ones, small EXL3 bank files.
+CHECKPOINT = {
+    **{f"model-0000{n}-of-00006.safetensors": 45 * GB for n in range(1, 5)},
+    "model-00005-of-00006.safetensors": 70 * GB,
+    "model-00006-of-00006.safetensors": 70 * GB,
+    **{f"exl3/q31/L{n:02d}.part.safetensors": 5 * GB for n in range(28)},
+    "config.json": 4096,
+}
+
+
+def test_one_stream_per_core_of_the_head_within_bounds() -> None:
+    assert stream_count(2, 41) == 2
+    assert stream_count(20, 41) == MAX_STREAMS
+    assert stream_count(None, 41) == 1
+    assert stream_count(0, 41) == 1
+    assert stream_count(16, 3) == 3, "never more streams than files"
+    assert stream_count(16, 0) == 1
+
+
+def test_the_big_shards_go_to_different_streams_and_the_streams_end_close_together() -> None:
+    streams = split_streams(CHECKPOINT, 4)
+    assert len(streams) == 4
+    assert [stream[0] for stream in streams[:2]] == [
+        "model-00005-of-00006.safetensors",
+        "model-00006-of-00006.safetensors",
+    ]
+    loads = [sum(CHECKPOINT[name] for name in stream) for stream in streams]
+    assert max(loads) - min(loads) <= 5 * GB, "the small files fill the gaps"
+
+
+def test_the_split_is_the_same_whatever_order_the_files_come_in() -> None:
+    reordered = dict(reversed(list(CHECKPOINT.items())))
+    assert split_streams(reordered, 3) == split_streams(CHECKPOINT, 3)
+
+
+def test_fewer_files_than_streams_gives_one_stream_per_file_and_none_empty() -> None:
+    assert split_streams({"a": 1, "b": 2}, 8) == [["b"], ["a"]]
+    assert split_streams({}, 4) == []
+
+
+def test_files_of_unknown_size_are_still_copied() -> None:
+    assert sorted(name for stream in split_streams({"a": 0, "b": 0, "c": 0}, 2) for name in stream) == ["a", "b", "c"]
+
+
+@settings(database=None, max_examples=200, deadline=None)
+@given(
+    sizes=st.dictionaries(st.text(min_size=1, max_size=8), st.integers(min_value=0, max_value=10**12), max_size=60),
+    count=st.integers(min_value=1, max_value=12),
+)
+def test_every_file_is_in_exactly_one_stream_and_no_stream_exceeds_another_by_more_than_one_file(
+    sizes: dict[str, int], count: int
+) -> None:
+    streams = split_streams(sizes, count)
+    names = [name for stream in streams for name in stream]
+    assert sorted(names) == sorted(sizes)
+    assert len(streams) <= count
+    assert all(streams)
+    if len(streams) == count:
+        loads = [sum(sizes[name] for name in stream) for stream in streams]
+        assert max(loads) - min(loads) <= max(sizes.values())
+
+
+def route() -> Any:
+    return resolve_route("w", SshTarget(host="10.10.10.11", user="nvidia"), None, "me")
+
+
+def test_a_stream_copies_its_files_by_name_skipping_complete_ones_unless_told_to_recopy() -> None:
+    names = ["model-00001-of-00006.safetensors", "exl3/q31/L00.part.safetensors"]
+    resume = rsync_argv(route(), "/m", "/w", names, recopy=False)
+    assert "--ignore-times" not in resume
+    assert resume[-3:] == [
+        "/m/./model-00001-of-00006.safetensors",
+        "/m/./exl3/q31/L00.part.safetensors",
+        "nvidia@10.10.10.11:/w/",
+    ]
+    assert "--partial" in resume
+    again = rsync_argv(route(), "/m", "/w", names[:1])
+    assert again[-3:] == ["--ignore-times", "/m/./model-00001-of-00006.safetensors", "nvidia@10.10.10.11:/w/"]
+
+
+def test_the_streams_ssh_prefers_aes_gcm_and_keeps_the_route() -> None:
+    argv = rsync_argv(route(), "/m", "/w", None)
+    ssh = shlex.split(argv[argv.index("-e") + 1])
+    assert ssh[-2:] == ["-o", CIPHER_OPTION]
+    assert CIPHER_OPTION.startswith("Ciphers=^"), "prepended to the defaults, so any server still negotiates"
+    assert "HostName=10.10.10.11" in ssh
+    assert "StrictHostKeyChecking=yes" in ssh
+
+
+PROGRESS_A = "  1,000,000  10%  1.00MB/s    0:00:09 (xfr#1, to-chk=2/3)"
+PROGRESS_B = "  3,000,000  30%  1.00MB/s    0:00:07 (xfr#1, to-chk=0/1)"
+
+
+def test_the_streams_count_as_one_copy_per_destination() -> None:
+    seen: list[Counter] = []
+    other: list[str] = []
+    meter = StreamMeter(seen.append, other.append, 10_000_000, 2)
+    meter.lines(0)(PROGRESS_A)
+    assert seen[-1] == Counter("copy", 1_000_000, 10_000_000, None, None), "file counts wait for every stream"
+    meter.lines(1)(PROGRESS_B)
+    assert seen[-1] == Counter("copy", 4_000_000, 10_000_000, 2, 4)
+    meter.lines(0)("rsync: connection unexpectedly closed")
+    assert other == ["rsync: connection unexpectedly closed"]
+    assert len(seen) == 2
+
+
+def test_without_a_size_the_total_is_the_streams_own_once_all_have_one() -> None:
+    seen: list[Counter] = []
+    meter = StreamMeter(seen.append, lambda _line: None, None, 2)
+    meter.lines(0)(PROGRESS_A)
+    assert seen[-1].total is None
+    meter.lines(1)(PROGRESS_B)
+    assert seen[-1].total == 10_000_000 + 10_000_000
+
+
+class RecordingHead:
+    """The head's transport: records each rsync, reports one progress line, succeeds or fails."""
+
+    node = "spark-head"
+    round_trips = 0
+
+    def __init__(self, fail: bool = False) -> None:
+        self.argvs: list[list[str]] = []
+        self.fail = fail
+        self._lock = threading.Lock()
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,  # noqa: ARG002
+        timeout: float = 120.0,  # noqa: ARG002
+        on_line: LineSink | None = None,
+    ) -> CommandResult:
+        with self._lock:
+            self.argvs.append(list(argv))
+        if on_line is not None:
+            on_line("  100  100%  1.00kB/s    0:00:00 (xfr#1, to-chk=0/1)")
+        return CommandResult(23 if self.fail else 0, b"", b"rsync error: some files could not be transferred")
+
+    def docker(self) -> Any:
+        raise AssertionError("no docker here")
+
+    def close(self) -> None:
+        pass
+
+
+def copy_context(tmp_path: Path, head: RecordingHead) -> tuple[ApplyContext, io.StringIO]:
+    deployment = reference_deployment().model_copy(update={"state_dir": str(tmp_path / "state")})
+    home = str(tmp_path)
+    facts = Facts(nodes={"spark-head": NodeFacts(home=home), "spark-worker": NodeFacts(home=home)})
+    out = io.StringIO()
+    transports: dict[str, Transport] = {"spark-head": head, "spark-worker": LocalTransport("spark-worker")}
+    return ApplyContext(deployment, facts, transports, Progress(out)), out
+
+
+def copy_action(tmp_path: Path, files: list[str] | None, sizes: dict[str, int]) -> Any:
+    payload = Copy(
+        source_node="spark-head",
+        source_dir="/m",
+        destination_dir=str(tmp_path / "worker"),
+        files=files,
+        bytes=len(sizes),  # small: the worker's disk check runs for real, on this machine
+        sizes=sizes,
+    )
+    return action(Step.COPY, "spark-worker", "create", "copy", "test", payload)
+
+
+def sources_of(argv: list[str]) -> list[str]:
+    return [arg.removeprefix("/m/./") for arg in argv if arg.startswith("/m/./")]
+
+
+@pytest.fixture
+def four_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RECONCILER_SSH_CONFIG", "none")
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+
+
+@pytest.mark.usefixtures("four_cores")
+def test_a_fresh_copy_runs_one_rsync_per_core_each_file_once(tmp_path: Path) -> None:
+    head = RecordingHead()
+    ctx, out = copy_context(tmp_path, head)
+    message = checkpoint_run.EXECUTORS[Step.COPY](ctx, copy_action(tmp_path, None, CHECKPOINT))
+    assert len(head.argvs) == 4
+    copied = [name for argv in head.argvs for name in sources_of(argv)]
+    assert sorted(copied) == sorted(CHECKPOINT)
+    assert not any("--ignore-times" in argv for argv in head.argvs), "complete files are skipped on a resume"
+    assert all(argv[-1].endswith(f":{tmp_path / 'worker'}/") for argv in head.argvs)
+    assert (tmp_path / "worker").is_dir()
+    assert "in 4 rsync streams" in message
+    assert "spark-head->spark-worker: 4 rsync streams over" in out.getvalue()
+
+
+@pytest.mark.usefixtures("four_cores")
+def test_named_files_are_copied_again_even_if_size_and_time_match(tmp_path: Path) -> None:
+    head = RecordingHead()
+    ctx, _ = copy_context(tmp_path, head)
+    shard = "model-00002-of-00006.safetensors"
+    checkpoint_run.EXECUTORS[Step.COPY](ctx, copy_action(tmp_path, [shard], {shard: 45 * GB}))
+    assert [sources_of(argv) for argv in head.argvs] == [[shard]]
+    assert "--ignore-times" in head.argvs[0]
+
+
+@pytest.mark.usefixtures("four_cores")
+def test_a_failed_stream_fails_the_copy_naming_the_worker(tmp_path: Path) -> None:
+    ctx, _ = copy_context(tmp_path, RecordingHead(fail=True))
+    with pytest.raises(NodeCommandError, match="rsync to spark-worker"):
+        checkpoint_run.EXECUTORS[Step.COPY](ctx, copy_action(tmp_path, None, CHECKPOINT))
