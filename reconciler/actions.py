@@ -178,8 +178,8 @@ class Verify(Payload):
 
 
 class Copy(Payload):
-    """rsync from the head over the worker's SSH target, in parallel streams: every file of
-    `sizes`, skipping those already complete (None), or exactly `files`, copied again."""
+    """rsync from the head to the worker in parallel streams: every file of `sizes`, skipping
+    those already complete (None), or exactly `files`, copied again."""
 
     kind: Literal["copy"] = "copy"
     source_node: str
@@ -189,6 +189,9 @@ class Copy(Payload):
     bytes: int
     # Every file to copy and its size (0 when the Hub does not say): what the streams split.
     sizes: dict[str, int]
+    # The fabric addresses of source and destination: the streams go to an rsync daemon on the
+    # destination's; None (a fabric address unknown) sends them over SSH.
+    fabric: tuple[str, str] | None
 
 
 class StagePlan(Payload):

@@ -43,6 +43,7 @@ from reconciler.actions import (
     action,
     shorten,
 )
+from reconciler.components.fabric import resolve_fabric
 from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
 from reconciler.revisions import desired_commit, is_commit, pinned, pre_revisions_dir, revision_dir, short
@@ -168,7 +169,8 @@ def plan_checkpoint(deployment: Deployment, facts: Facts, commit: str | None, de
         view = view_of(deployment, facts, node)
         if view is None:
             continue
-        source = None if deployment.source_of(node) == "hub" else _PeerSource(head_view, head_done)
+        fabric = _fabric_pair(facts, head, node)
+        source = None if deployment.source_of(node) == "hub" else _PeerSource(head_view, head_done, fabric)
         staging.extend(_plan_node(deployment, view, expect, listings, commit, deep_verify, source=source))
     if not any(blocker.node == head.name for blocker in staging.blockers):
         staging.actions[:0] = _pin(deployment, head_view, commit)
@@ -347,6 +349,16 @@ def _record_path(view: NodeView) -> str:
 class _PeerSource:
     head: NodeView
     after: str
+    fabric: tuple[str, str] | None
+
+
+def _fabric_pair(facts: Facts, head: Node, worker: Node) -> tuple[str, str] | None:
+    """The fabric addresses the copy connects between, when both are settled."""
+    ends = [resolve_fabric(node, facts) for node in (head, worker)]
+    head_end, worker_end = ends
+    if isinstance(head_end, Blocker) or isinstance(worker_end, Blocker):
+        return None
+    return head_end.ip, worker_end.ip
 
 
 def _plan_node(
@@ -530,10 +542,7 @@ def _fetch_action(
     nothing_here = not view.observed.revisions.get(listing.commit) and not _link_sources(view, listing.commit)
     if source is not None:
         where = _shown(node, listing.commit)
-        summary = (
-            f"copy {len(fetch)} files ({size}) from {source.head.node.name} over the fabric into {where} "
-            "(parallel rsync streams, biggest files first, resumable)"
-        )
+        summary = f"copy {len(fetch)} files ({size}) from {source.head.node.name} into {where} {_copy_route(source)}"
         payload: Payload = Copy(
             source_node=source.head.node.name,
             source_dir=revision_dir(source.head.model_dir, listing.commit),
@@ -541,6 +550,7 @@ def _fetch_action(
             files=None if nothing_here else sorted(fetch),
             bytes=sum(expect.sizes.get(name, 0) for name in fetch),
             sizes={name: expect.sizes.get(name, 0) for name in sorted(fetch)},
+            fabric=source.fabric,
         )
         return _action(Step.COPY, "create", node, summary, cause, payload, earlier, after=after)
     where = _shown(node, listing.commit)
@@ -555,6 +565,13 @@ def _fetch_action(
         on_node=node.ssh is not None,
     )
     return _action(Step.DOWNLOAD, "create", node, summary, cause, payload, earlier)
+
+
+def _copy_route(source: _PeerSource) -> str:
+    if source.fabric is None:
+        return "over SSH, fabric addresses not settled (parallel rsync streams, resumable)"
+    head_ip, worker_ip = source.fabric
+    return f"over the fabric {head_ip} -> {worker_ip} (parallel rsync streams to a daemon for this copy, resumable)"
 
 
 def repo_files(names: list[str], listing: HubFacts) -> list[HubFile]:

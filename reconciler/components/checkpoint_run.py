@@ -8,14 +8,17 @@ nothing in a served revision is ever rewritten in place.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
 import re
+import secrets
 import shlex
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler import hub
@@ -47,8 +50,11 @@ from reconciler.components.copystreams import CIPHER_OPTION, split_streams, stre
 from reconciler.errors import NodeCommandError
 from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.files import parse_manifest
+from reconciler.nodeside.copydaemon import MODULE as DAEMON_MODULE
+from reconciler.nodeside.copydaemon import USER as DAEMON_USER
 from reconciler.progress import Counter
 from reconciler.serving import rewrite_exl3_plan
+from reconciler.spec import SshTarget
 from reconciler.transport.base import CommandResult, LineSink, check, run_program
 from reconciler.transport.sshroute import SshRoute, openssh_command, route_for
 
@@ -249,7 +255,8 @@ def _copy(ctx: ApplyContext, action: Action) -> str:
     _room_for(ctx, action.node, copy.destination_dir, copy.bytes)
     names = copy.files if copy.files is not None else sorted(copy.sizes)
     sizes = {name: copy.sizes.get(name, 0) for name in names}
-    streams = _rsync(ctx, action.node, copy.source_dir, copy.destination_dir, sizes, copy.files is not None, copy.bytes)
+    recopy = copy.files is not None
+    streams = _rsync(ctx, action.node, copy.source_dir, copy.destination_dir, sizes, recopy, copy.bytes, copy.fabric)
     return f"copied {len(names)} files to {action.node}:{copy.destination_dir} in {streams} rsync streams"
 
 
@@ -261,39 +268,92 @@ def _rsync(
     sizes: dict[str, int],
     recopy: bool,
     size: int | None = None,
+    fabric: tuple[str, str] | None = None,
 ) -> int:
-    """rsync head -> worker over the worker's SSH target, in parallel streams; resumable.
+    """rsync head -> worker in parallel streams; resumable. Returns the number of streams.
 
     `sizes`: the files to copy (relative names) and their sizes, which the streams are split
     by. `recopy`: copy them again ignoring size and time (a flipped byte keeps both), else
     files already complete on the worker are skipped. Nothing else on the worker is touched.
-    `size`: the bytes to copy, if known. Returns the number of streams.
+    `size`: the bytes to copy, if known. `fabric`: (head, worker) fabric addresses, for a
+    daemon on the worker's (see nodeside/copydaemon.py); without them, over SSH.
     """
     head = ctx.deployment.head
     worker = ctx.node(node)
     if worker.ssh is None:
         raise NodeCommandError(f"{node}: a peer copy needs an ssh: target", "add nodes[].ssh for this worker")
-    # Resolved here, where the control connection resolves it: the head runs the reconciler,
-    # so its cores are this process's.
-    route = route_for(node, worker.ssh)
     ctx.ops(node, "mkdirs", {"paths": [destination]})
+    # The head runs the reconciler, so its cores are this process's.
     streams = split_streams(sizes, stream_count(os.cpu_count(), len(sizes)))
     label = f"{head.name}->{node}"
-    ctx.progress.line(f"    {label}: {len(streams)} rsync streams over {route.describe()}")
     meter = StreamMeter(ctx.progress.reporter(label), ctx.progress.sink(label), size, len(streams))
     transport = ctx.transport(head.name)
+    with _channel(ctx, node, worker.ssh, destination, fabric, len(streams)) as channel:
+        ctx.progress.line(f"    {label}: {len(streams)} rsync streams {channel.shown}")
 
-    def run(index: int, names: list[str]) -> CommandResult:
-        argv = rsync_argv(route, source_dir, destination, names, recopy=recopy)
-        # rsync's progress goes to stdout; redirect it to stderr so it streams like ours.
-        command = ["sh", "-c", 'exec "$@" 1>&2', "rsync", *argv]
-        return transport.run(command, timeout=24 * 3600, on_line=meter.lines(index))
+        def run(index: int, names: list[str]) -> CommandResult:
+            # rsync's progress goes to stdout; redirect it to stderr so it streams like ours.
+            command = ["sh", "-c", 'exec "$@" 1>&2', "rsync", *channel.argv(source_dir, names, recopy)]
+            return transport.run(command, stdin=channel.stdin, timeout=24 * 3600, on_line=meter.lines(index))
 
-    with ThreadPoolExecutor(max_workers=len(streams), thread_name_prefix="rsync") as pool:
-        results = list(pool.map(run, range(len(streams)), streams))
+        with ThreadPoolExecutor(max_workers=len(streams), thread_name_prefix="rsync") as pool:
+            results = list(pool.map(run, range(len(streams)), streams))
     for result in results:
         check(result, head.name, "rsync to " + node)
     return len(streams)
+
+
+@dataclass(frozen=True)
+class _Channel:
+    """Where a copy's streams go: their argv (source dir, names, recopy) and what they read on
+    stdin (the daemon's password), and how that is shown."""
+
+    argv: Callable[[str, list[str], bool], list[str]]
+    stdin: bytes | None
+    shown: str
+
+
+@contextlib.contextmanager
+def _channel(
+    ctx: ApplyContext, node: str, ssh: SshTarget, destination: str, fabric: tuple[str, str] | None, connections: int
+) -> Iterator[_Channel]:
+    if fabric is None:
+        # Resolved here, where the control connection resolves it: the head runs the reconciler.
+        route = route_for(node, ssh)
+
+        def over_ssh(source: str, names: list[str], recopy: bool) -> list[str]:
+            return rsync_argv(route, source, destination, names, recopy=recopy)
+
+        yield _Channel(over_ssh, None, f"over SSH ({route.describe()})")
+        return
+    head_ip, worker_ip = fabric
+    secret = secrets.token_hex(24)
+    directory = f"{ctx.deployment.state_dir.rstrip('/')}/{DAEMON_DIR}"
+    args = {"dir": directory, "path": destination, "address": worker_ip, "allow": head_ip, "secret": secret}
+    daemon = ctx.transport(node)
+    lines = ctx.node_lines(node)
+    port = run_program(daemon, "copydaemon", "start", {**args, "connections": connections}, on_line=lines)["port"]
+    try:
+
+        def to_daemon(source: str, names: list[str], recopy: bool) -> list[str]:
+            return daemon_argv(worker_ip, int(port), source, names, recopy=recopy)
+
+        yield _Channel(to_daemon, f"{secret}\n".encode(), f"over the fabric to an rsync daemon on {worker_ip}:{port}")
+    finally:
+        run_program(daemon, "copydaemon", "stop", {"dir": directory}, on_line=lines)
+
+
+DAEMON_DIR = "copy-daemon"
+_EXCLUDES = ["--exclude", "*.safetensors.part[0-9][0-9]", "--exclude", ".cache/"]
+
+
+def daemon_argv(address: str, port: int, source_dir: str, names: list[str], *, recopy: bool) -> list[str]:
+    """One stream to the copy's rsync daemon: exactly these files, by name relative to
+    `source_dir`; the password on stdin (never in argv), the module root is the destination."""
+    source = f"{source_dir.rstrip('/')}/"
+    again = ["--ignore-times"] if recopy else []
+    argv = ["rsync", "-a", "--partial", "--info=progress2", *_EXCLUDES, "--password-file=-", "-R", *again]
+    return [*argv, *(f"{source}./{name}" for name in names), f"rsync://{DAEMON_USER}@{address}:{port}/{DAEMON_MODULE}/"]
 
 
 class StreamMeter:
@@ -373,8 +433,7 @@ def rsync_argv(
     """
     target = route.target
     remote = f"{target.user}@{target.name}:{destination.rstrip('/')}/"
-    argv = ["rsync", "-a", "--protect-args", "--partial", "--info=progress2"]
-    argv += ["--exclude", "*.safetensors.part[0-9][0-9]", "--exclude", ".cache/"]
+    argv = ["rsync", "-a", "--protect-args", "--partial", "--info=progress2", *_EXCLUDES]
     argv += ["-e", shlex.join([*openssh_command(route), "-o", CIPHER_OPTION])]
     source = f"{source_dir.rstrip('/')}/"
     if only is None:

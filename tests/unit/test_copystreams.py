@@ -4,6 +4,7 @@ counter per destination, and the copy executor end to end against a recording he
 from __future__ import annotations
 
 import io
+import json
 import os
 import shlex
 import threading
@@ -17,17 +18,20 @@ from hypothesis import strategies as st
 
 from reconciler.actions import Copy, Step, action
 from reconciler.components import checkpoint_run
-from reconciler.components.checkpoint_run import StreamMeter, rsync_argv
+from reconciler.components.checkpoint_run import StreamMeter, daemon_argv, rsync_argv
 from reconciler.components.copystreams import CIPHER_OPTION, MAX_STREAMS, split_streams, stream_count
 from reconciler.errors import NodeCommandError
 from reconciler.execution import ApplyContext, Progress
+from reconciler.facts.fabric import FabricFacts
 from reconciler.facts.node import Facts, NodeFacts
+from reconciler.nodeside import copydaemon
+from reconciler.plan import plan
 from reconciler.progress import Counter
 from reconciler.spec import SshTarget
 from reconciler.transport.base import CommandResult, LineSink, Transport
 from reconciler.transport.local import LocalTransport
 from reconciler.transport.sshroute import resolve_route
-from tests.scenarios import reference_deployment
+from tests.scenarios import empty_facts, reference_deployment
 
 GB = 1000**3
 # The reference's shape: two big reassembled shards, four native ones, small EXL3 bank files.
@@ -186,7 +190,9 @@ def copy_context(tmp_path: Path, head: RecordingHead) -> tuple[ApplyContext, io.
     return ApplyContext(deployment, facts, transports, Progress(out)), out
 
 
-def copy_action(tmp_path: Path, files: list[str] | None, sizes: dict[str, int]) -> Any:
+def copy_action(
+    tmp_path: Path, files: list[str] | None, sizes: dict[str, int], fabric: tuple[str, str] | None = None
+) -> Any:
     payload = Copy(
         source_node="spark-head",
         source_dir="/m",
@@ -194,6 +200,7 @@ def copy_action(tmp_path: Path, files: list[str] | None, sizes: dict[str, int]) 
         files=files,
         bytes=len(sizes),  # small: the worker's disk check runs for real, on this machine
         sizes=sizes,
+        fabric=fabric,
     )
     return action(Step.COPY, "spark-worker", "create", "copy", "test", payload)
 
@@ -238,3 +245,136 @@ def test_a_failed_stream_fails_the_copy_naming_the_worker(tmp_path: Path) -> Non
     ctx, _ = copy_context(tmp_path, RecordingHead(fail=True))
     with pytest.raises(NodeCommandError, match="rsync to spark-worker"):
         checkpoint_run.EXECUTORS[Step.COPY](ctx, copy_action(tmp_path, None, CHECKPOINT))
+
+
+class DaemonWorker:
+    """The worker's transport: answers the copy daemon's start and stop, and runs the node's
+    file operations (mkdirs, disk_free) for real."""
+
+    node = "spark-worker"
+    round_trips = 0
+
+    def __init__(self) -> None:
+        self.local = LocalTransport("spark-worker")
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float = 120.0,
+        on_line: LineSink | None = None,
+    ) -> CommandResult:
+        last = (stdin or b"").decode().rstrip().rsplit("\n", 1)[-1]
+        for call, answer in (("start", {"port": 40123}), ("stop", {"stopped": True})):
+            if last.startswith(f"{call}(json.loads("):
+                args = json.loads(json.loads(last[len(call) + len("(json.loads(") : -2]))
+                self.calls.append((call, args))
+                return CommandResult(0, json.dumps(answer).encode(), b"")
+        return self.local.run(argv, stdin=stdin, timeout=timeout, on_line=on_line)
+
+    def docker(self) -> Any:
+        raise AssertionError("no docker here")
+
+    def close(self) -> None:
+        pass
+
+
+class PasswordHead(RecordingHead):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stdins: list[bytes | None] = []
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float = 120.0,
+        on_line: LineSink | None = None,
+    ) -> CommandResult:
+        self.stdins.append(stdin)
+        return super().run(argv, stdin=stdin, timeout=timeout, on_line=on_line)
+
+
+@pytest.mark.usefixtures("four_cores")
+def test_with_fabric_addresses_the_streams_go_to_a_daemon_on_the_workers_fabric_address(tmp_path: Path) -> None:
+    head, worker = PasswordHead(), DaemonWorker()
+    ctx, out = copy_context(tmp_path, head)
+    ctx.transports["spark-worker"] = worker
+    copy = copy_action(tmp_path, None, CHECKPOINT, ("10.0.0.1", "10.0.0.2"))
+    checkpoint_run.EXECUTORS[Step.COPY](ctx, copy)
+    (start, started), (stop, stopped) = worker.calls
+    assert (start, stop) == ("start", "stop"), "the daemon lives for this copy only"
+    assert started["address"] == "10.0.0.2"
+    assert started["allow"] == "10.0.0.1"
+    assert started["path"] == str(tmp_path / "worker")
+    assert started["connections"] == 4
+    assert stopped == {"dir": started["dir"]}
+    secret = started["secret"]
+    assert len(secret) >= 32
+    assert all(argv[-1] == "rsync://reconciler@10.0.0.2:40123/checkpoint/" for argv in head.argvs)
+    assert all("--password-file=-" in argv for argv in head.argvs)
+    assert not any(secret in arg for argv in head.argvs for arg in argv), "the password is never in argv"
+    assert head.stdins == [f"{secret}\n".encode()] * 4
+    assert secret not in out.getvalue()
+    assert sorted(name for argv in head.argvs for name in sources_of(argv)) == sorted(CHECKPOINT)
+
+
+@pytest.mark.usefixtures("four_cores")
+def test_the_daemon_is_stopped_when_a_stream_fails(tmp_path: Path) -> None:
+    worker = DaemonWorker()
+    ctx, _ = copy_context(tmp_path, RecordingHead(fail=True))
+    ctx.transports["spark-worker"] = worker
+    copy = copy_action(tmp_path, None, CHECKPOINT, ("10.0.0.1", "10.0.0.2"))
+    with pytest.raises(NodeCommandError, match="rsync to spark-worker"):
+        checkpoint_run.EXECUTORS[Step.COPY](ctx, copy)
+    assert [call for call, _ in worker.calls] == ["start", "stop"]
+
+
+def test_a_daemon_stream_resumes_or_recopies_by_name() -> None:
+    resume = daemon_argv("10.0.0.2", 40123, "/m/", ["a/b.safetensors"], recopy=False)
+    assert "--ignore-times" not in resume
+    assert resume[-2:] == ["/m/./a/b.safetensors", "rsync://reconciler@10.0.0.2:40123/checkpoint/"]
+    assert {"--partial", "-R", "*.safetensors.part[0-9][0-9]"} <= set(resume)
+    assert "--ignore-times" in daemon_argv("10.0.0.2", 1, "/m", ["a"], recopy=True)
+
+
+def test_the_daemon_config_admits_the_head_alone_with_a_password() -> None:
+    text = copydaemon.config("/s/copy-daemon", "/w/model@c", "10.0.0.1", 4)
+    lines = set(text.splitlines())
+    assert {"hosts allow = 10.0.0.1", "hosts deny = *", "auth users = reconciler", "read only = false"} <= lines
+    assert {"path = /w/model@c", "max connections = 4", "list = false", "strict modes = true"} <= lines
+    assert "secrets file = /s/copy-daemon/rsyncd.secrets" in lines
+
+
+@pytest.mark.parametrize("path", ["/w/x\n[evil]\npath = /", "/w/%RSYNC_USER_NAME%", " /w/x"])
+def test_a_path_rsyncd_conf_would_read_otherwise_is_refused(path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        copydaemon.config("/s", path, "10.0.0.1", 1)
+    assert "cannot go into rsyncd.conf" in capsys.readouterr().err
+
+
+def test_the_plan_names_the_fabric_addresses_the_copy_connects_between() -> None:
+    actions = plan(reference_deployment(), empty_facts()).actions
+    copy = next(item for item in actions if item.step is Step.COPY)
+    assert isinstance(copy.payload, Copy)
+    assert copy.payload.fabric == ("10.10.10.13", "10.10.10.11")
+    assert "over the fabric 10.10.10.13 -> 10.10.10.11" in copy.summary
+    assert sum(copy.payload.sizes.values()) == copy.payload.bytes
+
+
+def test_without_settled_fabric_addresses_the_plan_says_the_copy_goes_over_ssh() -> None:
+    deployment = reference_deployment()
+    nodes = [
+        node.model_copy(update={"fabric": node.fabric.model_copy(update={"ip": None})}) for node in deployment.nodes
+    ]
+    facts = empty_facts()
+    for name in facts.nodes:
+        facts.nodes[name] = facts.nodes[name].model_copy(update={"fabric": FabricFacts()})
+    actions = plan(deployment.model_copy(update={"nodes": nodes}), facts).actions
+    copy = next(item for item in actions if item.step is Step.COPY)
+    assert isinstance(copy.payload, Copy)
+    assert copy.payload.fabric is None
+    assert "over SSH, fabric addresses not settled" in copy.summary

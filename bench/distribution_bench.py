@@ -1,0 +1,246 @@
+"""Checkpoint distribution: the copy to a worker against one plain rsync, in the same run.
+
+A checkpoint of the reference's shape (four native shards, two 1.5x shards as the reassembled
+ones, many small EXL3 bank files; parts are never sent to a worker) is written on the head of
+the testbed, then copied to the worker over the fabric address, 3 rounds, interleaved:
+
+- `plain`: one `rsync -a` over the same ssh route (OpenSSH's default cipher);
+- `before`: the copy as it ran before parallel streams (one rsync, the same flags as ours:
+  --protect-args --partial --info=progress2, the parts and .cache excludes, progress parsed);
+- `one_stream`: ours as one stream (the same flags, AES-GCM preferred);
+- `ssh_streams`: the copy executor's streams over SSH (when the fabric addresses are unknown);
+- `ours`: the copy executor as apply runs it: parallel streams to an rsync daemon started on the
+  worker's fabric address for the copy (nodeside/copydaemon.py);
+- `four_streams`: the same as if the head had 4 cores (4 streams), for the stream count.
+
+`copy_vs_rsync` = plain / ours (goal >= 2.0 on the 2-core testbed). The breakdown says where the
+time goes: `before` vs `plain` is the cost of our flags and progress parsing, `one_stream` vs
+`before` the cipher, `ssh_streams` vs `one_stream` the streams, `ours` vs `ssh_streams` ssh
+itself. `old_bench_setup_s` is what the old copy bench (checkpoint_bench --copy) timed besides
+the copy: a fresh interpreter with the reconciler's imports, the SSH session and a full fact
+gathering.
+
+Run (root, brings the testbed up): `.venv/bin/python bench/distribution_bench.py [--json]`.
+Inside a node it runs as `... measure SPEC SOURCE DESTINATION` (used by the outer run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MIB = 1024 * 1024
+MODEL = "/srv/spark/models/DeepSeek-V4.1-Flash-Spark"
+DESTINATION = "/srv/spark/bench-copy"
+PYTHON = str(ROOT / ".venv/bin/python")
+
+
+def checkpoint_shape(shard_mib: int) -> dict[str, int]:
+    """name -> bytes: the reference checkpoint's files at a small scale."""
+    shape = {f"model-0000{n}-of-00006.safetensors": shard_mib * MIB for n in range(1, 5)}
+    shape.update({f"model-0000{n}-of-00006.safetensors": shard_mib * 3 // 2 * MIB for n in (5, 6)})
+    for bank in ("qn", "q31", "q31s"):
+        shape.update({f"exl3/{bank}/L{layer:02d}.part.safetensors": 256 * 1024 for layer in range(28)})
+    shape.update({"config.json": 4096, "model.safetensors.index.json": 64 * 1024, "sha256-manifest.txt": 600})
+    shape["exl3/plan/J268-ho-v31-K5n.json"] = 90_000
+    return shape
+
+
+WRITE_TREE = """
+import json, os, sys
+root, shape = sys.argv[1], json.loads(sys.argv[2])
+for name, size in shape.items():
+    path = os.path.join(root, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as handle:
+        left = size
+        while left:
+            chunk = os.urandom(min(left, 1 << 22))
+            handle.write(chunk)
+            left -= len(chunk)
+"""
+
+
+def timed(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def measure(spec_path: str, source: str, destination: str, rounds: int) -> dict[str, Any]:
+    """On the head: each variant copies `source` into a fresh `destination` on the worker."""
+    from reconciler.actions import Copy, Step, action
+    from reconciler.components.checkpoint import _fabric_pair
+    from reconciler.components.checkpoint_run import _copy, rsync_argv
+    from reconciler.components.copystreams import CIPHER_OPTION, split_streams, stream_count
+    from reconciler.execution import ApplyContext, Progress
+    from reconciler.facts.gather import gather
+    from reconciler.spec import load_spec
+    from reconciler.transport.connect import close_all, connect_all
+    from reconciler.transport.local import LocalTransport
+    from reconciler.transport.sshroute import openssh_command, route_for
+
+    deployment = load_spec(Path(spec_path)).deployment
+    worker = deployment.ranked_nodes[1][1]
+    assert worker.ssh is not None
+    route = route_for(worker.name, worker.ssh)
+    ssh = openssh_command(route)
+    remote = f"{route.target.user}@{route.target.name}:{destination}/"
+    sizes = {str(p.relative_to(source)): p.stat().st_size for p in Path(source).rglob("*") if p.is_file()}
+    head = LocalTransport("bench")
+
+    def clear() -> None:
+        subprocess.run([*ssh, route.target.name, f"rm -rf {shlex.quote(destination)} && sync"], check=True)
+        os.sync()
+
+    def plain() -> None:
+        subprocess.run(["rsync", "-a", "-e", shlex.join(ssh), f"{source}/", remote], check=True)
+
+    def before() -> None:
+        argv = rsync_argv(route, source, destination, None)
+        old_ssh = argv.index("-e") + 1
+        argv[old_ssh] = shlex.join(ssh)  # the route without the cipher preference, as before
+        result = head.run(["sh", "-c", 'exec "$@" 1>&2', "rsync", *argv], timeout=3600, on_line=lambda _line: None)
+        assert result.returncode == 0, result.stderr[-2000:]
+
+    def one_stream() -> None:
+        argv = rsync_argv(route, source, destination, None)
+        result = head.run(["sh", "-c", 'exec "$@" 1>&2', "rsync", *argv], timeout=3600, on_line=lambda _line: None)
+        assert result.returncode == 0, result.stderr[-2000:]
+
+    transports = connect_all(deployment)
+    try:
+        started = time.perf_counter()
+        facts = gather(deployment, transports)
+        setup = time.perf_counter() - started
+        fabric = _fabric_pair(facts, deployment.head, worker)
+        assert fabric is not None, "the testbed's fabric addresses are detected"
+        ctx = ApplyContext(deployment, facts, transports, Progress(io.StringIO()))
+        payload = Copy(
+            source_node=deployment.head.name,
+            source_dir=source,
+            destination_dir=destination,
+            files=None,
+            bytes=sum(sizes.values()),
+            sizes=sizes,
+            fabric=fabric,
+        )
+        copy = action(Step.COPY, worker.name, "create", "bench copy", "bench", payload)
+        over_ssh = action(
+            Step.COPY, worker.name, "create", "bench", "bench", payload.model_copy(update={"fabric": None})
+        )
+        variants: dict[str, Callable[[], object]] = {
+            "plain": plain,
+            "before": before,
+            "one_stream": one_stream,
+            "ssh_streams": lambda: _copy(ctx, over_ssh),
+            "ours": lambda: _copy(ctx, copy),
+            "four_streams": lambda: _with_cores(4, lambda: _copy(ctx, copy)),
+        }
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(rounds):
+            for name, run in variants.items():
+                clear()
+                times[name].append(timed(run))
+    finally:
+        close_all(transports)
+    median = {name: statistics.median(values) for name, values in times.items()}
+    streams = split_streams(sizes, stream_count(os.cpu_count(), len(sizes)))
+    return {
+        "bytes": sum(sizes.values()),
+        "files": len(sizes),
+        "head_cores": os.cpu_count(),
+        "streams": len(streams),
+        "stream_bytes": [sum(sizes[name] for name in stream) for stream in streams],
+        "cipher_option": CIPHER_OPTION,
+        "seconds": median,
+        "runs_s": times,
+        "gather_s": setup,
+        "copy_vs_rsync": median["plain"] / median["ours"],
+        "before_vs_rsync": median["plain"] / median["before"],
+        "one_stream_vs_rsync": median["plain"] / median["one_stream"],
+        "ssh_streams_vs_rsync": median["plain"] / median["ssh_streams"],
+        "four_streams_vs_rsync": median["plain"] / median["four_streams"],
+        "rate_MBps": {name: sum(sizes.values()) / seconds / 1e6 for name, seconds in median.items()},
+    }
+
+
+def _with_cores(cores: int, run: Callable[[], object]) -> object:
+    """Our copy as it would run on a head with `cores` cores (the stream count follows them)."""
+    real = os.cpu_count
+    os.cpu_count = lambda: cores
+    try:
+        return run()
+    finally:
+        os.cpu_count = real
+
+
+def on_testbed(shard_mib: int, rounds: int) -> dict[str, Any]:
+    from tests.e2e.conftest import TB_ROOT, write_spec
+    from tests.testbed.testbed import Testbed
+
+    testbed = Testbed(TB_ROOT)
+    testbed.up(nodes=2)
+    try:
+        engine = testbed.images()["engine"]
+        spec = write_spec(ROOT / "specs/testbed.yaml", testbed.layout.specs / "bench-distribution.yaml", engine)
+        shape = checkpoint_shape(shard_mib)
+        testbed.exec("spark-head", ["python3", "-c", WRITE_TREE, MODEL, json.dumps(shape)], timeout=900)
+        imports = "import reconciler.commands, reconciler.facts.gather, reconciler.components.checkpoint_run"
+        interpreter = statistics.median(
+            timed(lambda: testbed.exec("spark-head", [PYTHON, "-c", imports])) for _ in range(3)
+        )
+        argv = [PYTHON, str(Path(__file__).resolve()), "measure", str(spec), MODEL, DESTINATION, str(rounds)]
+        result = testbed.exec("spark-head", argv, timeout=3600)
+        report: dict[str, Any] = json.loads(result.stdout)
+    finally:
+        testbed.down()
+    report["old_bench_setup_s"] = interpreter + report.pop("gather_s")
+    report["checkpoint_shape"] = "4 shards + 2 at 1.5x (the reassembled ones) + 84 EXL3 bank files + metadata"
+    report["goal_copy_vs_rsync"] = 2.0
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    inner = sub.add_parser("measure", help="(inside the head) time the variants")
+    inner.add_argument("spec")
+    inner.add_argument("source")
+    inner.add_argument("destination")
+    inner.add_argument("rounds", type=int)
+    parser.add_argument("--json", action="store_true", help="print only the JSON report")
+    parser.add_argument("--shard-mib", type=int, default=160, help="native shard size (default 160: ~1.2 GB)")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if args.command == "measure":
+        print(json.dumps(measure(args.spec, args.source, args.destination, args.rounds)))
+        return
+    report = on_testbed(args.shard_mib, args.rounds)
+    if not args.json:
+        seconds = report["seconds"]
+        print(
+            f"copy of {report['bytes'] / 1e9:.2f} GB, {report['files']} files: plain rsync {seconds['plain']:.2f} s, "
+            f"before {seconds['before']:.2f} s, one stream {seconds['one_stream']:.2f} s, "
+            f"ours {seconds['ours']:.2f} s in {report['streams']} streams; copy_vs_rsync {report['copy_vs_rsync']:.2f}"
+            f" (goal >= 2.0)",
+            file=sys.stderr,
+        )
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
