@@ -188,6 +188,30 @@ def _with_cores(cores: int, run: Callable[[], object]) -> object:
         os.cpu_count = real
 
 
+def planned_head_upload(workers: int) -> float:
+    """The head's uploaded bytes over the checkpoint size in the plan for a fresh deployment of
+    the reference spec with this many workers (each like the reference worker, on the fabric)."""
+    from reconciler.actions import Copy, Step
+    from reconciler.plan import plan
+    from tests.scenarios import empty_facts, reference_deployment
+
+    deployment, facts = reference_deployment(), empty_facts()
+    worker = deployment.nodes[1]
+    extra = [
+        worker.model_copy(
+            update={"name": f"w{n}", "fabric": worker.fabric.model_copy(update={"ip": f"10.10.10.{20 + n}"})}
+        )
+        for n in range(workers - 1)
+    ]
+    nodes = {**facts.nodes, **{node.name: facts.nodes[worker.name] for node in extra}}
+    deployment = deployment.model_copy(update={"nodes": [*deployment.nodes, *extra]})
+    copies = [
+        a.payload for a in plan(deployment, facts.model_copy(update={"nodes": nodes})).actions if a.step is Step.COPY
+    ]
+    sent = sum(p.bytes for p in copies if isinstance(p, Copy) and p.source_node == deployment.head.name)
+    return sent / max(p.bytes for p in copies if isinstance(p, Copy))
+
+
 def on_testbed(shard_mib: int, rounds: int) -> dict[str, Any]:
     from tests.e2e.conftest import TB_ROOT, write_spec
     from tests.testbed.testbed import Testbed
@@ -211,6 +235,9 @@ def on_testbed(shard_mib: int, rounds: int) -> dict[str, Any]:
     report["old_bench_setup_s"] = interpreter + report.pop("gather_s")
     report["checkpoint_shape"] = "4 shards + 2 at 1.5x (the reassembled ones) + 84 EXL3 bank files + metadata"
     report["goal_copy_vs_rsync"] = 2.0
+    report["head_upload_over_checkpoint_3_nodes_planned"] = planned_head_upload(2)
+    report["head_upload_over_checkpoint_8_nodes_planned"] = planned_head_upload(7)
+    report["goal_head_upload_3_nodes"] = 1.5
     return report
 
 

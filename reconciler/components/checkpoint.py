@@ -165,13 +165,19 @@ def plan_checkpoint(deployment: Deployment, facts: Facts, commit: str | None, de
     head_outcome = _plan_node(deployment, head_view, expect, listings, commit, deep_verify, source=None)
     staging.extend(head_outcome)
     head_done = _last_id(head_outcome.actions, exclude=(Step.PRUNE, Step.STAGE_PLAN))
+    relay: tuple[NodeView, str] | None = None
     for _, node in deployment.ranked_nodes[1:]:
         view = view_of(deployment, facts, node)
         if view is None:
             continue
-        fabric = _fabric_pair(facts, head, node)
-        source = None if deployment.source_of(node) == "hub" else _PeerSource(head_view, head_done, fabric)
-        staging.extend(_plan_node(deployment, view, expect, listings, commit, deep_verify, source=source))
+        if deployment.source_of(node) == "hub":
+            staging.extend(_plan_node(deployment, view, expect, listings, commit, deep_verify, source=None))
+            continue
+        source = _peer_source(facts, head_view, head_done, relay, node)
+        outcome = _plan_node(deployment, view, expect, listings, commit, deep_verify, source=source)
+        staging.extend(outcome)
+        if not outcome.blockers:
+            relay = (view, _last_id(outcome.actions, exclude=(Step.PRUNE, Step.STAGE_PLAN)))
     if not any(blocker.node == head.name for blocker in staging.blockers):
         staging.actions[:0] = _pin(deployment, head_view, commit)
     for _, node in deployment.ranked_nodes:
@@ -347,18 +353,40 @@ def _record_path(view: NodeView) -> str:
 
 @dataclass(frozen=True)
 class _PeerSource:
-    head: NodeView
+    """Where a peer-sourced worker's files come from: `origin` (the head, or a worker that holds
+    the verified revision once `after` is done) over `fabric` (origin's address, the worker's),
+    and `why` when that is not the head. Files a verify finds damaged always come again from
+    the head, over SSH."""
+
+    origin: NodeView
     after: str
     fabric: tuple[str, str] | None
+    head: NodeView
+    why: str = ""
 
 
-def _fabric_pair(facts: Facts, head: Node, worker: Node) -> tuple[str, str] | None:
-    """The fabric addresses the copy connects between, when both are settled."""
-    ends = [resolve_fabric(node, facts) for node in (head, worker)]
-    head_end, worker_end = ends
-    if isinstance(head_end, Blocker) or isinstance(worker_end, Blocker):
+def _peer_source(
+    facts: Facts, head: NodeView, head_done: str, relay: tuple[NodeView, str] | None, node: Node
+) -> _PeerSource:
+    """A chain: each worker copies from the one before it once that one's copy is verified, so
+    every node uploads the checkpoint at most once and the head's upload does not grow with the
+    workers. The head serves the first worker, and any worker the fabric cannot reach from the
+    one before it (a copy from a worker goes only to a daemon on the fabric)."""
+    if relay is not None:
+        previous, verified = relay
+        fabric = _fabric_pair(facts, previous.node, node)
+        if fabric is not None:
+            why = f"{previous.node.name} holds the verified revision by then: the workers copy in a chain"
+            return _PeerSource(previous, verified, fabric, head, why)
+    return _PeerSource(head, head_done, _fabric_pair(facts, head.node, node), head)
+
+
+def _fabric_pair(facts: Facts, source: Node, destination: Node) -> tuple[str, str] | None:
+    """The fabric addresses a copy connects between, when both are settled."""
+    source_end, destination_end = (resolve_fabric(node, facts) for node in (source, destination))
+    if isinstance(source_end, Blocker) or isinstance(destination_end, Blocker):
         return None
-    return head_end.ip, worker_end.ip
+    return source_end.ip, destination_end.ip
 
 
 def _plan_node(
@@ -537,15 +565,17 @@ def _fetch_action(
     earlier: list[Action],
 ) -> Action:
     node, model = view.node, deployment.model
-    cause = "; ".join(part for part in (why, _files_cause(state, len(expect.files))) if part)
+    chain = source.why if source is not None else ""
+    cause = "; ".join(part for part in (why, _files_cause(state, len(expect.files)), chain) if part)
     size = human_bytes(sum(expect.sizes.get(name, 0) for name in fetch))
     nothing_here = not view.observed.revisions.get(listing.commit) and not _link_sources(view, listing.commit)
     if source is not None:
         where = _shown(node, listing.commit)
-        summary = f"copy {len(fetch)} files ({size}) from {source.head.node.name} into {where} {_copy_route(source)}"
+        origin = source.origin
+        summary = f"copy {len(fetch)} files ({size}) from {origin.node.name} into {where} {_copy_route(source)}"
         payload: Payload = Copy(
-            source_node=source.head.node.name,
-            source_dir=revision_dir(source.head.model_dir, listing.commit),
+            source_node=origin.node.name,
+            source_dir=revision_dir(origin.model_dir, listing.commit),
             destination_dir=target,
             files=None if nothing_here else sorted(fetch),
             bytes=sum(expect.sizes.get(name, 0) for name in fetch),
@@ -570,8 +600,8 @@ def _fetch_action(
 def _copy_route(source: _PeerSource) -> str:
     if source.fabric is None:
         return "over SSH, fabric addresses not settled (parallel rsync streams, resumable)"
-    head_ip, worker_ip = source.fabric
-    return f"over the fabric {head_ip} -> {worker_ip} (parallel rsync streams to a daemon for this copy, resumable)"
+    origin_ip, worker_ip = source.fabric
+    return f"over the fabric {origin_ip} -> {worker_ip} (parallel rsync streams to a daemon for this copy, resumable)"
 
 
 def repo_files(names: list[str], listing: HubFacts) -> list[HubFile]:

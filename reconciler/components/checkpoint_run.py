@@ -256,8 +256,9 @@ def _copy(ctx: ApplyContext, action: Action) -> str:
     names = copy.files if copy.files is not None else sorted(copy.sizes)
     sizes = {name: copy.sizes.get(name, 0) for name in names}
     recopy = copy.files is not None
-    streams = _rsync(ctx, action.node, copy.source_dir, copy.destination_dir, sizes, recopy, copy.bytes, copy.fabric)
-    return f"copied {len(names)} files to {action.node}:{copy.destination_dir} in {streams} rsync streams"
+    node, origin = action.node, copy.source_node
+    streams = _rsync(ctx, node, copy.source_dir, copy.destination_dir, sizes, recopy, copy.bytes, copy.fabric, origin)
+    return f"copied {len(names)} files from {origin} to {node}:{copy.destination_dir} in {streams} rsync streams"
 
 
 def _rsync(
@@ -269,25 +270,32 @@ def _rsync(
     recopy: bool,
     size: int | None = None,
     fabric: tuple[str, str] | None = None,
+    origin: str | None = None,
 ) -> int:
     """rsync head -> worker in parallel streams; resumable. Returns the number of streams.
 
     `sizes`: the files to copy (relative names) and their sizes, which the streams are split
     by. `recopy`: copy them again ignoring size and time (a flipped byte keeps both), else
     files already complete on the worker are skipped. Nothing else on the worker is touched.
-    `size`: the bytes to copy, if known. `fabric`: (head, worker) fabric addresses, for a
-    daemon on the worker's (see nodeside/copydaemon.py); without them, over SSH.
+    `size`: the bytes to copy, if known. `fabric`: (origin, worker) fabric addresses, for a
+    daemon on the worker's (see nodeside/copydaemon.py); without them, over SSH. `origin`:
+    the node whose files are sent and that runs the streams, the head unless named.
     """
-    head = ctx.deployment.head
+    origin = origin or ctx.deployment.head.name
     worker = ctx.node(node)
     if worker.ssh is None:
         raise NodeCommandError(f"{node}: a peer copy needs an ssh: target", "add nodes[].ssh for this worker")
+    if fabric is None and origin != ctx.deployment.head.name:
+        raise NodeCommandError(
+            f"{node}: a copy from {origin} goes over the fabric, and its addresses are not known",
+            "run `reconciler plan` again: without fabric addresses the head copies itself, over SSH",
+        )
     ctx.ops(node, "mkdirs", {"paths": [destination]})
-    # The head runs the reconciler, so its cores are this process's.
+    # Sized by the head's cores (this process runs there): the nodes are alike.
     streams = split_streams(sizes, stream_count(os.cpu_count(), len(sizes)))
-    label = f"{head.name}->{node}"
+    label = f"{origin}->{node}"
     meter = StreamMeter(ctx.progress.reporter(label), ctx.progress.sink(label), size, len(streams))
-    transport = ctx.transport(head.name)
+    transport = ctx.transport(origin)
     with _channel(ctx, node, worker.ssh, destination, fabric, len(streams)) as channel:
         ctx.progress.line(f"    {label}: {len(streams)} rsync streams {channel.shown}")
 
@@ -299,7 +307,7 @@ def _rsync(
         with ThreadPoolExecutor(max_workers=len(streams), thread_name_prefix="rsync") as pool:
             results = list(pool.map(run, range(len(streams)), streams))
     for result in results:
-        check(result, head.name, "rsync to " + node)
+        check(result, origin, "rsync to " + node)
     return len(streams)
 
 
@@ -326,10 +334,10 @@ def _channel(
 
         yield _Channel(over_ssh, None, f"over SSH ({route.describe()})")
         return
-    head_ip, worker_ip = fabric
+    origin_ip, worker_ip = fabric
     secret = secrets.token_hex(24)
     directory = f"{ctx.deployment.state_dir.rstrip('/')}/{DAEMON_DIR}"
-    args = {"dir": directory, "path": destination, "address": worker_ip, "allow": head_ip, "secret": secret}
+    args = {"dir": directory, "path": destination, "address": worker_ip, "allow": origin_ip, "secret": secret}
     daemon = ctx.transport(node)
     lines = ctx.node_lines(node)
     port = run_program(daemon, "copydaemon", "start", {**args, "connections": connections}, on_line=lines)["port"]

@@ -31,7 +31,7 @@ from reconciler.spec import SshTarget
 from reconciler.transport.base import CommandResult, LineSink, Transport
 from reconciler.transport.local import LocalTransport
 from reconciler.transport.sshroute import resolve_route
-from tests.scenarios import empty_facts, reference_deployment
+from tests.scenarios import empty_facts, reference_deployment, with_node
 
 GB = 1000**3
 # The reference's shape: two big reassembled shards, four native ones, small EXL3 bank files.
@@ -191,10 +191,14 @@ def copy_context(tmp_path: Path, head: RecordingHead) -> tuple[ApplyContext, io.
 
 
 def copy_action(
-    tmp_path: Path, files: list[str] | None, sizes: dict[str, int], fabric: tuple[str, str] | None = None
+    tmp_path: Path,
+    files: list[str] | None,
+    sizes: dict[str, int],
+    fabric: tuple[str, str] | None = None,
+    origin: str = "spark-head",
 ) -> Any:
     payload = Copy(
-        source_node="spark-head",
+        source_node=origin,
         source_dir="/m",
         destination_dir=str(tmp_path / "worker"),
         files=files,
@@ -378,3 +382,66 @@ def test_without_settled_fabric_addresses_the_plan_says_the_copy_goes_over_ssh()
     assert isinstance(copy.payload, Copy)
     assert copy.payload.fabric is None
     assert "over SSH, fabric addresses not settled" in copy.summary
+
+
+def three_nodes() -> tuple[Any, Facts]:
+    deployment = reference_deployment()
+    worker = deployment.nodes[1]
+    fabric = worker.fabric.model_copy(update={"ip": "10.10.10.12"})
+    third = worker.model_copy(update={"name": "spark-third", "fabric": fabric})
+    facts = empty_facts()
+    nodes = {**facts.nodes, "spark-third": facts.nodes["spark-worker"]}
+    return deployment.model_copy(update={"nodes": [*deployment.nodes, third]}), facts.model_copy(
+        update={"nodes": nodes}
+    )
+
+
+def test_three_nodes_copy_in_a_chain_so_the_head_uploads_once() -> None:
+    deployment, facts = three_nodes()
+    actions = plan(deployment, facts).actions
+    copies = {item.node: item for item in actions if item.step is Step.COPY}
+    first, second = copies["spark-worker"], copies["spark-third"]
+    assert isinstance(first.payload, Copy)
+    assert isinstance(second.payload, Copy)
+    assert first.payload.source_node == "spark-head"
+    assert second.payload.source_node == "spark-worker"
+    assert second.payload.fabric == ("10.10.10.11", "10.10.10.12")
+    assert second.payload.source_dir == first.payload.destination_dir
+    assert "checkpoint.verify@spark-worker" in second.depends_on, "it serves only a verified revision"
+    assert "from spark-worker into" in second.summary
+    assert "spark-worker holds the verified revision by then" in second.cause
+    verify = next(item for item in actions if item.step is Step.VERIFY and item.node == "spark-third")
+    assert verify.payload.peer_dir == first.payload.source_dir, "damaged files come again from the head"  # type: ignore[attr-defined]
+
+
+def test_a_worker_the_fabric_cannot_reach_from_the_one_before_copies_from_the_head() -> None:
+    deployment, facts = three_nodes()
+    worker = deployment.nodes[1]
+    unset = worker.fabric.model_copy(update={"ip": None})
+    nodes = [deployment.nodes[0], worker.model_copy(update={"fabric": unset}), deployment.nodes[2]]
+    facts = with_node(facts, "spark-worker", fabric=FabricFacts())
+    actions = plan(deployment.model_copy(update={"nodes": nodes}), facts).actions
+    copies = {item.node: item for item in actions if item.step is Step.COPY}
+    assert copies["spark-third"].payload.source_node == "spark-head"  # type: ignore[attr-defined]
+    assert copies["spark-third"].payload.fabric == ("10.10.10.13", "10.10.10.12")  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("four_cores")
+def test_a_copy_from_a_worker_runs_its_streams_there(tmp_path: Path) -> None:
+    worker, relay = DaemonWorker(), PasswordHead()
+    ctx, out = copy_context(tmp_path, RecordingHead())
+    ctx.transports["spark-worker"] = worker
+    ctx.transports["spark-relay"] = relay
+    copy = copy_action(tmp_path, None, CHECKPOINT, ("10.0.0.3", "10.0.0.2"), origin="spark-relay")
+    message = checkpoint_run.EXECUTORS[Step.COPY](ctx, copy)
+    assert len(relay.argvs) == 4
+    assert worker.calls[0][1]["allow"] == "10.0.0.3"
+    assert "from spark-relay" in message
+    assert "spark-relay->spark-worker: 4 rsync streams" in out.getvalue()
+
+
+def test_a_copy_from_a_worker_without_fabric_addresses_is_refused(tmp_path: Path) -> None:
+    ctx, _ = copy_context(tmp_path, RecordingHead())
+    copy = copy_action(tmp_path, None, {"a": 1}, origin="spark-relay")
+    with pytest.raises(NodeCommandError, match="goes over the fabric"):
+        checkpoint_run.EXECUTORS[Step.COPY](ctx, copy)
