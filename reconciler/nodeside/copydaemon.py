@@ -61,6 +61,7 @@ def config(directory: str, path: str, allow: str, connections: int) -> str:
     return (
         f"pid file = {directory}/rsyncd.pid\n"
         f"lock file = {directory}/rsyncd.lock\n"
+        f"log file = {directory}/rsyncd.log\n"
         "use chroot = no\n"
         f"max connections = {connections}\n"
         f"uid = {os.getuid()}\n"
