@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 MODULE = "checkpoint"
 USER = "reconciler"
@@ -35,7 +35,7 @@ def _reply(value: Any) -> None:
     sys.stdout.write("\n")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     sys.stderr.write(message + "\n")
     sys.exit(1)
 
@@ -104,7 +104,10 @@ def _stop(directory: str) -> bool:
 
 def _free_port(address: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((address, 0))
+        try:
+            probe.bind((address, 0))
+        except OSError as error:
+            _fail(f"cannot listen on {address} ({error.strerror}): is it this node's fabric address? (`ip -br addr`)")
         port: int = probe.getsockname()[1]
         return port
 

@@ -446,3 +446,13 @@ def test_a_copy_from_a_worker_without_fabric_addresses_is_refused(tmp_path: Path
     copy = copy_action(tmp_path, None, {"a": 1}, origin="spark-relay")
     with pytest.raises(NodeCommandError, match="goes over the fabric"):
         checkpoint_run.EXECUTORS[Step.COPY](ctx, copy)
+
+
+def test_a_daemon_address_the_node_does_not_have_is_refused_saying_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = {"dir": str(tmp_path), "path": str(tmp_path), "address": "192.0.2.1", "allow": "192.0.2.2", "secret": "s"}
+    with pytest.raises(SystemExit):
+        copydaemon.start({**args, "connections": 1})
+    assert "cannot listen on 192.0.2.1" in capsys.readouterr().err
+    assert not (tmp_path / "rsyncd.secrets").exists() or (tmp_path / "rsyncd.secrets").stat().st_mode & 0o077 == 0
