@@ -63,6 +63,8 @@ def config(directory: str, path: str, allow: str, connections: int) -> str:
         f"lock file = {directory}/rsyncd.lock\n"
         f"log file = {directory}/rsyncd.log\n"
         "use chroot = no\n"
+        # No DNS for the head's address: a node whose resolver is unreachable would stall each stream.
+        "reverse lookup = no\n"
         f"max connections = {connections}\n"
         f"uid = {os.getuid()}\n"
         f"gid = {os.getgid()}\n"

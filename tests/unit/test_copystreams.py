@@ -352,6 +352,7 @@ def test_the_daemon_config_admits_the_head_alone_with_a_password() -> None:
     assert {"path = /w/model@c", "max connections = 4", "list = false", "strict modes = true"} <= lines
     assert "secrets file = /s/copy-daemon/rsyncd.secrets" in lines
     assert "log file = /s/copy-daemon/rsyncd.log" in lines, "its own log, not the worker's syslog"
+    assert "reverse lookup = no" in lines
 
 
 @pytest.mark.parametrize("path", ["/w/x\n[evil]\npath = /", "/w/%RSYNC_USER_NAME%", " /w/x"])
