@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, get_args
+from functools import cache
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field
 
+from reconciler.errors import ReconcilerError
 from reconciler.pi.config import PiTarget
 from reconciler.serving import RankContainer
+
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
 
 Verb = Literal["create", "update", "replace", "remove", "stop", "run"]
 
@@ -72,6 +77,9 @@ class Step(enum.StrEnum):
 class Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # List defaults are `lambda: []`, not `list`: pydantic reads a factory's signature, and a
+    # builtin's is parsed from its text, which costs start-up (5 ms for the first one).
+
 
 class HubFile(Payload):
     """A file of the repo at the plan's commit (a shard's `.partNN` too), as the Hub lists it;
@@ -93,7 +101,7 @@ class Download(Payload):
     # Nothing was there: the whole repo at the commit (the list above is all of it).
     whole_repo: bool = False
     # Files whose bytes were found wrong: the client's metadata would call them complete.
-    refetch: list[str] = Field(default_factory=list)
+    refetch: list[str] = Field(default_factory=lambda: [])
     # A hub-sourced worker fetches with the node-side fetcher; the head with the Hub client.
     on_node: bool = False
 
@@ -137,7 +145,7 @@ class PruneRevisions(Payload):
     kind: Literal["prune-revisions"] = "prune-revisions"
     model_dir: str
     remove: list[str]
-    shared_only: list[str] = Field(default_factory=list)
+    shared_only: list[str] = Field(default_factory=lambda: [])
 
 
 class Shard(Payload):
@@ -288,7 +296,15 @@ AnyPayload = Annotated[
     | ConfigurePi,
     Field(discriminator="kind"),
 ]
-_PAYLOAD = TypeAdapter[AnyPayload](AnyPayload)
+
+
+@cache
+def _payload_adapter() -> TypeAdapter[AnyPayload]:
+    """The validator of any payload by its kind, built when a saved plan is read: making and
+    showing a plan never needs it, and it costs start-up (a union of every payload model)."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter[AnyPayload](AnyPayload)
 
 
 @dataclass(frozen=True)
@@ -341,7 +357,7 @@ class Action:
             node=str(data["node"]),
             summary=str(data["summary"]),
             cause=str(data["cause"]),
-            payload=_PAYLOAD.validate_python(data["payload"]),
+            payload=_payload_adapter().validate_python(data["payload"]),
             depends_on=tuple(str(item) for item in data["depends_on"]),
             target=str(data.get("target", "")),
         )
@@ -420,3 +436,16 @@ def shorten(items: list[str], limit: int = 3) -> str:
     """'a, b, c (+4 more)' — causes stay one line even for hundreds of files."""
     shown = ", ".join(items[:limit])
     return f"{shown} (+{len(items) - limit} more)" if len(items) > limit else shown
+
+
+P = TypeVar("P", bound=Payload)
+
+
+def payload_of(action: Action, kind: type[P]) -> P:
+    """The action's payload as the type its executor runs (a saved plan may have been edited)."""
+    if not isinstance(action.payload, kind):
+        raise ReconcilerError(
+            f"{action.id}: the payload is a {type(action.payload).__name__}, not a {kind.__name__}",
+            "the plan file was edited or written by another version: run `reconciler plan --out FILE` again",
+        )
+    return action.payload

@@ -16,11 +16,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO
 
-from reconciler.actions import Action, Payload, Smoke
+from reconciler.actions import Action, Smoke
 from reconciler.clock import utc_iso
-from reconciler.errors import FactsError, ReconcilerError
+from reconciler.errors import FactsError
 from reconciler.facts.node import Facts
 from reconciler.progress import Counter, PassState, StepState, Throttle, bar, parse_line, plausible, printable
 from reconciler.spec import Deployment, Node, expand_home
@@ -278,14 +278,3 @@ class ApplyContext:
 
 
 Executor = Callable[[ApplyContext, Action], str]
-P = TypeVar("P", bound=Payload)
-
-
-def payload_of(action: Action, kind: type[P]) -> P:
-    """The action's payload as the type its executor runs (a saved plan may have been edited)."""
-    if not isinstance(action.payload, kind):
-        raise ReconcilerError(
-            f"{action.id}: the payload is a {type(action.payload).__name__}, not a {kind.__name__}",
-            "the plan file was edited or written by another version: run `reconciler plan --out FILE` again",
-        )
-    return action.payload

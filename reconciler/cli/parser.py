@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, cast
 
 from reconciler import __version__, constants
 from reconciler.cli.common import EXIT_ERROR
@@ -62,7 +63,13 @@ def innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argp
     return parser
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole tree; with `argv`, only the command it starts with (if any) is declared in full.
+
+    The other commands are listed with their summaries (so `--help`, an unknown command's
+    error and the choices stay as they are) but their options are not declared: declaring
+    twenty commands' options is most of argparse's start-up, and parsing `argv` needs one.
+    """
     parser = CommandParser(
         prog="reconciler",
         description="Keep a DeepSeek-V4.1-Flash deployment on DGX Spark nodes converged to a spec.",
@@ -78,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
+    action = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
+    commands = _Commands(action, _running(argv))
     _add_spec_commands(commands)
     _add_converge_commands(commands)
     _add_observe_commands(commands)
@@ -92,10 +100,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Options of the top-level parser that end the parse where they stand: what follows is never read.
+_ENDING_OPTIONS = ("-h", "--help", "--version")
+
+
+def _running(argv: Sequence[str] | None) -> str | None:
+    """The command `argv` runs, "" for none (help or version), None when it is not plain which
+    (an option first: then the whole tree parses it, as before)."""
+    if not argv:
+        return None
+    if argv[0] in _ENDING_OPTIONS:
+        return ""
+    return None if argv[0].startswith("-") else argv[0]
+
+
+class _Commands:
+    """The top-level subcommands, and the one a command line runs (None: all of them)."""
+
+    def __init__(self, action: SubParsers, running: str | None) -> None:
+        self.action = action
+        self.running = running
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = self.action.add_parser(name, **kwargs)
+        return parser
+
+
+class _Undeclared:
+    """Stands in for a command that this command line does not run: what is declared on it
+    (options, defaults, nested commands) is dropped."""
+
+    def __getattr__(self, name: str) -> Callable[..., _Undeclared]:
+        return self._drop
+
+    def _drop(self, *_args: object, **_kwargs: object) -> _Undeclared:
+        return self
+
+
 def command(
     commands: SubParsers, name: str, summary: str, description: str, examples: list[str], handler: str
 ) -> argparse.ArgumentParser:
     """One subcommand: `summary` in the command list, `description` and `examples` in its --help."""
+    if isinstance(commands, _Undeclared):
+        return cast(argparse.ArgumentParser, commands)
+    if isinstance(commands, _Commands) and commands.running not in (None, name):
+        commands.add_parser(name, help=summary)
+        return cast(argparse.ArgumentParser, _Undeclared())
     sub: argparse.ArgumentParser = commands.add_parser(
         name, help=summary, description=description, epilog=_examples(*examples), formatter_class=HelpFormatter
     )

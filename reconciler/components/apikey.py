@@ -6,14 +6,16 @@ only when the file is missing or empty.
 
 from __future__ import annotations
 
-import secrets
+from typing import TYPE_CHECKING
 
-from reconciler.actions import Action, InSync, KeyFile, Outcome, Step, action
+from reconciler.actions import Action, InSync, KeyFile, Outcome, Step, action, payload_of
 from reconciler.errors import ReconcilerError
-from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.node import Facts
 from reconciler.redact import checked_secret
 from reconciler.spec import Deployment, expand_home
+
+if TYPE_CHECKING:
+    from reconciler.execution import ApplyContext, Executor
 
 COMPONENT = "apikey"
 KEY_MODE = 0o600
@@ -41,6 +43,8 @@ def plan_apikey(deployment: Deployment, facts: Facts) -> Outcome:
 
 def _create(ctx: ApplyContext, action: Action) -> str:
     target = payload_of(action, KeyFile)
+    import secrets  # only to make a key: planning never needs it
+
     # keep_existing: a key that appeared since the facts were gathered is never replaced.
     key = secrets.token_urlsafe(32) + "\n"
     args = {"path": target.path, "content": key, "mode": target.mode, "keep_existing": True}

@@ -36,6 +36,7 @@ from reconciler.actions import (
     Step,
     Switch,
     Verify,
+    payload_of,
     shorten,
 )
 from reconciler.clock import utc_iso
@@ -48,7 +49,7 @@ from reconciler.components.checkpoint import (
 )
 from reconciler.components.copystreams import CIPHER_OPTION, split_streams, stream_count
 from reconciler.errors import NodeCommandError
-from reconciler.execution import ApplyContext, Executor, payload_of
+from reconciler.execution import ApplyContext, Executor
 from reconciler.facts.files import parse_manifest
 from reconciler.nodeside.copydaemon import MODULE as DAEMON_MODULE
 from reconciler.nodeside.copydaemon import USER as DAEMON_USER

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from reconciler.actions import Action, InSync, Outcome, Pull, Step, action
+from reconciler.actions import Action, InSync, Outcome, Pull, Step, action, payload_of
 from reconciler.errors import NodeCommandError
-from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.node import Facts
-from reconciler.progress import Counter
 from reconciler.spec import Deployment
+
+if TYPE_CHECKING:
+    from reconciler.execution import ApplyContext, Executor
+    from reconciler.progress import Counter
 
 COMPONENT = "image"
 
@@ -88,6 +90,8 @@ class Layers:
         return True
 
     def counter(self) -> Counter:
+        from reconciler.progress import Counter  # only while pulling: a plan starts without it
+
         done = sum(1 for status in self.status.values() if status in {"Pull complete", "Already exists"})
         total = sum(self.size.values()) or None
         return Counter("pull", sum(self.got.values()), total, done, len(self.status), unit="layer")

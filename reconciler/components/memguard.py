@@ -10,15 +10,18 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reconciler import nodeside
-from reconciler.actions import Action, Guard, GuardConfig, InSync, Outcome, Step, action
+from reconciler.actions import Action, Guard, GuardConfig, InSync, Outcome, Step, action, payload_of
 from reconciler.errors import ReconcilerError
-from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.memory import GuardTrip
 from reconciler.facts.node import Facts
 from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, expand_home
+
+if TYPE_CHECKING:
+    from reconciler.execution import ApplyContext, Executor
 
 COMPONENT = "memguard"
 # Part of the guard's config hash: a new guard program replaces the running one.

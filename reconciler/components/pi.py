@@ -14,15 +14,17 @@ never a prerequisite of it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from reconciler.actions import Action, ConfigurePi, InSync, Outcome, Step, Verb, action
-from reconciler.execution import ApplyContext, Executor, payload_of
+from reconciler.actions import Action, ConfigurePi, InSync, Outcome, Step, Verb, action, payload_of
 from reconciler.facts.node import Facts
 from reconciler.facts.pi import PiFacts
 from reconciler.pi import config as picfg
 from reconciler.serving import api_base
 from reconciler.spec import Deployment, Serving
+
+if TYPE_CHECKING:
+    from reconciler.execution import ApplyContext, Executor
 
 COMPONENT = "pi"
 MODEL_NAME = "DeepSeek-V4.1-Flash"

@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from reconciler.actions import (
     Action,
@@ -26,6 +26,7 @@ from reconciler.actions import (
     Verb,
     WaitReady,
     action,
+    payload_of,
     shorten,
 )
 from reconciler.clock import utc_iso
@@ -33,7 +34,6 @@ from reconciler.components.checkpoint import Placement
 from reconciler.components.fabric import node_contexts
 from reconciler.components.memguard import trip_advice, trips
 from reconciler.errors import ReconcilerError
-from reconciler.execution import ApplyContext, Executor, payload_of
 from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.node import Facts
 from reconciler.redact import redact
@@ -48,6 +48,9 @@ from reconciler.serving import (
     render_group,
 )
 from reconciler.spec import Deployment
+
+if TYPE_CHECKING:
+    from reconciler.execution import ApplyContext, Executor
 
 COMPONENT = "ranks"
 _SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)

@@ -22,7 +22,7 @@ class ContainerFacts(FactsModel):
     oom_killed: bool = False
     finished_at: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
-    command: list[str] = Field(default_factory=list)
+    command: list[str] = Field(default_factory=lambda: [])
     env: dict[str, str] = Field(default_factory=dict)
 
 

@@ -37,7 +37,7 @@ class RdmaPort(FactsModel):
     hca: str
     port: int = 1
     state: str
-    netdevs: list[str] = Field(default_factory=list)
+    netdevs: list[str] = Field(default_factory=lambda: [])
     # The GID at the node's GID index as sysfs prints it, and its type ("RoCE v2").
     gid: str | None = None
     gid_type: str | None = None
@@ -60,12 +60,12 @@ class FabricFacts(FactsModel):
 
     ifname: str | None = None
     ip: str | None = None
-    hcas: list[str] = Field(default_factory=list)
+    hcas: list[str] = Field(default_factory=lambda: [])
     prefixlen: int | None = None
     mtu: int | None = None
-    ports: list[RdmaPort] = Field(default_factory=list)
+    ports: list[RdmaPort] = Field(default_factory=lambda: [])
     problem: str | None = None
-    candidates: list[str] = Field(default_factory=list)
+    candidates: list[str] = Field(default_factory=lambda: [])
 
 
 @dataclass(frozen=True)

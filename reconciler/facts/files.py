@@ -93,7 +93,7 @@ class CheckpointRecord(FactsModel):
     the head) what a branch of the spec was pinned to."""
 
     repo: str
-    history: list[str] = Field(default_factory=list)
+    history: list[str] = Field(default_factory=lambda: [])
     resolved: Resolved | None = None
     serving_since: str | None = None
 

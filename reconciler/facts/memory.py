@@ -28,7 +28,7 @@ class GuardTrip(FactsModel):
     at: str
     mem_available_gib: float
     floor_gib: float
-    killed: list[str] = Field(default_factory=list)
+    killed: list[str] = Field(default_factory=lambda: [])
 
 
 class GuardFacts(FactsModel):

@@ -49,8 +49,8 @@ class NodeFacts(FactsModel):
     memory: MemoryFacts | None = None
     fabric: FabricFacts = FabricFacts()
     checkpoint: CheckpointFacts = CheckpointFacts()
-    images: list[str] = Field(default_factory=list)
-    containers: list[ContainerFacts] = Field(default_factory=list)
+    images: list[str] = Field(default_factory=lambda: [])
+    containers: list[ContainerFacts] = Field(default_factory=lambda: [])
     guard: GuardFacts = GuardFacts()
     api_key: KeyFileFacts | None = None
     hold: Hold | None = None

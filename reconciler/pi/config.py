@@ -36,7 +36,8 @@ from reconciler.clock import utc_stamp
 from reconciler.constants import PI_KEY_ENV, PI_PROVIDER
 from reconciler.errors import JsoncError, PiConfigError
 from reconciler.fsutil import atomic_write
-from reconciler.pi import jsonc
+
+# reconciler.pi.jsonc is imported by the functions that edit a file: a plan only compares entries.
 
 DEFAULT_PROVIDER = PI_PROVIDER
 DEFAULT_KEY_ENV = PI_KEY_ENV
@@ -236,6 +237,8 @@ class Changes:
 
 def load_object(files: PiFiles, name: str) -> dict[str, Any] | None:
     """A config file's top-level object (JSONC-tolerant), None when missing; errors name file and line."""
+    from reconciler.pi import jsonc
+
     text = files.text(name)
     if text is None:
         return None
@@ -311,6 +314,8 @@ def install_changes(files: PiFiles, target: PiTarget) -> Changes:
 
 
 def _install_models(files: PiFiles, target: PiTarget) -> tuple[str | None, list[str]]:
+    from reconciler.pi import jsonc
+
     data = load_object(files, MODELS)
     text = files.text(MODELS)
     desired = provider_entry(target)
@@ -345,6 +350,8 @@ class _SettingsOutcome:
 
 
 def _install_settings(files: PiFiles, target: PiTarget, record: Mapping[str, Any]) -> _SettingsOutcome:
+    from reconciler.pi import jsonc
+
     data = load_object(files, SETTINGS)
     original = files.text(SETTINGS) or _EMPTY_SETTINGS
     text, messages, enabled_model = _install_enabled(original, data or {}, files, target, record)
@@ -363,6 +370,8 @@ def _install_enabled(
     text: str, data: Mapping[str, Any], files: PiFiles, target: PiTarget, record: Mapping[str, Any]
 ) -> tuple[str, list[str], str | None]:
     """Append to a non-empty enabledModels; drop an entry an earlier install added for another model id."""
+    from reconciler.pi import jsonc
+
     enabled = enabled_models_of(data, files)
     added = record.get("enabled_model")
     ref = target.model_ref
@@ -424,6 +433,8 @@ def uninstall_changes(files: PiFiles, provider: str) -> Changes:
 
 
 def _uninstall_models(files: PiFiles, provider: str, created: bool) -> tuple[str | None, str] | None:
+    from reconciler.pi import jsonc
+
     providers = providers_of(files)
     text = files.text(MODELS)
     if providers is None or text is None or provider not in providers:
@@ -437,6 +448,8 @@ def _uninstall_models(files: PiFiles, provider: str, created: bool) -> tuple[str
 def _uninstall_settings(
     files: PiFiles, provider: str, record: Mapping[str, Any]
 ) -> tuple[str | None, list[str]] | None:
+    from reconciler.pi import jsonc
+
     data = load_object(files, SETTINGS)
     text = files.text(SETTINGS)
     if data is None or text is None:
@@ -459,6 +472,8 @@ def _uninstall_settings(
 
 
 def _restore_defaults(text: str, previous: Mapping[str, Any]) -> str:
+    from reconciler.pi import jsonc
+
     for key in _DEFAULT_KEYS:
         text = jsonc.set_member(text, (), key, previous[key]) if key in previous else jsonc.remove_member(text, (), key)
     return text

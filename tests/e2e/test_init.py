@@ -67,9 +67,12 @@ def test_an_unknown_host_key_stops_init_with_the_command_that_adds_it(bed: Bed, 
     )
     assert not (workdir / "first.yaml").exists()
     assert known_hosts.read_text(encoding="utf-8") == "", "init never adds a key"
-    keyscan = re.search(r"`(ssh-keyscan [^`]*)`", refused.stderr)
+    # The hint: look at the offered fingerprints first, and only then the command that adds the key.
+    look = f"`ssh-keyscan -p 22 {FABRIC_IP[WORKER]} | ssh-keygen -lf -` shows the fingerprints it offers"
+    assert look in refused.stderr
+    keyscan = re.search(r"only if they match: `(ssh-keyscan [^`]*)`", refused.stderr)
     assert keyscan is not None, refused.stderr
-    assert keyscan.group(1) == f"ssh-keyscan {FABRIC_IP[WORKER]} >> {known_hosts}"
+    assert keyscan.group(1) == f"ssh-keyscan -p 22 {FABRIC_IP[WORKER]} >> {known_hosts}"
     # What the hint asks first: the scanned key's fingerprint is the one the node itself has.
     scanned = bed.node(HEAD, "sh", "-c", f"ssh-keyscan {FABRIC_IP[WORKER]} 2>/dev/null | ssh-keygen -lf -").stdout
     own = Layout(TB_ROOT).host_key(node_named(WORKER)).with_suffix(".pub")

@@ -50,6 +50,21 @@ def near(measured: float, truth: float, tolerance: float = TOLERANCE) -> bool:
     return abs(measured - truth) <= tolerance * truth
 
 
+# The stand-in paces its tokens with sleeps, which a loaded machine can only stretch: measured
+# against its known rates, a time may come out longer and a rate lower (up to SLOWED_BY), but
+# never shorter or higher than the tolerance allows. A client that read in bursts or timed the
+# wrong moment would be off the other way, or by far more.
+SLOWED_BY = 1.8
+
+
+def time_near(measured: float, truth: float) -> bool:
+    return (1 - TOLERANCE) * truth <= measured <= SLOWED_BY * truth
+
+
+def rate_near(measured: float, truth: float) -> bool:
+    return truth / SLOWED_BY <= measured <= (1 + TOLERANCE) * truth
+
+
 def bench(url: str, out: Path, **settings: Any) -> BenchRun:
     return BenchRun(ApiTarget(url, KEY, MODEL), BenchSettings(**settings), out)
 
@@ -69,18 +84,18 @@ def test_the_numbers_match_the_standins_known_rates(url: str, tmp_path: Path) ->
     assert prefill["prompt_tokens"] == 4096
     # The stand-in's TTFT: the prompt's prefill delay, then one token's delay.
     true_ttft = 4096 * PREFILL_DELAY_S + TOKEN_DELAY_S
-    assert near(prefill["ttft_s"]["median"], true_ttft)
-    assert near(prefill["tok_s"]["median"], 4096 / true_ttft)
+    assert time_near(prefill["ttft_s"]["median"], true_ttft)
+    assert rate_near(prefill["tok_s"]["median"], 4096 / true_ttft)
 
     one, two = summary["decode"]
     for level in (one, two):
-        assert near(level["per_stream_tok_s"]["median"], 1 / TOKEN_DELAY_S)
-        assert near(level["tpot_s"]["mean"], TOKEN_DELAY_S)
-        assert near(level["itl_s"]["mean"], TOKEN_DELAY_S)
-        assert near(level["itl_s"]["median"], TOKEN_DELAY_S)
+        assert rate_near(level["per_stream_tok_s"]["median"], 1 / TOKEN_DELAY_S)
+        assert time_near(level["tpot_s"]["mean"], TOKEN_DELAY_S)
+        assert time_near(level["itl_s"]["mean"], TOKEN_DELAY_S)
+        assert time_near(level["itl_s"]["median"], TOKEN_DELAY_S)
         assert level["ttft_s"]["mean"] < 3 * TOKEN_DELAY_S
-    assert near(one["aggregate_tok_s"]["median"], 1 / TOKEN_DELAY_S)
-    assert near(two["aggregate_tok_s"]["median"], 2 / TOKEN_DELAY_S)
+    assert rate_near(one["aggregate_tok_s"]["median"], 1 / TOKEN_DELAY_S)
+    assert rate_near(two["aggregate_tok_s"]["median"], 2 / TOKEN_DELAY_S)
 
     streams = [stream for rep in report["decode"] for stream in rep["streams"]]
     assert len(streams) == 3
@@ -93,7 +108,7 @@ def test_the_numbers_match_the_standins_known_rates(url: str, tmp_path: Path) ->
     recall = summary["recall"][0]
     assert recall["pass"] is True
     assert near(recall["prompt_tokens"], 2000, 0.05)
-    assert near(recall["ttft_s"], recall["prompt_tokens"] * PREFILL_DELAY_S + TOKEN_DELAY_S)
+    assert time_near(recall["ttft_s"], recall["prompt_tokens"] * PREFILL_DELAY_S + TOKEN_DELAY_S)
 
 
 def test_the_report_is_written_after_every_step(url: str, tmp_path: Path) -> None:

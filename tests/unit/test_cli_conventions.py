@@ -36,14 +36,20 @@ HEAVY = ("docker", "paramiko", "httpx", "huggingface_hub", "requests", "watchfil
 
 def loaded_after(*argv: str) -> set[str]:
     """Top-level modules loaded by running the command in a fresh interpreter."""
+    return {name.split(".")[0] for name in modules_after(*argv)}
+
+
+def modules_after(*argv: str) -> set[str]:
+    """Every module loaded by running the command in a fresh interpreter."""
     code = (
         "import sys, io, contextlib\n"
         "from reconciler.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
         f"    try:\n        main({list(argv)!r})\n    except SystemExit:\n        pass\n"
-        "print(' '.join(sorted({name.split('.')[0] for name in sys.modules})))\n"
+        "print(' '.join(sorted(sys.modules)))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    env = {name: value for name, value in os.environ.items() if name != "PYDANTIC_DISABLE_PLUGINS"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
     return set(result.stdout.split())
 
 
@@ -63,7 +69,90 @@ def test_commands_that_touch_no_node_load_no_node_client(argv: list[str]) -> Non
 
 def test_version_and_help_do_not_even_load_pydantic_or_yaml() -> None:
     for argv in (["--version"], ["--help"], ["plan", "--help"]):
-        assert loaded_after(*argv) & {"pydantic", "yaml", "pydantic_core"} == set()
+        assert modules_after(*argv) & {"pydantic", "yaml", "pydantic_core"} == set()
+
+
+# What planning from a file never needs, each a measurable part of its start-up: the executors'
+# side of apply (progress, transports), the saved plan's payload validator and the Pi config
+# editor. (pydantic's plugin loader still imports importlib.metadata, and email and zipfile with
+# it, even with plugins disabled: that is pydantic's, left as it is.)
+NOT_FOR_A_PLAN = (
+    "reconciler.execution",
+    "reconciler.progress",
+    "reconciler.transport",
+    "reconciler.transport.base",
+    "reconciler.savedplan",
+    "pydantic.type_adapter",
+    "reconciler.pi.jsonc",
+)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["validate", "--spec", str(SPEC_PATH)], ["plan", "--spec", str(SPEC_PATH), "--facts", str(EMPTY_FACTS)]],
+)
+def test_validate_and_plan_from_a_file_load_only_what_they_use(argv: list[str]) -> None:
+    assert modules_after(*argv) & set(NOT_FOR_A_PLAN) == set()
+
+
+def test_no_model_field_has_a_builtin_list_factory() -> None:
+    """pydantic reads a default factory's signature, and `list`'s is parsed from its text (start-up)."""
+    import pydantic
+
+    import reconciler.plan
+    import reconciler.savedplan  # noqa: F401  (loads every model a plan holds)
+
+    def models(cls: type[pydantic.BaseModel]) -> Iterator[type[pydantic.BaseModel]]:
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from models(sub)
+
+    ours = [model for model in models(pydantic.BaseModel) if model.__module__.startswith("reconciler.")]
+    assert len(ours) > 50
+    for model in ours:
+        for name, info in model.model_fields.items():
+            assert info.default_factory is not list, (model.__name__, name)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--spec", "x.yaml", "--facts", "f.json", "-v", "--json"],
+        ["apply", "saved.plan", "--yes", "--wait", "30"],
+        ["status", "--watch"],
+        ["pi", "install", "http://10.0.0.1:8000", "--set-default"],
+        ["bench", "compare", "a.json", "b.json"],
+        ["logs", "r0", "--tail", "5"],
+        ["init", "--worker", "me@spark2"],
+        ["completion", "zsh"],
+        ["plan", "--bogus"],
+        ["plan", "--facts"],
+        ["pi"],
+        ["paln"],
+        ["--json", "plan", "--spec", "x"],
+        ["-h"],
+        ["--help", "plan"],
+        ["--version"],
+        ["--vers"],
+        ["--version", "--bogus"],
+        ["plan", "-h"],
+        [],
+    ],
+)
+def test_the_tree_for_one_command_line_parses_it_as_the_whole_tree(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from reconciler.cli.parser import parse
+
+    def outcome(parser: argparse.ArgumentParser) -> tuple[object, str, str]:
+        try:
+            result: object = vars(parse(parser, list(argv)))
+        except SystemExit as exited:
+            result = exited.code
+        captured = capsys.readouterr()
+        return result, captured.out, captured.err
+
+    assert outcome(build_parser(argv)) == outcome(build_parser())
 
 
 # --- help -----------------------------------------------------------------------------------------
@@ -169,12 +258,23 @@ def silent_server() -> Iterator[int]:
         listener.close()
 
 
+# `python -m reconciler` with Python's own Ctrl-C handler, as from a terminal: a test run started
+# in the background (`cmd &` in a script) hands its children SIGINT ignored, and Python then
+# installs no KeyboardInterrupt handler.
+AS_FROM_A_TERMINAL = [
+    sys.executable,
+    "-c",
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('reconciler', run_name='__main__', alter_sys=True)",
+]
+
+
 def test_ctrl_c_on_a_real_process_exits_130(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text("k" * 32 + "\n", encoding="utf-8")
     with silent_server() as port:
         process = subprocess.Popen(
-            [sys.executable, "-m", "reconciler", "smoke", f"http://127.0.0.1:{port}", "--key-file", str(key)],
+            [*AS_FROM_A_TERMINAL, "smoke", f"http://127.0.0.1:{port}", "--key-file", str(key)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -21,8 +21,8 @@ from huggingface_hub._local_folder import _short_hash
 
 from reconciler.hub import fetch, list_files
 from reconciler.spec import Model
-from tests.testbed.hub.checkpoint import build_checkpoint
 from tests.testbed.hub.server import StandinHub
+from tests.unit.hubclient import serving_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARD = "model-00001-of-00006.safetensors"
@@ -30,16 +30,7 @@ SHARD = "model-00001-of-00006.safetensors"
 
 @pytest.fixture
 def hub(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandinHub]:
-    data = tmp_path_factory.mktemp("hub")
-    build_checkpoint(data, shard_mib=24, part_mib=20)
-    for name, value in {"HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home")))
-    server = StandinHub(data).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from serving_checkpoint(tmp_path_factory, monkeypatch, shard_mib=24, part_mib=20)
 
 
 def partial_of(model_dir: Path) -> Path | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from huggingface_hub import HfApi, RepoFile, close_session, constants, snapshot_download
+from huggingface_hub import HfApi, RepoFile, snapshot_download
 from huggingface_hub.errors import RevisionNotFoundError
 
 from tests.testbed import services
@@ -34,6 +34,7 @@ from tests.testbed.hub.checkpoint import (
     read_manifest,
     shard_name,
 )
+from tests.unit.hubclient import isolated_client
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHANGED_SHARD = shard_name(3)
@@ -51,15 +52,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[RepoInfo, RepoInfo]
 @pytest.fixture(autouse=True)
 def hf_client(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """Isolate the real client: temp HF_HOME, no token, no Xet, no telemetry; fresh HTTP session per test."""
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
-    yield
-    close_session()
+    yield from isolated_client(monkeypatch, tmp_path / "hf-home")
 
 
 @pytest.fixture

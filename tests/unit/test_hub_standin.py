@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from huggingface_hub import HfApi, RepoFile, RepoFolder, close_session, constants, hf_hub_download, snapshot_download
+from huggingface_hub import HfApi, RepoFile, RepoFolder, constants, hf_hub_download, snapshot_download
 from huggingface_hub.errors import (
     HfHubHTTPError,
     RemoteEntryNotFoundError,
@@ -33,6 +33,7 @@ from huggingface_hub.errors import (
 from tests.testbed.hub import Faults, RepoInfo, StandinControl, StandinHub, build_checkpoint
 from tests.testbed.hub.checkpoint import BANKS, MANIFEST_NAME, PARTED_SHARDS, PLAN_NAME, SHARD_COUNT, shard_name
 from tests.testbed.hub.repo import blob_id_of
+from tests.unit.hubclient import isolated_client
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PAGE_SIZE = 6  # small, so every listing spans several pages
@@ -57,16 +58,7 @@ def built_big(tmp_path_factory: pytest.TempPathFactory) -> RepoInfo:
 @pytest.fixture(autouse=True)
 def hf_client(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """Isolate the real client: temp HF_HOME, no token, no Xet, no telemetry; fresh HTTP session per test."""
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    # huggingface_hub reads these at import time, which may have happened before this fixture ran.
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
-    yield
-    close_session()
+    yield from isolated_client(monkeypatch, tmp_path / "hf-home")
 
 
 def _serve(info: RepoInfo, **options: Any) -> StandinHub:

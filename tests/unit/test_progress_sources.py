@@ -21,8 +21,8 @@ from reconciler.spec import Model
 from reconciler.transport.base import run_program
 from reconciler.transport.local import LocalTransport
 from tests.scenarios import empty_facts, reference_deployment
-from tests.testbed.hub.checkpoint import build_checkpoint
 from tests.testbed.hub.server import StandinHub
+from tests.unit.hubclient import serving_checkpoint
 
 NODE = LocalTransport("local")
 SECRET = "sk-rankLogSecretKey0987654321"
@@ -62,16 +62,7 @@ def test_reassembly_reports_its_shards_by_name(tmp_path: Path) -> None:
 
 @pytest.fixture
 def standin(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandinHub]:
-    data = tmp_path_factory.mktemp("hub")
-    build_checkpoint(data, shard_mib=1, part_mib=0.75)
-    for name, value in {"HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home")))
-    server = StandinHub(data).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from serving_checkpoint(tmp_path_factory, monkeypatch, shard_mib=1, part_mib=0.75)
 
 
 def test_the_node_side_fetcher_reports_bytes_and_files_of_what_it_fetches(standin: StandinHub, tmp_path: Path) -> None:
