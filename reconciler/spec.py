@@ -428,6 +428,15 @@ class Model(StrictModel):
         description="Previous revisions kept beside the served one (for a rollback without a download).",
     )
     worker_source: Literal["peer", "hub"] = Field(default="peer", description="Default for nodes[].model_source.")
+    copy_transport: Literal["fabric", "ssh"] = Field(
+        default="fabric",
+        description=(
+            "How a worker's copy travels: parallel rsync streams to a one-time rsync daemon on the "
+            "worker's fabric address (fast; the bytes cross the fabric cable unencrypted, like NCCL's, "
+            "and are verified at both ends), or the same streams over SSH (encrypted, bound by the "
+            "cipher's CPU cost; the head then serves every worker)."
+        ),
+    )
 
     @field_validator("endpoint")
     @classmethod

@@ -173,7 +173,7 @@ def plan_checkpoint(deployment: Deployment, facts: Facts, commit: str | None, de
         if deployment.source_of(node) == "hub":
             staging.extend(_plan_node(deployment, view, expect, listings, commit, deep_verify, source=None))
             continue
-        source = _peer_source(facts, head_view, head_done, relay, node)
+        source = _peer_source(deployment, facts, head_view, head_done, relay, node)
         outcome = _plan_node(deployment, view, expect, listings, commit, deep_verify, source=source)
         staging.extend(outcome)
         if not outcome.blockers:
@@ -363,15 +363,26 @@ class _PeerSource:
     fabric: tuple[str, str] | None
     head: NodeView
     why: str = ""
+    # "ssh" when the spec chose it; "fabric" also when the fabric is not settled (then SSH too).
+    transport: str = "fabric"
 
 
 def _peer_source(
-    facts: Facts, head: NodeView, head_done: str, relay: tuple[NodeView, str] | None, node: Node
+    deployment: Deployment,
+    facts: Facts,
+    head: NodeView,
+    head_done: str,
+    relay: tuple[NodeView, str] | None,
+    node: Node,
 ) -> _PeerSource:
     """A chain: each worker copies from the one before it once that one's copy is verified, so
     every node uploads the checkpoint at most once and the head's upload does not grow with the
     workers. The head serves the first worker, and any worker the fabric cannot reach from the
-    one before it (a copy from a worker goes only to a daemon on the fabric)."""
+    one before it (a copy from a worker goes only to a daemon on the fabric). With
+    `copy_transport: ssh` the head serves every worker over SSH: workers hold no SSH keys to
+    each other."""
+    if deployment.model.copy_transport == "ssh":
+        return _PeerSource(head, head_done, None, head, transport="ssh")
     if relay is not None:
         previous, verified = relay
         fabric = _fabric_pair(facts, previous.node, node)
@@ -598,6 +609,8 @@ def _fetch_action(
 
 
 def _copy_route(source: _PeerSource) -> str:
+    if source.transport == "ssh":
+        return "over SSH, as model.copy_transport says (parallel rsync streams, encrypted, resumable)"
     if source.fabric is None:
         return "over SSH, fabric addresses not settled (parallel rsync streams, resumable)"
     origin_ip, worker_ip = source.fabric

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from reconciler.actions import Copy, Step, action
 from reconciler.components import checkpoint_run
@@ -27,7 +28,7 @@ from reconciler.facts.node import Facts, NodeFacts
 from reconciler.nodeside import copydaemon
 from reconciler.plan import plan
 from reconciler.progress import Counter
-from reconciler.spec import SshTarget
+from reconciler.spec import Model, SshTarget
 from reconciler.transport.base import CommandResult, LineSink, Transport
 from reconciler.transport.local import LocalTransport
 from reconciler.transport.sshroute import resolve_route
@@ -426,6 +427,23 @@ def test_a_worker_the_fabric_cannot_reach_from_the_one_before_copies_from_the_he
     copies = {item.node: item for item in actions if item.step is Step.COPY}
     assert copies["spark-third"].payload.source_node == "spark-head"  # type: ignore[attr-defined]
     assert copies["spark-third"].payload.fabric == ("10.10.10.13", "10.10.10.12")  # type: ignore[attr-defined]
+
+
+def test_copy_transport_ssh_sends_every_copy_from_the_head_over_ssh() -> None:
+    deployment, facts = three_nodes()
+    chosen = deployment.model_copy(update={"model": deployment.model.model_copy(update={"copy_transport": "ssh"})})
+    actions = plan(chosen, facts).actions
+    copies = {item.node: item for item in actions if item.step is Step.COPY}
+    for copy in copies.values():
+        assert isinstance(copy.payload, Copy)
+        assert (copy.payload.source_node, copy.payload.fabric) == ("spark-head", None)
+        assert "over SSH, as model.copy_transport says" in copy.summary
+    assert "checkpoint.verify@spark-worker" not in copies["spark-third"].depends_on, "no chain: the head serves both"
+
+
+def test_copy_transport_is_checked_in_the_spec() -> None:
+    with pytest.raises(ValidationError, match="copy_transport"):
+        Model.model_validate({"copy_transport": "nfs"})
 
 
 @pytest.mark.usefixtures("four_cores")
