@@ -104,6 +104,9 @@ class Download(Payload):
     refetch: list[str] = Field(default_factory=lambda: [])
     # A hub-sourced worker fetches with the node-side fetcher; the head with the Hub client.
     on_node: bool = False
+    # The node's hash cache: each file is hashed into it as soon as it lands, so a copy behind
+    # this download can send it at once and the verify after it does not hash it again.
+    cache: str | None = None
 
 
 class Pin(Payload):
@@ -152,6 +155,8 @@ class Shard(Payload):
     name: str
     # None when only the manifest knows it (the Hub lists the shard's parts, not the shard).
     sha256: str | None = None
+    # The parts the download before brings, which a pipelined reassembly waits for.
+    parts: list[str] = Field(default_factory=lambda: [])
 
 
 class Reassemble(Payload):
@@ -163,6 +168,8 @@ class Reassemble(Payload):
     # download brought it, relative to the model dir.
     manifest: str
     cache: str
+    # Runs while the download of the parts does: each shard once its parts have landed.
+    pipelined: bool = False
 
 
 class Verify(Payload):
@@ -200,6 +207,13 @@ class Copy(Payload):
     # The fabric addresses of source and destination: the streams go to an rsync daemon on the
     # destination's; None (a fabric address unknown) sends them over SSH.
     fabric: tuple[str, str] | None
+    # Runs while the source still gets the files (its download, or its own copy): each file
+    # goes once it is complete and verified there (see reconciler/pipeline.py).
+    pipelined: bool = False
+    # name -> sha256 and the destination's hash cache: each file is hashed as it lands, so the
+    # verify after the copy does not hash it again and a copy behind this one may send it on.
+    hashes: dict[str, str] = Field(default_factory=lambda: {})
+    cache: str | None = None
 
 
 class StagePlan(Payload):

@@ -19,6 +19,7 @@ from reconciler.components.pi import plan_pi
 from reconciler.components.ranks import hold_reasons, plan_ranks
 from reconciler.errors import FactsError
 from reconciler.facts.node import Facts
+from reconciler.pipeline import behind
 from reconciler.revisions import desired_commit
 from reconciler.spec import Deployment
 
@@ -194,8 +195,9 @@ def render_text(result: Plan, verbose: bool = False) -> str:
     if result.blockers or result.notes:
         lines.append("")
     numbers = {action.id: index for index, action in enumerate(result.actions, start=1)}
+    nodes = {action.id: action.node for action in result.actions}
     for action in result.actions:
-        lines += _render_action(action, numbers)
+        lines += _render_action(action, numbers, nodes)
     if verbose and result.in_sync:
         lines.append("  In sync:")
         lines += [f"    = {item.component} on {item.node}: {item.reason}" for item in result.in_sync]
@@ -209,14 +211,17 @@ def _header(result: Plan) -> str:
     return f'Deployment "{result.deployment}": {nodes}'
 
 
-def _render_action(action: Action, numbers: dict[str, int]) -> list[str]:
+def _render_action(action: Action, numbers: dict[str, int], nodes: dict[str, str]) -> list[str]:
     number = numbers[action.id]
     lines = [f"{action.symbol:>3} [{number}] {action.component} on {action.node}: {action.summary}"]
     lines.append(f"        because {action.cause}")
-    if action.depends_on:
-        after = ", ".join(str(numbers[dep]) for dep in action.depends_on if dep in numbers)
-        if after:
-            lines.append(f"        after {after}")
+    alongside = behind(action, nodes)
+    after = ", ".join(str(numbers[dep]) for dep in action.depends_on if dep in numbers and dep not in alongside)
+    if after:
+        lines.append(f"        after {after}")
+    shown = ", ".join(str(numbers[dep]) for dep in action.depends_on if dep in numbers and dep in alongside)
+    if shown:
+        lines.append(f"        alongside {shown} (pipelined: takes each file as soon as it is ready)")
     lines.append("")
     return lines
 

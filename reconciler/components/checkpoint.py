@@ -449,14 +449,28 @@ def _plan_node(
         )
     assemble = [*state.assemblable, *(name for name in fetch if name in PARTED_SHARDS)]
     if assemble and (source is None):
+        # Behind the head's own download: each shard once its parts have landed, meanwhile.
+        pipelined = node.ssh is None and any(name in fetch for name in assemble)
         summary = f"reassemble {', '.join(assemble)} from their .partNN files (streaming)"
         cause = "the Hub stores these shards as parts (50 GB per-file limit)"
+        if pipelined:
+            summary += ", each as soon as its parts are downloaded"
+            cause += "; pipelined behind the download: the rest downloads meanwhile"
+        listing = listings[commit]
         payload_assemble = Reassemble(
             model_dir=target,
-            shards=[Shard(name=name, sha256=expect.hashes.get(name)) for name in assemble],
+            shards=[
+                Shard(
+                    name=name,
+                    sha256=expect.hashes.get(name),
+                    parts=sorted(p for p in listing.files if shard_of(p) == name) if name in fetch else [],
+                )
+                for name in assemble
+            ],
             keep_parts=deployment.model.keep_parts,
             manifest=deployment.model.manifest,
             cache=f"{view.state_dir}/{HASH_CACHE}",
+            pipelined=pipelined,
         )
         actions.append(_action(Step.REASSEMBLE, "create", node, summary, cause, payload_assemble, actions))
     restart = _restart_cause(state.corrupt) if serving_here and state.corrupt else None
@@ -584,6 +598,10 @@ def _fetch_action(
         where = _shown(node, listing.commit)
         origin = source.origin
         summary = f"copy {len(fetch)} files ({size}) from {origin.node.name} into {where} {_copy_route(source)}"
+        pipelined = bool(after)
+        if pipelined:
+            summary += f", each file as soon as it is complete and verified on {origin.node.name}"
+            cause = "; ".join(part for part in (cause, _pipelined_cause(origin)) if part)
         payload: Payload = Copy(
             source_node=origin.node.name,
             source_dir=revision_dir(origin.model_dir, listing.commit),
@@ -592,6 +610,9 @@ def _fetch_action(
             bytes=sum(expect.sizes.get(name, 0) for name in fetch),
             sizes={name: expect.sizes.get(name, 0) for name in sorted(fetch)},
             fabric=source.fabric,
+            pipelined=pipelined,
+            hashes={name: expect.hashes[name] for name in sorted(fetch) if name in expect.hashes},
+            cache=f"{view.state_dir}/{HASH_CACHE}",
         )
         return _action(Step.COPY, "create", node, summary, cause, payload, earlier, after=after)
     where = _shown(node, listing.commit)
@@ -604,8 +625,17 @@ def _fetch_action(
         whole_repo=nothing_here,
         refetch=state.corrupt,
         on_node=node.ssh is not None,
+        cache=f"{view.state_dir}/{HASH_CACHE}",
     )
     return _action(Step.DOWNLOAD, "create", node, summary, cause, payload, earlier)
+
+
+def _pipelined_cause(origin: NodeView) -> str:
+    name = origin.node.name
+    return (
+        f"pipelined: starts while {name} still gets the files and sends each one once it is complete and its "
+        f"sha256 matches on {name} (a shard once reassembled, never its parts)"
+    )
 
 
 def _copy_route(source: _PeerSource) -> str:

@@ -48,15 +48,16 @@ from reconciler.components.checkpoint import (
     shard_of,
 )
 from reconciler.components.copystreams import CIPHER_OPTION, split_streams, stream_count
-from reconciler.errors import NodeCommandError
+from reconciler.errors import NodeCommandError, PipelineStoppedError, ReconcilerError
 from reconciler.execution import ApplyContext, Executor
 from reconciler.facts.files import parse_manifest
 from reconciler.nodeside.copydaemon import MODULE as DAEMON_MODULE
 from reconciler.nodeside.copydaemon import USER as DAEMON_USER
+from reconciler.pipeline import Feed
 from reconciler.progress import Counter
 from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import SshTarget
-from reconciler.transport.base import CommandResult, LineSink, check, run_program
+from reconciler.transport.base import LineSink, check, run_program
 from reconciler.transport.sshroute import SshRoute, openssh_command, route_for
 
 _INCOMPLETE_HINT = "run `reconciler apply` again: it re-fetches exactly the files named (nothing else is deleted)"
@@ -110,10 +111,74 @@ def _download(ctx: ApplyContext, action: Action) -> str:
     only = None if download.whole_repo else [item.path for item in download.files]
     target = download.model_dir
     ctx.progress.line(f"    {action.node}: downloading {download.repo}@{download.commit[:12]} into {target}")
-    listing = hub.fetch(
-        model, target, commit=download.commit, report=ctx.progress.line, only=only, on_bytes=ctx.progress.reporter()
-    )
+    expected = {item.path: item.sha256 for item in download.files if item.sha256}
+    with Landed(ctx, action.node, target, download.cache, expected) as landed:
+        listing = hub.fetch(
+            model,
+            target,
+            commit=download.commit,
+            report=ctx.progress.line,
+            only=only,
+            on_bytes=ctx.progress.reporter(),
+            on_file=lambda item: landed.add([item.path]),
+        )
     return f"{download.repo}@{listing.commit[:12]} in {target}"
+
+
+class Landed:
+    """Files complete on a node, hashed into its cache one batch after another on a thread of
+    its own, each published on the node's board once its sha256 matches (a file without a
+    known sha256 as soon as it is complete: nothing could verify it later either; a shard's
+    part at once, for its reassembly, which verifies the whole shard). A mismatch is left to
+    the verify that follows, which re-fetches it. Leaving the block waits for the hashing."""
+
+    def __init__(self, ctx: ApplyContext, node: str, root: str, cache: str | None, expected: dict[str, str]) -> None:
+        self.ctx, self.node, self.root, self.cache, self.expected = ctx, node, root, cache, expected
+        self.board = ctx.boards.board(node)
+        self.queue: list[str] = []
+        self.more = threading.Condition()
+        self.closed = False
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"hash {node}", daemon=True)
+
+    def __enter__(self) -> Landed:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self.more:
+            self.closed = True
+            self.more.notify_all()
+        self.thread.join()
+        if self.failure is not None and exc[0] is None:
+            raise self.failure
+
+    def add(self, names: list[str]) -> None:
+        at_once = [name for name in names if self.cache is None or name not in self.expected or shard_of(name)]
+        self.board.publish(at_once)
+        with self.more:
+            self.queue += [name for name in names if name not in at_once]
+            self.more.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self.more:
+                while not self.queue and not self.closed:
+                    self.more.wait()
+                batch, self.queue = self.queue, []
+                if not batch and self.closed:
+                    return
+            try:
+                self._hash(batch)
+            except BaseException as exc:  # raised on leaving the block, on the action's thread
+                self.failure = self.failure or exc
+
+    def _hash(self, names: list[str]) -> None:
+        assert self.cache is not None
+        args = {"model_dir": self.root, "files": names, "cache": self.cache, "deep": False}
+        with self.ctx.boards.cache_lock(self.node):
+            digests = self.ctx.ops(self.node, "hash_files", args, timeout=6 * 3600)
+        self.board.publish(name for name in names if digests.get(name) == self.expected[name])
 
 
 def fetch_on_node(
@@ -167,19 +232,33 @@ def _manifest_hashes(ctx: ApplyContext, node: str, model_dir: str, manifest: str
 
 
 def _reassemble(ctx: ApplyContext, action: Action) -> str:
+    """Each shard once its parts have landed (at once unless pipelined behind their download),
+    published on the node's board when built and its sha256 matched."""
     reassemble = payload_of(action, Reassemble)
+    node = action.node
+    wanted = {part: 0 for shard in reassemble.shards for part in shard.parts}
     expected = {shard.name: shard.sha256 for shard in reassemble.shards if shard.sha256}
     if len(expected) < len(reassemble.shards):
-        manifest = _manifest_hashes(ctx, action.node, reassemble.model_dir, reassemble.manifest)
+        wanted[reassemble.manifest] = 0
+    feed = ctx.boards.feed(action, node, wanted)
+    if len(expected) < len(reassemble.shards):
+        feed.wait_for([reassemble.manifest])
+        manifest = _manifest_hashes(ctx, node, reassemble.model_dir, reassemble.manifest)
         expected = {**{s.name: manifest[s.name] for s in reassemble.shards if s.name in manifest}, **expected}
-    args = {
-        "model_dir": reassemble.model_dir,
-        "shards": [shard.name for shard in reassemble.shards],
-        "expected": expected,
-        "keep_parts": reassemble.keep_parts,
-        "cache": reassemble.cache,
-    }
-    built = ctx.ops(action.node, "reassemble", args)
+    built: dict[str, int] = {}
+    for shard in reassemble.shards:
+        feed.wait_for(shard.parts)
+        args = {
+            "model_dir": reassemble.model_dir,
+            "shards": [shard.name],
+            "expected": {name: digest for name, digest in expected.items() if name == shard.name},
+            "keep_parts": reassemble.keep_parts,
+            "cache": reassemble.cache,
+        }
+        with ctx.boards.cache_lock(node):
+            built.update(ctx.ops(node, "reassemble", args))
+        if shard.name in expected:
+            ctx.boards.board(node).publish([shard.name])
     return ", ".join(f"{name} ({human_bytes(size)})" for name, size in built.items())
 
 
@@ -258,7 +337,21 @@ def _copy(ctx: ApplyContext, action: Action) -> str:
     sizes = {name: copy.sizes.get(name, 0) for name in names}
     recopy = copy.files is not None
     node, origin = action.node, copy.source_node
-    streams = _rsync(ctx, node, copy.source_dir, copy.destination_dir, sizes, recopy, copy.bytes, copy.fabric, origin)
+    feed = ctx.boards.feed(action, origin, sizes)
+    with Landed(ctx, node, copy.destination_dir, copy.cache, copy.hashes) as landed:
+        streams = _rsync(
+            ctx,
+            node,
+            copy.source_dir,
+            copy.destination_dir,
+            sizes,
+            recopy,
+            copy.bytes,
+            copy.fabric,
+            origin,
+            feed=feed,
+            landed=landed.add,
+        )
     return f"copied {len(names)} files from {origin} to {node}:{copy.destination_dir} in {streams} rsync streams"
 
 
@@ -272,6 +365,9 @@ def _rsync(
     size: int | None = None,
     fabric: tuple[str, str] | None = None,
     origin: str | None = None,
+    *,
+    feed: Feed | None = None,
+    landed: Callable[[list[str]], None] | None = None,
 ) -> int:
     """rsync head -> worker in parallel streams; resumable. Returns the number of streams.
 
@@ -280,7 +376,9 @@ def _rsync(
     files already complete on the worker are skipped. Nothing else on the worker is touched.
     `size`: the bytes to copy, if known. `fabric`: (origin, worker) fabric addresses, for a
     daemon on the worker's (see nodeside/copydaemon.py); without them, over SSH. `origin`:
-    the node whose files are sent and that runs the streams, the head unless named.
+    the node whose files are sent and that runs the streams, the head unless named. `feed`:
+    where the files come from as they are ready on the origin (pipelined), else all at once;
+    `landed` is told each batch once it is on the worker.
     """
     origin = origin or ctx.deployment.head.name
     worker = ctx.node(node)
@@ -291,25 +389,50 @@ def _rsync(
             f"{node}: a copy from {origin} goes over the fabric, and its addresses are not known",
             "run `reconciler plan` again: without fabric addresses the head copies itself, over SSH",
         )
+    feed = feed or Feed(ctx.boards.board(origin), sizes, released=True)
     ctx.ops(node, "mkdirs", {"paths": [destination]})
     # Sized by the head's cores (this process runs there): the nodes are alike.
-    streams = split_streams(sizes, stream_count(os.cpu_count(), len(sizes)))
+    count = stream_count(os.cpu_count(), len(sizes))
+    # Everything ready now: the streams split as a plain copy's, one rsync each.
+    fixed = split_streams(sizes, count) if feed.all_ready() else None
+    count = len(fixed) if fixed is not None else count
     label = f"{origin}->{node}"
-    meter = StreamMeter(ctx.progress.reporter(label), ctx.progress.sink(label), size, len(streams))
+    meter = StreamMeter(ctx.progress.reporter(label), ctx.progress.sink(label), size, count)
     transport = ctx.transport(origin)
-    with _channel(ctx, node, worker.ssh, destination, fabric, len(streams)) as channel:
-        ctx.progress.line(f"    {label}: {len(streams)} rsync streams {channel.shown}")
+    # A pipelined stream runs one rsync per batch, each a connection of its own: room for the
+    # next to connect before the daemon has reaped the one before.
+    connections = count if fixed is not None else 2 * count
+    with _channel(ctx, node, worker.ssh, destination, fabric, connections) as channel:
+        waiting = "" if fixed is not None else f", each file once it is verified on {origin}"
+        ctx.progress.line(f"    {label}: {count} rsync streams {channel.shown}{waiting}")
 
-        def run(index: int, names: list[str]) -> CommandResult:
+        def send(index: int, names: list[str]) -> None:
             # rsync's progress goes to stdout; redirect it to stderr so it streams like ours.
             command = ["sh", "-c", 'exec "$@" 1>&2', "rsync", *channel.argv(source_dir, names, recopy)]
-            return transport.run(command, stdin=channel.stdin, timeout=24 * 3600, on_line=meter.lines(index))
+            result = transport.run(command, stdin=channel.stdin, timeout=24 * 3600, on_line=meter.lines(index))
+            meter.finished(index)
+            check(result, origin, "rsync to " + node)
+            if landed is not None:
+                landed(names)
 
-        with ThreadPoolExecutor(max_workers=len(streams), thread_name_prefix="rsync") as pool:
-            results = list(pool.map(run, range(len(streams)), streams))
-    for result in results:
-        check(result, origin, "rsync to " + node)
-    return len(streams)
+        def stream(index: int) -> None:
+            try:
+                if fixed is not None:
+                    send(index, fixed[index])
+                    return
+                while (batch := feed.take(count)) is not None:
+                    send(index, batch)
+            except ReconcilerError as exc:
+                feed.stop(f"{label}: {exc.message}")
+                raise
+
+        with ThreadPoolExecutor(max_workers=count, thread_name_prefix="rsync") as pool:
+            futures = [pool.submit(stream, index) for index in range(count)]
+        errors = [error for future in futures if (error := future.exception()) is not None]
+    if errors:
+        # The stream that failed says why; the others only that they stopped for it.
+        raise next((error for error in errors if not isinstance(error, PipelineStoppedError)), errors[0])
+    return count
 
 
 @dataclass(frozen=True)
@@ -372,6 +495,8 @@ class StreamMeter:
     def __init__(self, report: Callable[[Counter], None], other: LineSink, size: int | None, count: int) -> None:
         self._report, self._other, self._size = report, other, size
         self._counters: list[Counter | None] = [None] * count
+        # What a stream's earlier rsyncs counted (a pipelined stream runs one per batch).
+        self._before: list[Counter | None] = [None] * count
         self._lock = threading.Lock()
 
     def lines(self, index: int) -> LineSink:
@@ -381,10 +506,16 @@ class StreamMeter:
                 self._other(line)
                 return
             with self._lock:  # reported under the lock too, so the bytes never go backwards
-                self._counters[index] = counter
+                before = self._before[index]
+                self._counters[index] = counter if before is None else _plus(before, counter)
                 self._report(self._combined())
 
         return take
+
+    def finished(self, index: int) -> None:
+        """One rsync of stream `index` ended: the stream's next one counts on from there."""
+        with self._lock:
+            self._before[index] = self._counters[index]
 
     def _combined(self) -> Counter:
         """Every stream's bytes; totals and file counts once every stream has said its own."""
@@ -397,6 +528,17 @@ class StreamMeter:
         files = _sum_of_all([counter.files for counter in known]) if everyone else None
         files_done = _sum_of_all([counter.files_done for counter in known]) if everyone else None
         return Counter("copy", done, total, files_done, files)
+
+
+def _plus(before: Counter, now: Counter) -> Counter:
+    total = None if before.total is None or now.total is None else before.total + now.total
+    return Counter(
+        "copy",
+        before.done + now.done,
+        total,
+        _sum_of_all([before.files_done, now.files_done]),
+        _sum_of_all([before.files, now.files]),
+    )
 
 
 def _sum_of_all(values: list[int | None]) -> int | None:
