@@ -473,9 +473,14 @@ PARALLEL_DOWNLOADS = 3
 
 
 def fetch_order(files: list[HubFile]) -> list[HubFile]:
-    """Parts first (their shard is reassembled while the rest downloads), then biggest first:
-    the many small files come last, so what is left to copy after the download is small."""
-    return sorted(files, key=lambda item: (_PART.search(item.path) is None, -item.size, item.path))
+    """Parts first, shard by shard (each is reassembled while the rest downloads), then biggest
+    first: the many small files come last, so what is left to copy after the download is small."""
+
+    def key(item: HubFile) -> tuple[bool, int, str]:
+        part = _PART.search(item.path) is not None
+        return (not part, 0 if part else -item.size, item.path)
+
+    return sorted(files, key=key)
 
 
 _PART = re.compile(r"\.safetensors\.part[0-9]{2}$")
