@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -355,3 +357,26 @@ def test_apply_raises_the_producers_failure_not_the_consumers(monkeypatch: pytes
     assert isinstance(error, ApplyError)
     assert "disk full" in error.message
     assert "checkpoint on spark-head" in error.message
+
+
+# ---- what lands is published once verified ------------------------------------------------------
+
+
+def test_a_landed_file_is_published_only_once_its_sha256_matches(tmp_path: Path) -> None:
+    ctx, _ = copy_context(tmp_path, RecordingHead())
+    root = tmp_path / "worker"
+    root.mkdir()
+    contents = {"good": b"right bytes", "bad": b"flipped bytes", "plain.json": b"{}", PARTS[0]: b"part"}
+    for name, data in contents.items():
+        (root / name).write_bytes(data)
+    expected = {
+        "good": hashlib.sha256(b"right bytes").hexdigest(),
+        "bad": hashlib.sha256(b"other bytes").hexdigest(),
+        PARTS[0]: hashlib.sha256(b"not checked here").hexdigest(),
+    }
+    cache = tmp_path / "state" / "hashcache.json"
+    with checkpoint_run.Landed(ctx, "spark-worker", str(root), str(cache), expected) as landed:
+        landed.add(list(contents))
+    ready = ctx.boards.board("spark-worker").ready
+    assert ready == {"good", "plain.json", PARTS[0]}, "a mismatch is left to the verify, which re-fetches it"
+    assert f"{root}/good" in json.loads(cache.read_text()), "hashed into the cache the verify reads"
