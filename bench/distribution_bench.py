@@ -36,6 +36,7 @@ ROUNDS` (used by the outer run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -463,7 +464,9 @@ def main() -> None:
     if args.command == "bringup":
         print(json.dumps(bringup(args.specs, args.rounds)))
         return
-    report = on_testbed(args.shard_mib, args.rounds, args.hub_mib_s)
+    # The testbed says what it brings up and down on stdout; with --json only the report goes there.
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        report = on_testbed(args.shard_mib, args.rounds, args.hub_mib_s)
     if not args.json:
         seconds = report["seconds"]
         print(
