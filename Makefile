@@ -111,7 +111,8 @@ test-real-engine: setup testbed-install
 
 bench: setup testbed-install
 	$(BIN)/python bench/plan_bench.py
-	$(BIN)/python bench/checkpoint_bench.py --copy
+	$(BIN)/python bench/checkpoint_bench.py
+	$(BIN)/python bench/distribution_bench.py
 	$(BIN)/python bench/loop_bench.py
 
 .PHONY: service-check system-test test-real-engine

@@ -4,10 +4,10 @@
    vs parallel `sha256sum` (one process per core) on the same files. Goal: >= 0.9x.
 2. No-op re-verify of a full-size checkpoint (462 GB of sparse files, hash cache warm):
    `hash_files` vs the floor of stat-ing every file (`find -printf`). Goal: <= 0.2 s.
-3. (--copy, root, brings the testbed up) copy-to-peer: the reconciler's rsync step vs a
-   plain `rsync -a` of the same tree over the testbed fabric. Goal: >= 1.0x.
 
-Run: `make bench` (all three) or `.venv/bin/python bench/checkpoint_bench.py [--copy]`.
+The copy to a worker is measured by bench/distribution_bench.py (against one plain rsync).
+
+Run: `make bench` (with the others) or `.venv/bin/python bench/checkpoint_bench.py`.
 """
 
 from __future__ import annotations
@@ -109,60 +109,13 @@ def noop_reverify(directory: Path) -> dict[str, float]:
     }
 
 
-def copy_to_peer(mib: int = 512) -> dict[str, float]:
-    """The reconciler's rsync (as apply runs it) vs plain `rsync -a`, head -> worker, on the testbed."""
-    from tests.e2e.conftest import TB_ROOT, write_spec
-    from tests.testbed.testbed import Testbed
-
-    testbed = Testbed(TB_ROOT)
-    testbed.up(nodes=2)
-    try:
-        engine = testbed.images()["engine"]
-        spec = write_spec(ROOT / "specs/testbed.yaml", testbed.layout.specs / "bench-copy.yaml", engine)
-        source = "/srv/spark/models/DeepSeek-V4.1-Flash-Spark"
-        make = f"mkdir -p {source} && for i in 1 2 3 4; do head -c {mib // 4}M /dev/urandom > {source}/f$i; done"
-        testbed.exec("spark-head", ["sh", "-c", make])
-        keys = testbed.layout
-        ssh = f"ssh -o BatchMode=yes -i {keys.client_key} -o UserKnownHostsFile={keys.known_hosts}"
-        plain = ["rsync", "-a", "-e", ssh, f"{source}/", "root@198.18.10.11:/srv/spark/plain/"]
-        clear = ["sh", "-c", "rm -rf /srv/spark/plain /srv/spark/models"]
-        ours_code = (
-            "import sys; from reconciler.commands import session; from reconciler.facts.gather import gather\n"
-            "from reconciler.execution import ApplyContext; from reconciler.components.checkpoint import _rsync\n"
-            "from reconciler.spec import load_spec\n"
-            "d = load_spec(sys.argv[1]).deployment\n"
-            "with session(d) as t:\n    _rsync(ApplyContext(d, gather(d, t), t), 'spark-worker', None)\n"
-        )
-        python = str(ROOT / ".venv/bin/python")
-        plain_s, ours_s = [], []
-        for _ in range(3):
-            testbed.exec("spark-worker", clear)
-            plain_s.append(timed(lambda: testbed.exec("spark-head", plain)))
-            testbed.exec("spark-worker", clear)
-            ours_s.append(timed(lambda: testbed.exec("spark-head", [python, "-c", ours_code, str(spec)])))
-    finally:
-        testbed.down()
-    baseline, measured = statistics.median(plain_s), statistics.median(ours_s)
-    return {
-        "bytes": mib * 1024 * 1024,
-        "plain_rsync_s": baseline,
-        "reconciler_copy_s": measured,
-        "ratio_vs_rsync": baseline / measured,
-        "goal_ratio": 1.0,
-    }
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--copy", action="store_true", help="also measure copy-to-peer on the testbed (root)")
-    args = parser.parse_args()
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     report: dict[str, object] = {}
     with tempfile.TemporaryDirectory(dir="/var/tmp") as scratch:
         report["hashing"] = hashing(Path(scratch))
     with tempfile.TemporaryDirectory(dir="/var/tmp") as scratch:
         report["noop_reverify"] = noop_reverify(Path(scratch))
-    if args.copy:
-        report["copy_to_peer"] = copy_to_peer()
     print(json.dumps(report, indent=2))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from functools import cache
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, get_args
 
@@ -105,6 +106,9 @@ class Download(Payload):
     refetch: list[str] = field(default_factory=list)
     # A hub-sourced worker fetches with the node-side fetcher; the head with the Hub client.
     on_node: bool = False
+    # The node's hash cache: each file is hashed into it as soon as it lands, so a copy behind
+    # this download can send it at once and the verify after it does not hash it again.
+    cache: str | None = None
 
 
 class Pin(Payload):
@@ -153,6 +157,8 @@ class Shard(Payload):
     name: str
     # None when only the manifest knows it (the Hub lists the shard's parts, not the shard).
     sha256: str | None = None
+    # The parts the download before brings, which a pipelined reassembly waits for.
+    parts: list[str] = field(default_factory=list)
 
 
 class Reassemble(Payload):
@@ -164,6 +170,8 @@ class Reassemble(Payload):
     # download brought it, relative to the model dir.
     manifest: str
     cache: str
+    # Runs while the download of the parts does: each shard once its parts have landed.
+    pipelined: bool = False
 
 
 class Verify(Payload):
@@ -187,7 +195,8 @@ class Verify(Payload):
 
 
 class Copy(Payload):
-    """rsync from the head over the worker's SSH target (all files, or exactly these)."""
+    """rsync from the head to the worker in parallel streams: every file of `sizes`, skipping
+    those already complete (None), or exactly `files`, copied again."""
 
     kind: Literal["copy"] = "copy"
     source_node: str
@@ -195,6 +204,18 @@ class Copy(Payload):
     destination_dir: str
     files: list[str] | None
     bytes: int
+    # Every file to copy and its size (0 when the Hub does not say): what the streams split.
+    sizes: dict[str, int]
+    # The fabric addresses of source and destination: the streams go to an rsync daemon on the
+    # destination's; None (a fabric address unknown) sends them over SSH.
+    fabric: tuple[str, str] | None
+    # Runs while the source still gets the files (its download, or its own copy): each file
+    # goes once it is complete and verified there (see reconciler/pipeline.py).
+    pipelined: bool = False
+    # name -> sha256 and the destination's hash cache: each file is hashed as it lands, so the
+    # verify after the copy does not hash it again and a copy behind this one may send it on.
+    hashes: dict[str, str] = field(default_factory=dict)
+    cache: str | None = None
 
 
 class StagePlan(Payload):
@@ -443,6 +464,27 @@ def shorten(items: list[str], limit: int = 3) -> str:
     """'a, b, c (+4 more)' — causes stay one line even for hundreds of files."""
     shown = ", ".join(items[:limit])
     return f"{shown} (+{len(items) - limit} more)" if len(items) > limit else shown
+
+
+def is_pipelined(action: Action) -> bool:
+    """Whether the action runs alongside the producers of its files (see reconciler/pipeline.py)."""
+    payload = action.payload
+    return isinstance(payload, Copy | Reassemble) and payload.pipelined
+
+
+def source_of(action: Action) -> str:
+    """The node whose board a pipelined action takes files from."""
+    payload = action.payload
+    return payload.source_node if isinstance(payload, Copy) else action.node
+
+
+def behind(action: Action, nodes: Mapping[str, str]) -> set[str]:
+    """The actions a pipelined action runs alongside instead of after: those it depends on
+    that run on its source node (`nodes`: action id -> node). Empty for any other action."""
+    if not is_pipelined(action):
+        return set()
+    source = source_of(action)
+    return {dep for dep in action.depends_on if nodes.get(dep) == source}
 
 
 P = TypeVar("P", bound=Payload)

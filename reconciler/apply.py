@@ -22,10 +22,11 @@ import docker
 import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from reconciler.actions import Action, Step
+from reconciler.actions import Action, Step, is_pipelined
 from reconciler.components import apikey, checkpoint_run, image, memguard, pi, ranks
 from reconciler.errors import ApplyError, NodeCommandError, NodeUnreachableError, ReconcilerError
 from reconciler.execution import ApplyContext, Executor
+from reconciler.pipeline import GROUP_STEPS, run_group
 from reconciler.plan import Plan
 
 EXECUTORS: dict[Step, Executor] = {
@@ -79,7 +80,30 @@ CONCURRENT_STEPS = {Step.PULL}
 
 
 def batches(actions: list[Action]) -> list[list[Action]]:
-    """The plan's actions in order, neighbouring concurrent-safe ones on distinct nodes grouped."""
+    """The plan's actions in order, neighbouring concurrent-safe ones on distinct nodes grouped,
+    and a run of checkpoint actions holding a pipelined one as one group (see pipeline.py)."""
+    grouped: list[list[Action]] = []
+    for run in _checkpoint_runs(actions):
+        if any(is_pipelined(action) for action in run):
+            grouped.append(run)
+            continue
+        grouped += _pulls_grouped(run)
+    return grouped
+
+
+def _checkpoint_runs(actions: list[Action]) -> list[list[Action]]:
+    """The actions cut into maximal runs of the checkpoint's staging steps and runs of the rest."""
+    runs: list[list[Action]] = []
+    for action in actions:
+        inside = action.step in GROUP_STEPS
+        if runs and (runs[-1][-1].step in GROUP_STEPS) == inside:
+            runs[-1].append(action)
+        else:
+            runs.append([action])
+    return runs
+
+
+def _pulls_grouped(actions: list[Action]) -> list[list[Action]]:
     grouped: list[list[Action]] = []
     for action in actions:
         last = grouped[-1] if grouped else []
@@ -104,12 +128,10 @@ def apply_plan(ctx: ApplyContext, plan: Plan) -> ApplyResult:
     total = len(plan.actions)
     numbers = {action.id: number for number, action in enumerate(plan.actions, start=1)}
     for batch in batches(list(plan.actions)):
-        for action in batch:
-            number = numbers[action.id]
-            ctx.progress.line(
-                f"[{number}/{total}] {action.symbol} {action.component} on {action.node}: {action.summary}"
-            )
-        outcomes = _run_batch(ctx, batch, numbers, total)
+        pipelined = any(is_pipelined(action) for action in batch)
+        for action in [] if pipelined else batch:
+            _announce(ctx, action, numbers[action.id], total)
+        outcomes = _run_group(ctx, batch, numbers, total) if pipelined else _run_batch(ctx, batch, numbers, total)
         for action, (message, elapsed, error) in zip(batch, outcomes, strict=True):
             if error is not None:
                 where = f"[{numbers[action.id]}/{total}] {action.component} on {action.node}: {action.summary}"
@@ -124,7 +146,21 @@ def apply_plan(ctx: ApplyContext, plan: Plan) -> ApplyResult:
     return result
 
 
+def _announce(ctx: ApplyContext, action: Action, number: int, total: int) -> None:
+    ctx.progress.line(f"[{number}/{total}] {action.symbol} {action.component} on {action.node}: {action.summary}")
+
+
 Outcome = tuple[str, float, ReconcilerError | None]
+
+
+def _run_group(ctx: ApplyContext, group: list[Action], numbers: dict[str, int], total: int) -> list[Outcome]:
+    """A pipelined group: each action announced as it starts (several run at once)."""
+
+    def run(action: Action) -> Outcome:
+        _announce(ctx, action, numbers[action.id], total)
+        return _run_one(ctx, action, numbers[action.id], total)
+
+    return run_group(ctx.boards, group, run)
 
 
 def _run_one(ctx: ApplyContext, action: Action, number: int, total: int) -> Outcome:

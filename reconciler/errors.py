@@ -92,6 +92,10 @@ class NodeCommandError(ReconcilerError):
     """A command or program on a node failed."""
 
 
+class PipelineStoppedError(NodeCommandError):
+    """A pipelined action gave up because what it takes files from failed (named in the message)."""
+
+
 class HubError(ReconcilerError):
     """The Hub refused or failed a request; `kind` says how (network, http, not-found, ...)."""
 

@@ -22,6 +22,7 @@ from reconciler.actions import Action, Smoke
 from reconciler.clock import utc_iso
 from reconciler.errors import FactsError
 from reconciler.facts.node import Facts
+from reconciler.pipeline import Boards
 from reconciler.progress import Counter, PassState, StepState, Throttle, bar, parse_line, plausible, printable
 from reconciler.spec import Deployment, Node, expand_home
 from reconciler.transport.base import LineSink, Transport, run_program
@@ -244,6 +245,8 @@ class ApplyContext:
     transports: dict[str, Transport]
     progress: Progress = field(default_factory=Progress)
     smoke: SmokeRunner | None = None
+    # Files each node has complete and verified while a pipelined group runs (see pipeline.py).
+    boards: Boards = field(default_factory=Boards)
 
     def node(self, name: str) -> Node:
         return self.deployment.node(name)

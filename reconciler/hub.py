@@ -6,11 +6,11 @@ revision and token (from $HF_TOKEN or model.token_file; never printed, never in 
 Mid-file resume: since huggingface_hub 1.18 (see docs/sources.md) a download goes to a process-unique
 `<hash>.<etag>.<uuid8>.incomplete` file that a later process never reuses, so a run killed
 in the middle of a 50 GB shard would start that shard from byte 0 — and leave the old
-partial behind as garbage. Before handing over to `snapshot_download`, `resume_partials`
+partial behind as garbage. Before handing over to the client's download, `resume_partials`
 finds such leftovers, checks them against the remote file (the etag in the name must be
 the file's current etag, the size must be smaller), and finishes them with the client's own
-ranged `http_get`, then records the client's download metadata so `snapshot_download` sees
-the file as done. Stale or duplicate partials are deleted; model files never are.
+ranged `http_get`, then records the client's download metadata so the client's per-file
+download sees the file as done. Stale or duplicate partials are deleted; model files never are.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,7 +34,7 @@ from typing import Any, TypeVar
 # shared HTTP client as the client itself builds it (`_bound_client_timeouts`). pyproject.toml
 # bounds huggingface_hub above by the newest minor release CI runs; the locked and the lowest
 # lanes both run tests/unit/test_download_resume.py and test_hub_failures.py against them.
-from huggingface_hub import HfApi, get_token, hf_hub_download, hf_hub_url, set_client_factory, snapshot_download
+from huggingface_hub import HfApi, get_token, hf_hub_download, hf_hub_url, set_client_factory
 from huggingface_hub._local_folder import _short_hash, write_download_metadata
 from huggingface_hub.errors import (
     EntryNotFoundError,
@@ -465,18 +466,59 @@ def _finish(model: Model, root: Path, commit: str, item: HubFile, partial: Path)
     write_download_metadata(root, item.path, commit, item.etag)
 
 
-def download_snapshot(model: Model, local_dir: str, *, listing: HubListing, only: list[str] | None = None) -> str:
-    """Fetch what is missing into local_dir at the listed commit (only `only`, if given)."""
-    with hub_call(model, f"downloading {model.repo}@{listing.commit[:12]}"):
-        path: str = snapshot_download(
-            repo_id=model.repo,
-            revision=listing.commit,
-            local_dir=local_dir,
-            endpoint=endpoint(model),
-            token=token(model),
-            allow_patterns=only,
-        )
-    return path
+def fetch_order(files: list[HubFile]) -> list[HubFile]:
+    """Parts first, shard by shard (each is reassembled while the rest downloads), then biggest
+    first: the many small files come last, so what is left to copy after the download is small."""
+
+    def key(item: HubFile) -> tuple[bool, int, str]:
+        part = _PART.search(item.path) is not None
+        return (not part, 0 if part else -item.size, item.path)
+
+    return sorted(files, key=key)
+
+
+_PART = re.compile(r"\.safetensors\.part[0-9]{2}$")
+
+
+def download_files(
+    model: Model,
+    local_dir: str,
+    commit: str,
+    files: list[HubFile],
+    on_file: Callable[[HubFile], None] | None = None,
+) -> None:
+    """Fetch each file with the client (a complete one is only checked), `on_file` as each is done.
+
+    The client's own per-file download, as `snapshot_download` runs it, so resume and the
+    download metadata are the client's; one call per file so each is known done as it lands.
+    """
+    _bound_client_timeouts()
+    failures: list[BaseException] = []
+
+    def one(item: HubFile) -> None:
+        if failures:  # one failed: the apply stops, the others' partial files stay for a resume
+            return
+        try:
+            hf_hub_download(
+                model.repo,
+                item.path,
+                revision=commit,
+                local_dir=local_dir,
+                endpoint=endpoint(model),
+                token=token(model),
+            )
+            if on_file is not None:
+                on_file(item)
+        except BaseException as exc:  # handed to the caller's thread below
+            failures.append(exc)
+
+    # model.download_streams at once: the client's own default is 8, and a Hub that caps each
+    # connection needs several to fill the link; fewer finish one after another, sooner.
+    with ThreadPoolExecutor(max_workers=model.download_streams, thread_name_prefix="download") as pool:
+        list(pool.map(one, fetch_order(files)))
+    if failures:
+        with hub_call(model, f"downloading {model.repo}@{commit[:12]}"):
+            raise failures[0]
 
 
 def fetch(
@@ -487,12 +529,14 @@ def fetch(
     report: Callable[[str], None],
     only: list[str] | None = None,
     on_bytes: Callable[[Counter], None] | None = None,
+    on_file: Callable[[HubFile], None] | None = None,
 ) -> HubListing:
-    """List `commit`, resume what a killed run left, then let the client fetch the rest.
+    """List `commit`, resume what a killed run left, then fetch the rest file by file.
 
     `only` holds repo paths or glob patterns (e.g. a shard's `.part[0-9][0-9]`): re-fetching
     one corrupt file must not bring back every other file's pruned parts. None: the whole repo.
-    `on_bytes` gets what is on disk every few seconds (see `downloaded`).
+    `on_bytes` gets what is on disk every few seconds (see `downloaded`); `on_file` each file
+    once it is complete on disk (also one that already was), from the download's threads.
     """
     listing = list_files(model, commit)
     wanted = (
@@ -500,7 +544,7 @@ def fetch(
     )
     with _metered(Path(local_dir), wanted.files, on_bytes):
         resume_partials(model, local_dir, wanted, report)
-        download_snapshot(model, local_dir, listing=listing, only=only)
+        download_files(model, local_dir, listing.commit, wanted.files, on_file)
     return listing
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler.actions import Action, Blocker, Copy, Download, InSync, Outcome, Step
+from reconciler.actions import Action, Blocker, Copy, Download, InSync, Outcome, Step, behind
 from reconciler.components.apikey import plan_apikey
 from reconciler.components.checkpoint import placements, plan_checkpoint
 from reconciler.components.image import plan_image
@@ -193,8 +193,9 @@ def render_text(result: Plan, verbose: bool = False) -> str:
     if result.blockers or result.notes:
         lines.append("")
     numbers = {action.id: index for index, action in enumerate(result.actions, start=1)}
+    nodes = {action.id: action.node for action in result.actions}
     for action in result.actions:
-        lines += _render_action(action, numbers)
+        lines += _render_action(action, numbers, nodes)
     if verbose and result.in_sync:
         lines.append("  In sync:")
         lines += [f"    = {item.component} on {item.node}: {item.reason}" for item in result.in_sync]
@@ -208,14 +209,17 @@ def _header(result: Plan) -> str:
     return f'Deployment "{result.deployment}": {nodes}'
 
 
-def _render_action(action: Action, numbers: dict[str, int]) -> list[str]:
+def _render_action(action: Action, numbers: dict[str, int], nodes: dict[str, str]) -> list[str]:
     number = numbers[action.id]
     lines = [f"{action.symbol:>3} [{number}] {action.component} on {action.node}: {action.summary}"]
     lines.append(f"        because {action.cause}")
-    if action.depends_on:
-        after = ", ".join(str(numbers[dep]) for dep in action.depends_on if dep in numbers)
-        if after:
-            lines.append(f"        after {after}")
+    alongside = behind(action, nodes)
+    after = ", ".join(str(numbers[dep]) for dep in action.depends_on if dep in numbers and dep not in alongside)
+    if after:
+        lines.append(f"        after {after}")
+    shown = ", ".join(str(numbers[dep]) for dep in action.depends_on if dep in numbers and dep in alongside)
+    if shown:
+        lines.append(f"        alongside {shown} (pipelined: takes each file as soon as it is ready)")
     lines.append("")
     return lines
 

@@ -428,6 +428,25 @@ class Model(StrictModel):
         description="Previous revisions kept beside the served one (for a rollback without a download).",
     )
     worker_source: Literal["peer", "hub"] = Field(default="peer", description="Default for nodes[].model_source.")
+    download_streams: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description=(
+            "Files the head downloads at once (the Hub client's default, 8). Fewer finish one after "
+            "another sooner, so the pipelined copy to the workers starts earlier; more fill a link "
+            "whose Hub caps each connection."
+        ),
+    )
+    copy_transport: Literal["fabric", "ssh"] = Field(
+        default="fabric",
+        description=(
+            "How a worker's copy travels: parallel rsync streams to a one-time rsync daemon on the "
+            "worker's fabric address (fast; the bytes cross the fabric cable unencrypted, like NCCL's, "
+            "and are verified at both ends), or the same streams over SSH (encrypted, bound by the "
+            "cipher's CPU cost; the head then serves every worker)."
+        ),
+    )
 
     @field_validator("endpoint")
     @classmethod

@@ -42,6 +42,7 @@ from reconciler.actions import (
     action,
     shorten,
 )
+from reconciler.components.fabric import resolve_fabric
 from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
 from reconciler.record import Record, field, replace
@@ -162,12 +163,19 @@ def plan_checkpoint(deployment: Deployment, facts: Facts, commit: str | None, de
     head_outcome = _plan_node(deployment, head_view, expect, listings, commit, deep_verify, source=None)
     staging.extend(head_outcome)
     head_done = _last_id(head_outcome.actions, exclude=(Step.PRUNE, Step.STAGE_PLAN))
+    relay: tuple[NodeView, str] | None = None
     for _, node in deployment.ranked_nodes[1:]:
         view = view_of(deployment, facts, node)
         if view is None:
             continue
-        source = None if deployment.source_of(node) == "hub" else _PeerSource(head_view, head_done)
-        staging.extend(_plan_node(deployment, view, expect, listings, commit, deep_verify, source=source))
+        if deployment.source_of(node) == "hub":
+            staging.extend(_plan_node(deployment, view, expect, listings, commit, deep_verify, source=None))
+            continue
+        source = _peer_source(deployment, facts, head_view, head_done, relay, node)
+        outcome = _plan_node(deployment, view, expect, listings, commit, deep_verify, source=source)
+        staging.extend(outcome)
+        if not outcome.blockers:
+            relay = (view, _last_id(outcome.actions, exclude=(Step.PRUNE, Step.STAGE_PLAN)))
     if not any(blocker.node == head.name for blocker in staging.blockers):
         staging.actions[:0] = _pin(deployment, head_view, commit)
     for _, node in deployment.ranked_nodes:
@@ -339,8 +347,51 @@ def _record_path(view: NodeView) -> str:
 
 
 class _PeerSource(Record):
-    head: NodeView
+    """Where a peer-sourced worker's files come from: `origin` (the head, or a worker that holds
+    the verified revision once `after` is done) over `fabric` (origin's address, the worker's),
+    and `why` when that is not the head. Files a verify finds damaged always come again from
+    the head, over SSH."""
+
+    origin: NodeView
     after: str
+    fabric: tuple[str, str] | None
+    head: NodeView
+    why: str = ""
+    # "ssh" when the spec chose it; "fabric" also when the fabric is not settled (then SSH too).
+    transport: str = "fabric"
+
+
+def _peer_source(
+    deployment: Deployment,
+    facts: Facts,
+    head: NodeView,
+    head_done: str,
+    relay: tuple[NodeView, str] | None,
+    node: Node,
+) -> _PeerSource:
+    """A chain: each worker copies from the one before it once that one's copy is verified, so
+    every node uploads the checkpoint at most once and the head's upload does not grow with the
+    workers. The head serves the first worker, and any worker the fabric cannot reach from the
+    one before it (a copy from a worker goes only to a daemon on the fabric). With
+    `copy_transport: ssh` the head serves every worker over SSH: workers hold no SSH keys to
+    each other."""
+    if deployment.model.copy_transport == "ssh":
+        return _PeerSource(head, head_done, None, head, transport="ssh")
+    if relay is not None:
+        previous, verified = relay
+        fabric = _fabric_pair(facts, previous.node, node)
+        if fabric is not None:
+            why = f"{previous.node.name} holds the verified revision by then: the workers copy in a chain"
+            return _PeerSource(previous, verified, fabric, head, why)
+    return _PeerSource(head, head_done, _fabric_pair(facts, head.node, node), head)
+
+
+def _fabric_pair(facts: Facts, source: Node, destination: Node) -> tuple[str, str] | None:
+    """The fabric addresses a copy connects between, when both are settled."""
+    source_end, destination_end = (resolve_fabric(node, facts) for node in (source, destination))
+    if isinstance(source_end, Blocker) or isinstance(destination_end, Blocker):
+        return None
+    return source_end.ip, destination_end.ip
 
 
 def _plan_node(
@@ -392,14 +443,28 @@ def _plan_node(
         )
     assemble = [*state.assemblable, *(name for name in fetch if name in PARTED_SHARDS)]
     if assemble and (source is None):
+        # Behind the head's own download: each shard once its parts have landed, meanwhile.
+        pipelined = node.ssh is None and any(name in fetch for name in assemble)
         summary = f"reassemble {', '.join(assemble)} from their .partNN files (streaming)"
         cause = "the Hub stores these shards as parts (50 GB per-file limit)"
+        if pipelined:
+            summary += ", each as soon as its parts are downloaded"
+            cause += "; pipelined behind the download: the rest downloads meanwhile"
+        listing = listings[commit]
         payload_assemble = Reassemble(
             model_dir=target,
-            shards=[Shard(name=name, sha256=expect.hashes.get(name)) for name in assemble],
+            shards=[
+                Shard(
+                    name=name,
+                    sha256=expect.hashes.get(name),
+                    parts=sorted(p for p in listing.files if shard_of(p) == name) if name in fetch else [],
+                )
+                for name in assemble
+            ],
             keep_parts=deployment.model.keep_parts,
             manifest=deployment.model.manifest,
             cache=f"{view.state_dir}/{HASH_CACHE}",
+            pipelined=pipelined,
         )
         actions.append(_action(Step.REASSEMBLE, "create", node, summary, cause, payload_assemble, actions))
     restart = _restart_cause(state.corrupt) if serving_here and state.corrupt else None
@@ -519,20 +584,29 @@ def _fetch_action(
     earlier: list[Action],
 ) -> Action:
     node, model = view.node, deployment.model
-    cause = "; ".join(part for part in (why, _files_cause(state, len(expect.files))) if part)
+    chain = source.why if source is not None else ""
+    cause = "; ".join(part for part in (why, _files_cause(state, len(expect.files)), chain) if part)
     size = human_bytes(sum(expect.sizes.get(name, 0) for name in fetch))
     nothing_here = not view.observed.revisions.get(listing.commit) and not _link_sources(view, listing.commit)
     if source is not None:
         where = _shown(node, listing.commit)
-        summary = (
-            f"copy {len(fetch)} files ({size}) from {source.head.node.name} over the fabric into {where} (resumable)"
-        )
+        origin = source.origin
+        summary = f"copy {len(fetch)} files ({size}) from {origin.node.name} into {where} {_copy_route(source)}"
+        pipelined = bool(after)
+        if pipelined:
+            summary += f", each file as soon as it is complete and verified on {origin.node.name}"
+            cause = "; ".join(part for part in (cause, _pipelined_cause(origin)) if part)
         payload: Payload = Copy(
-            source_node=source.head.node.name,
-            source_dir=revision_dir(source.head.model_dir, listing.commit),
+            source_node=origin.node.name,
+            source_dir=revision_dir(origin.model_dir, listing.commit),
             destination_dir=target,
             files=None if nothing_here else sorted(fetch),
             bytes=sum(expect.sizes.get(name, 0) for name in fetch),
+            sizes={name: expect.sizes.get(name, 0) for name in sorted(fetch)},
+            fabric=source.fabric,
+            pipelined=pipelined,
+            hashes={name: expect.hashes[name] for name in sorted(fetch) if name in expect.hashes},
+            cache=f"{view.state_dir}/{HASH_CACHE}",
         )
         return _action(Step.COPY, "create", node, summary, cause, payload, earlier, after=after)
     where = _shown(node, listing.commit)
@@ -545,8 +619,26 @@ def _fetch_action(
         whole_repo=nothing_here,
         refetch=state.corrupt,
         on_node=node.ssh is not None,
+        cache=f"{view.state_dir}/{HASH_CACHE}",
     )
     return _action(Step.DOWNLOAD, "create", node, summary, cause, payload, earlier)
+
+
+def _pipelined_cause(origin: NodeView) -> str:
+    name = origin.node.name
+    return (
+        f"pipelined: starts while {name} still gets the files and sends each one once it is complete and its "
+        f"sha256 matches on {name} (a shard once reassembled, never its parts)"
+    )
+
+
+def _copy_route(source: _PeerSource) -> str:
+    if source.transport == "ssh":
+        return "over SSH, as model.copy_transport says (parallel rsync streams, encrypted, resumable)"
+    if source.fabric is None:
+        return "over SSH, fabric addresses not settled (parallel rsync streams, resumable)"
+    origin_ip, worker_ip = source.fabric
+    return f"over the fabric {origin_ip} -> {worker_ip} (parallel rsync streams to a daemon for this copy, resumable)"
 
 
 def repo_files(names: list[str], listing: HubFacts) -> list[HubFile]:

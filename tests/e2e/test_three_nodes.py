@@ -1,7 +1,9 @@
-"""N nodes, not two: a three-node spec converges with tensor parallel 3 and ordered ranks."""
+"""N nodes, not two: a three-node spec converges with tensor parallel 3 and ordered ranks, and
+the checkpoint reaches the third node from the second (a chain), not again from the head."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -10,12 +12,30 @@ from tests.e2e.conftest import Bed
 
 pytestmark = pytest.mark.testbed
 
+MODEL = "/srv/spark/models/DeepSeek-V4.1-Flash-Spark"
+
+
+def fabric_tx_bytes(bed: Bed, node: str) -> int:
+    """Bytes the node has sent on its fabric port (netlink counters of its own namespace)."""
+    links = json.loads(bed.node(node, "ip", "-s", "-j", "link", "show", "enp1s0f1np1").stdout)
+    return int(links[0]["stats64"]["tx"]["bytes"])
+
 
 def test_three_nodes_converge_and_stay_converged(bed3: Bed) -> None:
+    planned = bed3.reconciler("plan").stdout
+    third = next(line for line in planned.splitlines() if "checkpoint on spark-third: copy" in line)
+    assert "from spark-worker into" in third, "the third node copies from the second: the head uploads once"
+    sent = fabric_tx_bytes(bed3, "spark-head")
     started = time.monotonic()
     result = bed3.reconciler("apply")
     print(f"three nodes converged in {time.monotonic() - started:.1f} s")
+    uploaded = fabric_tx_bytes(bed3, "spark-head") - sent
+    size = int(bed3.node("spark-head", "du", "-sbL", "--exclude=.cache", MODEL).stdout.split()[0])
+    print(
+        f"head fabric upload {uploaded} B for a {size} B checkpoint: {uploaded / size:.2f}x (control traffic included)"
+    )
     out = result.stdout
+    assert "copied" not in out or "from spark-worker to spark-third" in result.stderr
     assert out.index("start dsv41-r2") < out.index("start dsv41-r1") < out.index("start dsv41-r0")
     assert bed3.plan_exit() == 0
     for node, rank in (("spark-head", 0), ("spark-worker", 1), ("spark-third", 2)):

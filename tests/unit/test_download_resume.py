@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub._local_folder import _short_hash
 
-from reconciler.hub import fetch, list_files
+from reconciler.hub import HubFile, fetch, fetch_order, list_files
 from reconciler.spec import Model
 from tests.testbed.hub.server import StandinHub
 from tests.unit.hubclient import serving_checkpoint
@@ -105,3 +105,33 @@ def test_a_partial_for_another_etag_is_discarded_not_appended(hub: StandinHub, t
     assert [entry["range"] for entry in gets] == [None]
     assert not stale.exists()
     assert hashlib.sha256((model_dir / SHARD).read_bytes()).hexdigest() == shard.sha256
+
+
+def test_each_file_is_reported_once_as_it_lands_parts_first_and_again_without_a_download(
+    hub: StandinHub, tmp_path: Path
+) -> None:
+    model = Model(endpoint=hub.url, revision=hub.info.commit)
+    model_dir = tmp_path / "model"
+    landed: list[str] = []
+    on_disk: list[bool] = []
+
+    def seen(item: HubFile) -> None:
+        landed.append(item.path)
+        on_disk.append((model_dir / item.path).stat().st_size == item.size)
+
+    listing = fetch(model, str(model_dir), commit=model.revision, report=lambda _line: None, on_file=seen)
+    assert sorted(landed) == sorted(item.path for item in listing.files), "every file, each once"
+    assert all(on_disk), "a file is reported once it is complete on disk"
+    order = fetch_order(listing.files)
+    is_part = [".safetensors.part" in item.path for item in order]
+    assert any(is_part), "the checkpoint has parts"
+    assert is_part == sorted(is_part, reverse=True), "parts first: their shard is reassembled while the rest comes"
+    rest = [item.size for item in order if ".safetensors.part" not in item.path]
+    assert rest == sorted(rest, reverse=True), "then the biggest first, the many small files last"
+    seen_before = len(hub.log.entries())
+    again: list[str] = []
+    fetch(
+        model, str(model_dir), commit=model.revision, report=lambda _line: None, on_file=lambda i: again.append(i.path)
+    )
+    assert sorted(again) == sorted(landed), "files already complete are reported too (a resumed apply)"
+    assert not [e for e in hub.log.entries(seen_before) if e["method"] == "GET" and e["file"]], "nothing downloaded"
