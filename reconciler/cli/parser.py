@@ -215,6 +215,18 @@ def positive(text: str) -> int:
     return int(text)
 
 
+def at_most(limit: int) -> Callable[[str], int]:
+    """A positive integer up to `limit`: a bench step holds every stream's bytes until it ends."""
+
+    def parse(text: str) -> int:
+        value = positive(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"{text!r} is more than {limit}")
+        return value
+
+    return parse
+
+
 def count(text: str) -> int:
     if not text.isdigit() or int(text) > 1_000_000:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0 to 1000000")
@@ -487,7 +499,9 @@ def _add_bench(commands: SubParsers) -> None:
         help="PNG plot, needs matplotlib (default: --out with .png; for compare, B-vs-A.png beside B)",
     )
     bench.add_argument("--label", default="", help="a name for this run in reports and comparisons (default: none)")
-    bench.add_argument("--conc", nargs="*", type=positive, default=[1, 2], metavar="N", help="concurrent streams")
+    bench.add_argument(
+        "--conc", nargs="*", type=at_most(256), default=[1, 2], metavar="N", help="concurrent streams (at most 256)"
+    )
     bench.add_argument("--prefill", nargs="*", type=positive, default=[8192, 32768], metavar="N", help="prompt tokens")
     bench.add_argument(
         "--kinds",
@@ -507,7 +521,9 @@ def _add_bench(commands: SubParsers) -> None:
         help="recall check lengths in tokens (default: none)",
     )
     bench.add_argument("--depth", type=fraction, default=0.5, help="where the needle sits: 0 start .. 1 end")
-    bench.add_argument("--reps", type=positive, default=3, help="repetitions of each prefill and decode step")
+    bench.add_argument(
+        "--reps", type=at_most(1000), default=3, help="repetitions of each prefill and decode step (at most 1000)"
+    )
     bench.add_argument(
         "--max-tokens",
         type=positive,

@@ -48,7 +48,14 @@ def bench(args: argparse.Namespace) -> int:
         )
     from reconciler.execution import Progress
     from reconciler.verify import benchmark
-    from reconciler.verify.benchrun import BenchRun, BenchSettings
+    from reconciler.verify.benchrun import MAX_STEP_STREAMS, BenchRun, BenchSettings
+
+    if args.conc and max(args.conc) * args.reps > MAX_STEP_STREAMS:
+        raise ReconcilerError(
+            f"bench: --conc {max(args.conc)} x --reps {args.reps} streams in one decode step is more than "
+            f"{MAX_STEP_STREAMS}: a step keeps every stream's bytes until it ends",
+            "fewer --reps at that concurrency (or run it as several benches)",
+        )
 
     settings = BenchSettings(
         tuple(args.conc),
@@ -116,4 +123,11 @@ def _draw(write: Callable[[], None], path: Path) -> None:
     except plot.PlotUnavailableError:
         sys.stderr.write(f"{plot.NOT_INSTALLED}\n")
         return
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        # A report is read from a file: an edited one may be well-formed where the table looks
+        # and not where the plot does.
+        raise ReconcilerError(
+            f"cannot draw {path}: the report's data is not as bench writes it ({type(exc).__name__}: {exc})",
+            "pass files written by `reconciler bench --out`, unedited",
+        ) from None
     sys.stderr.write(f"plot: {path}\n")

@@ -18,9 +18,12 @@ with what users measure there, and the reference bench for decode rates:
   (prefix caching cannot serve it); TTFT also holds one decode step and the network, so this
   is a slight underestimate.
 - Decode tok/s per stream: (output tokens - 1) / (last output chunk - first output chunk).
-  Aggregate at concurrency C, the C streams started together: (all streams' output tokens
-  - 1) / (last output chunk of any stream - first output chunk of any stream). The reference
-  bench counts all tokens; the first one arrives at the start of the span, not within it, and
+  Aggregate at concurrency C, per repetition (the k-th request of each of the C slots): the
+  output tokens every stream of the step delivered from the first output chunk of those C
+  requests to the last of them, less one, over that span. The slots drift apart when answers
+  differ in length, so the repetition's own requests may hardly overlap; counting every
+  stream's tokens in the span measures what the engine delivered then. The reference bench
+  counts all tokens; the first one arrives at the start of the span, not within it, and
   without the -1 a single stream's aggregate would exceed its own rate by n/(n-1).
 - mean, median, p90 and p99 (linear interpolation, numpy's default) over the samples; the
   summary's `vllm` object has vLLM's `--save-result` keys (std as numpy's, the population's).
@@ -39,7 +42,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.errors import StreamError
+from reconciler.constants import RANDOM_KIND
+from reconciler.errors import ReconcilerError, StreamError
 from reconciler.verify.apiclient import chunk_json, shorten, sse_payloads
 
 FORMAT = "spark-reconciler-bench/1"
@@ -237,11 +241,29 @@ def burst_flags(tokens: int, gaps: list[float]) -> list[str]:
     return ["burst"] if short >= 2 and short > BURST_SHARE * len(gaps) else []
 
 
-def aggregate_tok_s(streams: list[dict[str, Any]]) -> float | None:
-    """The output tokens of concurrent streams delivered after the first one, over the span
-    from first output to last (at concurrency 1 this is the stream's own rate)."""
-    span = max(s["t_last_s"] for s in streams) - min(s["t_first_s"] for s in streams)
-    return _round((sum(s["completion_tokens"] for s in streams) - 1) / span) if span > 0 else None
+def aggregate_tok_s(streams: list[dict[str, Any]], step: list[dict[str, Any]] | None = None) -> float | None:
+    """The output tokens delivered after the first one over the span from the first output of
+    `streams` to their last: every stream of `step` (default: these) counts its tokens in it."""
+    start, end = min(s["t_first_s"] for s in streams), max(s["t_last_s"] for s in streams)
+    if end <= start:
+        return None
+    tokens = sum(_tokens_between(stream, start, end) for stream in (streams if step is None else step))
+    return _round((tokens - 1) / (end - start))
+
+
+def _tokens_between(stream: dict[str, Any], start: float, end: float) -> float:
+    """A stream's output tokens whose chunks arrived in [start, end], each chunk carrying an
+    equal share of its completion tokens (several per chunk under speculative decoding)."""
+    times: list[float] = list(itertools.accumulate(stream["itl_s"], initial=stream["t_first_s"]))
+    share = float(stream["completion_tokens"]) / len(times)
+    # The stored times are rounded to microseconds: the span's own ends must count.
+    return share * sum(start - 1e-6 <= time <= end + 1e-6 for time in times)
+
+
+def with_step_aggregates(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The repetitions of one step, each one's aggregate over every stream of the step."""
+    step = [stream for record in records for stream in record["streams"]]
+    return [{**record, "aggregate_tok_s": aggregate_tok_s(record["streams"], step)} for record in records]
 
 
 def decode_record(conc: int, kind: str, rep: int, streams: list[Stream], origin: float | None = None) -> dict[str, Any]:
@@ -399,9 +421,12 @@ def group_flags(reps: list[dict[str, Any]]) -> dict[tuple[int, int], list[str]]:
     """(rep, stream index) -> why that stream is not counted: its own burst flag, or a rate
     more than OUTLIER_FACTOR times the median of the group's other unflagged streams."""
     streams = [(rep["rep"], index, stream) for rep in reps for index, stream in enumerate(rep["streams"])]
-    flags = {(rep, index): list(stream.get("flags") or []) for rep, index, stream in streams}
+    bursts = {(rep, index): list(stream.get("flags") or []) for rep, index, stream in streams}
+    # Outliers are judged against the streams not flagged as bursts, as they were before any
+    # outlier was marked: the verdict must not depend on the order the streams are listed in.
+    flags = {where: list(reasons) for where, reasons in bursts.items()}
     for rep, index, stream in streams:
-        others = [s["tok_s"] for r, i, s in streams if (r, i) != (rep, index) and s["tok_s"] and not flags[r, i]]
+        others = [s["tok_s"] for r, i, s in streams if (r, i) != (rep, index) and s["tok_s"] and not bursts[r, i]]
         if stream["tok_s"] and len(others) >= 2 and stream["tok_s"] > OUTLIER_FACTOR * statistics.median(others):
             flags[rep, index].append("rate_outlier")
     return {where: reasons for where, reasons in flags.items() if reasons}
@@ -624,6 +649,12 @@ def compare(a: Report, b: Report) -> list[dict[str, Any]]:
     serve` result on either side is compared in vLLM's terms at its concurrency."""
     if is_vllm_result(a) or is_vllm_result(b):
         conc = (a if is_vllm_result(a) else b)["max_concurrency"]
+        if is_vllm_result(a) and is_vllm_result(b) and a["max_concurrency"] != b["max_concurrency"]:
+            raise ReconcilerError(
+                f"the vllm bench serve results ran at concurrency {a['max_concurrency']} and "
+                f"{b['max_concurrency']}: their figures do not compare",
+                "compare two results of the same --max-concurrency",
+            )
         left, right = _serving_metrics(a, conc), _serving_metrics(b, conc)
     else:
         left, right = _metrics(a), _metrics(b)
@@ -667,8 +698,20 @@ def _serving_metrics(report: Report, conc: int) -> dict[str, tuple[Any, str]]:
         figures: dict[str, Any] = report["metrics"]
     else:
         summary = report.get("summary") or summarize(report)
-        levels = sorted((s for s in summary["decode"] if s["conc"] == conc), key=lambda s: s["kind"] != "random")
-        figures = levels[0]["vllm"] if levels else {}
+        level = next((s for s in summary["decode"] if s["conc"] == conc and s["kind"] == RANDOM_KIND), None)
+        if level is None:
+            raise ReconcilerError(
+                f"{report.get('label') or 'our report'} has no decode step of the random kind at concurrency "
+                f"{conc}: vLLM's random workload has nothing of ours to compare with",
+                f"run `reconciler bench --kinds random --conc {conc} --input-len N --max-tokens M` with the "
+                "lengths vllm bench serve used",
+            )
+        if not isinstance(level.get("vllm"), dict):
+            raise ReconcilerError(
+                f"{report.get('label') or 'our report'} was written before reports held vLLM's figures",
+                "run `reconciler bench --kinds random` again with this version",
+            )
+        figures = level["vllm"]
     return {f"c{conc}: {label}": (figures.get(key), better) for key, label, better in VLLM_COMPARED}
 
 

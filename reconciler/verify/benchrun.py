@@ -2,7 +2,8 @@
 
 Steps run in order — an unrecorded warm-up, prefill per prompt length, decode per concurrency
 and kind, the recall check per context length — and the JSON report is rewritten (atomically)
-after every step, so an interrupted or failed run keeps everything it measured. The
+after every step, so an interrupted or failed run keeps every step it finished (a decode step
+with all its repetitions: its streams are parsed when it ends). The
 arithmetic lives in reconciler/verify/benchmark.py; this module only sends requests and times them.
 
 How streams are read decides what the numbers mean. The streams of a step are read as
@@ -44,6 +45,9 @@ WARM_UP_PROMPT = "Say hello."
 # tokenizer) would then run to max-model-len before the first measurement.
 WARM_UP_MAX_TOKENS = 32
 RANDOM_OUTPUT_TOKENS = 128  # vllm bench serve's --random-output-len default
+# Streams one decode step may hold (--conc x --reps): every read is kept, bytes and time, until
+# the step ends and is parsed, a few hundred bytes an output token.
+MAX_STEP_STREAMS = 4096
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,9 @@ class BenchRun:
         reps = self.settings.reps
         bodies = [[self._decode_body(model, kind) for _ in range(conc)] for _ in range(reps)]
         origin, rows = slotted_streams(self.target, path, bodies)
-        records = [benchmark.decode_record(conc, kind, rep, row, origin) for rep, row in enumerate(rows, 1)]
+        records = benchmark.with_step_aggregates(
+            [benchmark.decode_record(conc, kind, rep, row, origin) for rep, row in enumerate(rows, 1)]
+        )
         self.report["decode"] += records
         streams = [stream for record in records for stream in record["streams"]]
         clean = [stream for stream in streams if not stream["flags"]]
@@ -163,7 +169,7 @@ class BenchRun:
             f"decode c{conc} {kind}, {reps} reps: "
             f"{_number(per_stream['median'] if per_stream else None)} tok/s per stream (median), "
             f"{_number(aggregate['median'] if aggregate else None)} aggregate, {tokens} tokens"
-            + (f"; {flagged} stream(s) flagged burst, not counted" if flagged else "")
+            + (f"; {flagged} stream(s) flagged as read in a burst, not counted" if flagged else "")
         )
 
     def _decode_body(self, model: str, kind: str) -> JsonObject:
@@ -211,9 +217,10 @@ def concurrent_streams(target: ApiTarget, path: str, bodies: list[JsonObject]) -
 async def _streams(
     target: ApiTarget, path: str, bodies: list[JsonObject], clock: Callable[[], float]
 ) -> list[benchmark.Stream]:
+    contents = [_encoded(body) for body in bodies]
     async with async_client(target, connections=len(bodies)) as http:
         await _open_connections(http, len(bodies))
-        reads = await asyncio.gather(*(_timed_reads(http, path, body, clock) for body in bodies))
+        reads = await asyncio.gather(*(_timed_reads(http, path, content, clock) for content in contents))
     return [benchmark.parse_stream(sent, timed) for sent, timed in reads]
 
 
@@ -229,13 +236,14 @@ async def _slotted(
     target: ApiTarget, path: str, bodies: list[list[JsonObject]], clock: Callable[[], float]
 ) -> tuple[float, list[list[benchmark.Stream]]]:
     slots = len(bodies[0])
+    contents = [[_encoded(body) for body in row] for row in bodies]
     async with async_client(target, connections=slots) as http:
         await _open_connections(http, slots)
 
         async def slot(index: int) -> list[tuple[float, list[benchmark.TimedRead]]]:
             # No pause between a slot's requests: the engine never idles between them, as
             # under vLLM's bench, and a request's prefill meets the other slots' decodes.
-            return [await _timed_reads(http, path, row[index], clock) for row in bodies]
+            return [await _timed_reads(http, path, row[index], clock) for row in contents]
 
         origin = clock()
         columns = await asyncio.gather(*(slot(index) for index in range(slots)))
@@ -251,11 +259,15 @@ async def _open_connections(http: httpx.AsyncClient, count: int) -> None:
             raise BenchError(f"GET /v1/models: {error_text(answer)}", "check `reconciler logs r0`")
 
 
+def _encoded(body: JsonObject) -> bytes:
+    return json.dumps(body).encode()
+
+
 async def _timed_reads(
-    http: httpx.AsyncClient, path: str, body: JsonObject, clock: Callable[[], float]
+    http: httpx.AsyncClient, path: str, content: bytes, clock: Callable[[], float]
 ) -> tuple[float, list[benchmark.TimedRead]]:
-    """(sent, every network read with the time it returned); nothing else in the loop."""
-    content = json.dumps(body).encode()
+    """(sent, every network read with the time it returned) of the request `content` (its JSON,
+    encoded before any stream of the step starts); nothing else in the loop."""
     headers = {"content-type": "application/json"}
     reads: list[benchmark.TimedRead] = []
     sent = clock()
@@ -381,7 +393,35 @@ def _summary_problem(summary: object) -> str | None:
                 stats = entry.get(figure)
                 if stats is not None and not (isinstance(stats, dict) and all(map(_is_number, stats.values()))):
                     return f"{where}.{figure} is not a set of statistics"
+            problem = _decode_entry_problem(entry, where) if part == "decode" else None
+            if problem is not None:
+                return problem
     return None
+
+
+def _decode_entry_problem(entry: dict[str, Any], where: str) -> str | None:
+    """A decode step's name, its flagged streams and its figures in vLLM's terms, as written."""
+    if not isinstance(entry.get("kind"), str):
+        return f"{where} has no kind"
+    flagged = entry.get("flagged", [])
+    if not isinstance(flagged, list) or not all(_is_flag(item) for item in flagged):
+        return f"{where}.flagged is not a list of flagged streams"
+    figures = entry.get("vllm")
+    if figures is not None and not (
+        isinstance(figures, dict) and all(value is None or _is_number(value) for value in figures.values())
+    ):
+        return f"{where}.vllm is not a set of figures"
+    return None
+
+
+def _is_flag(item: object) -> bool:
+    return (
+        isinstance(item, dict)
+        and _is_number(item.get("rep"))
+        and _is_number(item.get("stream"))
+        and isinstance(item.get("flags"), list)
+        and all(isinstance(flag, str) for flag in item["flags"])
+    )
 
 
 def _is_number(value: object) -> bool:

@@ -360,6 +360,43 @@ def test_compare_refuses_a_vllm_result_it_cannot_place(tmp_path: Path, capsys: p
     assert "output_throughput is -1.0" in json.loads(capsys.readouterr().out)["message"]
 
 
+def broken_summary(report: benchmark.Report, change: Callable[[dict[str, Any]], None]) -> benchmark.Report:
+    change(report["summary"]["decode"][0])
+    return report
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda level: level.pop("vllm"), "was written before reports held vLLM's figures"),
+        (lambda level: level.update(vllm=[1]), "summary.decode[0].vllm is not a set of figures"),
+        (lambda level: level.update(vllm={"median_ttft_ms": "abc"}), "summary.decode[0].vllm is not a set"),
+        (lambda level: level.pop("kind"), "summary.decode[0] has no kind"),
+        (lambda level: level.update(flagged=[{"rep": "x"}]), "summary.decode[0].flagged is not a list"),
+        (lambda level: level.update(kind="prose"), "no decode step of the random kind at concurrency 1"),
+    ],
+)
+def test_compare_with_vllm_says_what_is_wrong_with_our_report(
+    change: Callable[[dict[str, Any]], None], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An old, edited or mismatched report of ours: a located error, never a traceback."""
+    ours = tmp_path / "ours.json"
+    ours.write_text(json.dumps(broken_summary(report_of([spaced(0.0, 0.010, 0.002, 11)]), change)))
+    theirs = vllm_file(tmp_path / "vllm.json")
+    assert main(["bench", "compare", str(theirs), str(ours), "--json"]) == 1
+    error = json.loads(capsys.readouterr().out)
+    assert message in error["message"], error
+    assert "internal error" not in error["message"]
+
+
+def test_two_vllm_results_of_different_concurrency_are_not_compared(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one, two = vllm_file(tmp_path / "c1.json"), vllm_file(tmp_path / "c2.json", max_concurrency=2)
+    assert main(["bench", "compare", str(one), str(two), "--json"]) == 1
+    assert "concurrency 1 and 2" in json.loads(capsys.readouterr().out)["message"]
+
+
 def test_a_compressed_stream_is_refused_it_cannot_be_timed_chunk_by_chunk() -> None:
     def answer(request: httpx.Request) -> httpx.Response:
         assert request.headers["accept-encoding"] == "identity"
@@ -370,7 +407,7 @@ def test_a_compressed_stream_is_refused_it_cannot_be_timed_chunk_by_chunk() -> N
         async with httpx.AsyncClient(
             transport=httpx.MockTransport(answer), base_url="http://x", headers=headers
         ) as http:
-            await benchrun._timed_reads(http, "/v1/completions", {"stream": True}, lambda: 0.0)
+            await benchrun._timed_reads(http, "/v1/completions", b'{"stream": true}', lambda: 0.0)
 
     with pytest.raises(BenchError, match=r"the stream came compressed \(gzip\), so its chunks cannot be timed"):
         asyncio.run(run())
@@ -455,3 +492,25 @@ def test_a_slot_sends_its_next_request_when_its_last_ends_without_waiting_for_th
             assert order.index(f"r{rep}s{slot} ended") < order.index(f"r{rep + 1}s{slot} sent"), order
     assert [[stream.content for stream in row] for row in rows] == [["t0 t1 t2 "] * 2] * 3
     assert all(origin <= stream.sent for row in rows for stream in row)
+
+
+@pytest.mark.parametrize("rates", [[10, 40, 100, 11, 20], [20, 11, 100, 40, 10]])
+def test_which_streams_are_outliers_does_not_depend_on_their_order(rates: list[int]) -> None:
+    report = report_of(*[[spaced(0.0, 0.010, 1 / rate, 16)] for rate in rates])
+    flagged = report["summary"]["decode"][0]["flagged"]
+    assert [(rates[entry["rep"] - 1], entry["flags"]) for entry in flagged] == [(100, ["rate_outlier"])]
+
+
+def test_an_edited_report_the_plot_cannot_read_is_an_error_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    report = report_of([spaced(0.0, 0.010, 0.002, 11)], [spaced(0.030, 0.040, 0.002, 11)])
+    report["decode"][0]["streams"] = "edited"
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(report), encoding="utf-8")
+    assert main(["bench", "compare", str(path), str(path), "--plot", str(tmp_path / "p.png")]) == 1
+    err = capsys.readouterr().err
+    assert "cannot draw" in err
+    assert "unedited" in err
+    assert "internal error" not in err

@@ -123,7 +123,7 @@ def test_the_random_kind_sends_vllms_workload(url: str, tmp_path: Path) -> None:
     (level,) = report["summary"]["decode"]
     assert (level["conc"], level["kind"], level["vllm"]["completed"]) == (2, "random", 2)
     assert level["vllm"]["total_input_tokens"] == 128  # from usage: one token per id
-    assert all(stream["completion_tokens"] <= 8 for stream in report["decode"][0]["streams"])
+    assert all(stream["completion_tokens"] == 8 for stream in report["decode"][0]["streams"])
 
 
 def test_the_report_is_written_after_every_step(url: str, tmp_path: Path) -> None:
@@ -283,13 +283,35 @@ def test_an_error_chunk_or_an_empty_stream_cannot_be_measured() -> None:
         benchmark.decode_stream_record(empty, 0.0)
 
 
+def evenly(first: float, count: int, gap: float) -> dict[str, Any]:
+    """A decode stream record of `count` one-token chunks, `gap` apart from `first`."""
+    return {
+        "completion_tokens": count,
+        "t_first_s": first,
+        "t_last_s": first + gap * (count - 1),
+        "itl_s": [gap] * (count - 1),
+    }
+
+
 def test_aggregate_counts_tokens_after_the_first_over_the_shared_span() -> None:
-    streams = [
-        {"completion_tokens": 11, "t_first_s": 1.0, "t_last_s": 2.0},
-        {"completion_tokens": 11, "t_first_s": 1.5, "t_last_s": 3.0},
-    ]
+    streams = [evenly(1.0, 11, 0.1), evenly(1.5, 11, 0.15)]
     assert benchmark.aggregate_tok_s(streams) == 10.5
     assert benchmark.aggregate_tok_s(streams[:1]) == 10.0  # one stream: its own rate
+
+
+def test_the_aggregate_of_drifted_slots_is_what_the_engine_delivered_meanwhile() -> None:
+    """Two slots at 50 tok/s each, one answering 100 tokens, the other 1000: the k-th requests
+    hardly overlap, but the engine delivered 100 tok/s all along while both slots ran."""
+    short = [evenly(2.0 * k, 100, 0.02) for k in range(10)]  # back to back, 2 s each
+    long = [evenly(0.0, 1000, 0.02)]
+    records = [{"rep": 1, "streams": [short[0], long[0]]}] + [
+        {"rep": k + 1, "streams": [short[k]]} for k in range(1, 10)
+    ]
+    aggregates = [record["aggregate_tok_s"] for record in benchmark.with_step_aggregates(records)]
+    # Counted by request index alone, the first pair would read (1100 - 1) / 19.98 s = 55 tok/s.
+    assert all(value == pytest.approx(100, rel=0.03) for value in aggregates), aggregates
+    # Each stream counted on its own would make it look like half the engine's rate.
+    assert benchmark.aggregate_tok_s(short[3:4]) == pytest.approx(50, rel=0.01)
 
 
 def test_prefill_rate_is_prompt_tokens_over_ttft() -> None:

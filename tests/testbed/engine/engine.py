@@ -38,7 +38,9 @@ What it imitates:
   dominant colour of its left half, then its right half. A pass-key question ("What is the pass
   key?" after "The pass key is 12345" somewhere in the same message, the long-context recall test
   of `reconciler bench --ctx`) answers the number. Anything else gets a fixed sentence.
-  Sampling parameters (temperature, stop, n, ...) are accepted and ignored. Image URLs other
+  Sampling parameters (temperature, stop, n, ...) are accepted and ignored; `ignore_eos` on
+  /v1/completions is honoured (the answer goes on until max_tokens), as the random workload of
+  `vllm bench serve` and `reconciler bench --kinds random` needs. Image URLs other
   than base64 data URLs are never fetched: they get the 500 vLLM gives for an unreachable URL.
   Once the engine died, /health answers 503 for the second before the process exits.
 
@@ -1005,6 +1007,13 @@ class Answer:
     tool_call: ToolCall | None = None
     finish_reason: str = "stop"
 
+    def past_eos(self, limit: int) -> Answer:
+        """vLLM's `ignore_eos`: the model does not stop at its end of sequence, max_tokens (or the
+        context) stops it; the stand-in's model says its answer again until then."""
+        again = f"{self.content} "
+        repeats = math.ceil(4 * limit / len(again.encode())) + 1  # a token is 4 bytes or more
+        return Answer(again * repeats, self.reasoning, None, self.finish_reason)
+
     def within(self, limit: int) -> Output:
         reasoning = split_tokens(self.reasoning)
         body = split_tokens(self.tool_call.arguments if self.tool_call else self.content)
@@ -1619,7 +1628,8 @@ class Api:
         text, prompt_tokens = completion_prompt(request.get("prompt"))
         max_tokens = parse_max_tokens(request, COMPLETIONS_DEFAULT_MAX_TOKENS)
         limit = self._room(prompt_tokens, max_tokens)
-        output = Answer(arithmetic(text or "") or FALLBACK_ANSWER).within(limit)
+        answer = Answer(arithmetic(text or "") or FALLBACK_ANSWER)
+        output = (answer.past_eos(limit) if request.get("ignore_eos") is True else answer).within(limit)
         return self._run(Generation("text", model, prompt_tokens, output, *self._stream_flags(request)))
 
     def _model(self, request: JsonObject) -> str:
