@@ -102,6 +102,7 @@ def test_a_copy_killed_midway_resumes_without_resending_what_the_worker_holds(be
     said = deep.stdout + deep.stderr
     assert "sha256 mismatch" not in said, "every file on the worker is right"
     assert said.count("files match their sha256") == 2, said[-3000:]
+    assert bed.plan_exit() == 0
 
 
 def test_copy_transport_ssh_copies_over_ssh_from_the_head(bed: Bed) -> None:
