@@ -41,6 +41,10 @@ from reconciler.transport import Transport
 from reconciler.transport.connect import close_all, connect_all
 
 DEBOUNCE_S = 0.5
+# The longest the main thread blocks in one wait. The kernel may hand SIGTERM to any thread;
+# Python runs the handler in the main thread only once that thread wakes, so a wait of the full
+# resync period could leave systemd's stop unanswered for minutes.
+WAKE_EVERY_S = 1.0
 BACKOFF_BASE_S = 15.0
 # The reason the spec watcher gives: a pass for it runs even during a backoff.
 SPEC_CHANGED = "spec file changed"
@@ -77,7 +81,12 @@ class Triggers:
     def wait(self, timeout: float) -> list[str]:
         """The reasons gathered until `timeout`, or until a first one plus a short debounce
         (what else arrives in that moment joins the same pass)."""
-        if self._event.wait(timeout):
+        left, fired = timeout, False
+        while left > 0 and not fired:
+            step = min(left, WAKE_EVERY_S)
+            fired = self._event.wait(step)
+            left -= step
+        if fired:
             self._sleep(DEBOUNCE_S)
         with self._lock:
             reasons, self._reasons = self._reasons, []

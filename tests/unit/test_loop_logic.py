@@ -11,7 +11,7 @@ from reconciler.actions import Blocker
 from reconciler.clock import utc_iso
 from reconciler.facts.memory import GuardFacts, GuardTrip
 from reconciler.facts.node import load_facts
-from reconciler.loop import BACKOFF_BASE_S, DEBOUNCE_S, SPEC_CHANGED, LoopLogic, SpecKeeper, Triggers
+from reconciler.loop import BACKOFF_BASE_S, DEBOUNCE_S, SPEC_CHANGED, WAKE_EVERY_S, LoopLogic, SpecKeeper, Triggers
 from reconciler.plan import Plan, plan
 from reconciler.spec import Loop as LoopSettings
 from tests.scenarios import CONVERGED_FACTS, SPEC_PATH, reference_deployment, with_container, with_node
@@ -165,6 +165,31 @@ def test_a_trigger_from_another_thread_wakes_the_wait() -> None:
     triggers = Triggers(sleep=lambda _s: None)
     threading.Timer(0.05, triggers.fire, args=("spec file changed",)).start()
     assert triggers.wait(timeout=30) == ["spec file changed"]
+
+
+class CountingEvent:
+    """An event that is never set and returns at once, recording each wait's timeout."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+
+    def wait(self, timeout: float) -> bool:
+        self.timeouts.append(timeout)
+        return False
+
+    def clear(self) -> None:
+        pass
+
+
+def test_the_wait_wakes_every_second_so_a_sigterm_to_another_thread_is_handled() -> None:
+    """Python runs signal handlers in the main thread only: a long blocking wait would leave a
+    SIGTERM the kernel handed to another thread unanswered until it ends."""
+    triggers = Triggers(sleep=lambda _s: None)
+    event = CountingEvent()
+    triggers._event = event  # type: ignore[assignment]
+    assert triggers.wait(timeout=3.5) == []
+    assert event.timeouts == [WAKE_EVERY_S] * 3 + [0.5]
+    assert WAKE_EVERY_S <= 1.0
 
 
 def keeper() -> SpecKeeper:
