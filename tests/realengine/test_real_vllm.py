@@ -201,27 +201,33 @@ def vllm_round(bed: Bed, url: str, conc: int, round_: int) -> Pooled:
         {"ttft": ttft, "itl": itl, "e2el": ttft + sum(itl), "tokens": tokens}
         for ttft, itl, tokens in zip(saved["ttfts"], saved["itls"], saved["output_lens"], strict=True)
     ]
-    return Pooled(requests[1:], sum(saved["output_lens"]), float(saved["duration"]))
+    # Its first `conc` requests leave together at an idle engine (the first one's prompt cached):
+    # the steady state is compared, as on our side.
+    return Pooled(requests[conc:], sum(saved["output_lens"]), float(saved["duration"]))
 
 
 def our_round(bed: Bed, conc: int, round_: int) -> tuple[Pooled, dict[str, float]]:
-    """Our bench: its requests (for the pooled figures) and the figures its report states."""
+    """Our bench: its requests after each slot's first (the requests of repetition 1 leave
+    together at an idle engine, and the second one's prefill waits for the first's), its
+    flagged streams left out as its report leaves them out; and the output throughput its
+    report states."""
     out = f"/tmp/realengine-ours-c{conc}-{round_}.json"
     argv = ["bench", "--out", out, "--conc", str(conc), "--prefill", "--kinds", "random", "--reps", str(REPS)]
     bed.reconciler(*argv, "--input-len", str(INPUT_LEN), "--max-tokens", str(OUTPUT_LEN), timeout=900)
     report: Any = json.loads(bed.node(HEAD, "cat", out).stdout)
     (level,) = report["summary"]["decode"]
     print(f"reconciler bench c{conc} round {round_}: {len(level['flagged'])} of {level['streams']} streams flagged")
-    requests = [
+    every = [s for rep in report["decode"] for s in rep["streams"]]
+    steady = [
         {"ttft": s["ttft_s"], "itl": s["itl_s"], "e2el": s["latency_s"], "tokens": s["completion_tokens"]}
-        for rep in report["decode"]
+        for rep in report["decode"][1:]
         for s in rep["streams"]
+        if not s["flags"]
     ]
-    reported = {key: float(level["vllm"][key]) for key in FIGURES}
-    return Pooled(requests, sum(r["tokens"] for r in requests), float(level["vllm"]["duration"])), reported
-
-
-FIGURES = ("median_ttft_ms", "mean_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput")
+    pooled = Pooled(steady, sum(s["completion_tokens"] for s in every), float(level["vllm"]["duration"]))
+    figures = vllm_figures(pooled)
+    figures["output_throughput"] = float(level["vllm"]["output_throughput"])
+    return pooled, figures
 
 
 def vllm_figures(pooled: Pooled) -> dict[str, float]:
@@ -262,8 +268,8 @@ def test_our_bench_agrees_with_vllm_bench_serve_on_the_same_server(lane: Bed) ->
         started = time.monotonic()
         for round_ in range(1, ROUNDS + 1):
             (ours, reported), theirs = our_round(lane, conc, round_), vllm_round(lane, url, conc, round_)
-            assert (len(ours.requests), len(theirs.requests)) == (REPS * conc, REPS * conc + conc - 1)
-            # Our side is what our report says (its flagged streams left out), not a recount.
+            assert len(theirs.requests) == REPS * conc
+            assert len(ours.requests) > (REPS - 2) * conc, "few of our streams flagged"
             rounds.append((vllm_figures(theirs), reported))
             pooled["ours"].add(ours)
             pooled["vllm"].add(theirs)
