@@ -374,14 +374,7 @@ def manifest_entries(model: Model, commit: str) -> dict[str, str] | None:
         tempfile.TemporaryDirectory() as scratch,
     ):
         try:
-            path = hf_hub_download(
-                model.repo,
-                model.manifest,
-                revision=commit,
-                local_dir=scratch,
-                endpoint=endpoint(model),
-                token=token(model),
-            )
+            path = _client_download(model, model.manifest, commit, scratch)
         except EntryNotFoundError as exc:
             if isinstance(exc, LocalEntryNotFoundError):  # no Hub answer at all, not "no such file"
                 raise
@@ -480,6 +473,13 @@ def fetch_order(files: list[HubFile]) -> list[HubFile]:
 _PART = re.compile(r"\.safetensors\.part[0-9]{2}$")
 
 
+def _client_download(model: Model, path: str, commit: str, local_dir: str) -> str:
+    """One file of the repo at `commit` into `local_dir`, by the client (its resume, its metadata)."""
+    return hf_hub_download(
+        model.repo, path, revision=commit, local_dir=local_dir, endpoint=endpoint(model), token=token(model)
+    )
+
+
 def download_files(
     model: Model,
     local_dir: str,
@@ -499,14 +499,7 @@ def download_files(
         if failures:  # one failed: the apply stops, the others' partial files stay for a resume
             return
         try:
-            hf_hub_download(
-                model.repo,
-                item.path,
-                revision=commit,
-                local_dir=local_dir,
-                endpoint=endpoint(model),
-                token=token(model),
-            )
+            _client_download(model, item.path, commit, local_dir)
             if on_file is not None:
                 on_file(item)
         except BaseException as exc:  # handed to the caller's thread below

@@ -30,6 +30,16 @@ CHUNKS = 6
 TURN_TIMEOUT_S = 30.0  # only a broken reader waits this long; a loaded machine may take seconds
 
 
+def answer_models(handler: BaseHTTPRequestHandler) -> None:
+    """GET /v1/models of the test servers: one model, "m" (the bench opens its connections so)."""
+    body = b'{"object": "list", "data": [{"id": "m"}]}'
+    handler.send_response(200)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class TickClock:
     """A clock that counts its calls; the server waits on it."""
 
@@ -92,12 +102,7 @@ def make_handler(state: Lockstep) -> type[BaseHTTPRequestHandler]:
             del format, args
 
         def do_GET(self) -> None:
-            body = b'{"object": "list", "data": [{"id": "m"}]}'
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            answer_models(self)
 
         def do_POST(self) -> None:
             name = json.loads(self.rfile.read(int(self.headers["content-length"])))["prompt"]
@@ -443,15 +448,10 @@ def slots_handler(state: Slots) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
 
         def log_message(self, format: str, *args: Any) -> None:
-            pass
+            del format, args
 
         def do_GET(self) -> None:
-            body = json.dumps({"object": "list", "data": [{"id": "m"}]}).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            answer_models(self)
 
         def do_POST(self) -> None:
             name = json.loads(self.rfile.read(int(self.headers["content-length"])))["prompt"]
