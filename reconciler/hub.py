@@ -538,23 +538,31 @@ def _download_tasks(
     ignored = threading.Event()  # the Hub answered a Range with the whole file: it does not do ranges
     tasks: list[Callable[[], None]] = []
     for item in fetch_order(files):
-        partial = None
-        if not (root / item.path).exists():
-            target = hubranges.target_of(endpoint(model), model.repo, root, commit, item.path, item.size, item.etag)
-            partial = hubranges.open_ranged(target, model.download_streams)
+        partial = _ranged(model, root, commit, item)
         if partial is None:
             tasks.append(functools.partial(_whole, model, item, commit, str(root), done))
             continue
         ranged.append(partial)
         have = hubranges.resumed_bytes(partial)
         if have and report is not None:
-            report(f"    resuming {item.path}: {have} of {item.size} bytes already in")
-        missing = [(start, end) for start, end in partial.ranges if partial.done[start] < end - start]
-        for start, end in missing or partial.ranges[:1]:
-            tasks.append(
-                functools.partial(_range, model, item, commit, str(root), partial, (start, end), headers, ignored, done)
-            )
+            report(f"    resuming {item.path} at byte {have} of {item.size} (in ranges)")
+        spans = [(start, end) for start, end in partial.ranges if partial.done[start] < end - start]
+        spans = spans or partial.ranges[:1]  # all in: one task only puts the file in place
+        partial.tasks = len(spans)
+        for span in spans:
+            tasks.append(functools.partial(_range, model, item, commit, partial, span, headers, ignored, done))
     return tasks
+
+
+def _ranged(model: Model, root: Path, commit: str, item: HubFile) -> hubranges.RangedFile | None:
+    """The file's ranged download, or None to fetch it whole (small, already there, one stream)."""
+    if item.size < 2 * hubranges.MIN_RANGE_BYTES:
+        return None  # never split, so never left partial in ranges: no need to look
+    if (root / item.path).exists():
+        hubranges.discard_partials(root, item.path)  # what a run killed while putting it in place left
+        return None
+    target = hubranges.target_of(endpoint(model), model.repo, root, commit, item.path, item.size, item.etag)
+    return hubranges.open_ranged(target, model.download_streams)
 
 
 def _whole(model: Model, item: HubFile, commit: str, local_dir: str, done: Callable[[HubFile], None]) -> None:
@@ -566,7 +574,6 @@ def _range(
     model: Model,
     item: HubFile,
     commit: str,
-    local_dir: str,
     partial: hubranges.RangedFile,
     span: tuple[int, int],
     headers: dict[str, str],
@@ -574,17 +581,33 @@ def _range(
     done: Callable[[HubFile], None],
 ) -> None:
     """One range of a ranged file; whoever brings in its last range puts the file in place."""
+    try:
+        _fetch_span(model, item, commit, partial, span, headers, ignored, done)
+    finally:
+        partial.task_ended()
+
+
+def _fetch_span(
+    model: Model,
+    item: HubFile,
+    commit: str,
+    partial: hubranges.RangedFile,
+    span: tuple[int, int],
+    headers: dict[str, str],
+    ignored: threading.Event,
+    done: Callable[[HubFile], None],
+) -> None:
     if partial.whole:
         return
     try:
-        if ignored.is_set():
+        if ignored.is_set() and not partial.complete():
             raise hubranges.RangesIgnoredError
-        hubranges.fetch_range(partial, span[0], span[1], lambda: headers)
+        hubranges.fetch_range(partial, span[0], span[1], headers)
     except hubranges.RangesIgnoredError:
         ignored.set()
         if partial.claim_whole():  # the Hub sends whole files only: the client fetches this one
-            hubranges.discard_partials(Path(local_dir), item.path)
-            _whole(model, item, commit, local_dir, done)
+            hubranges.discard_partials(partial.target.root, item.path)
+            _whole(model, item, commit, str(partial.target.root), done)
         return
     if partial.claim_finish():
         partial.finish()

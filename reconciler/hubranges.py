@@ -23,7 +23,6 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,7 +80,10 @@ class Target:
 
 
 class RangedFile:
-    """One file being fetched in ranges: its partial file, and the bytes done per range."""
+    """One file being fetched in ranges: its partial file, and the bytes done per range.
+
+    The partial file is opened by the first range that writes and closed when the file's last
+    task ends, so a repo of many big files holds a descriptor only for the files in flight."""
 
     def __init__(self, target: Target, ranges: list[tuple[int, int]], done: dict[int, int]) -> None:
         self.target = target
@@ -90,20 +92,32 @@ class RangedFile:
         self.lock = threading.Lock()
         self.whole = False  # the Hub ignores Range: one stream fetches it whole instead
         self.finished = False
+        self.tasks = 0  # the file's tasks not yet ended
         self.base = partial_base(target.root, target.path, target.etag)
-        self.fd = os.open(f"{self.base}{RANGES_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o644)
-        os.ftruncate(self.fd, target.size)  # sparse: ranges land at their offsets
+        self._fd = -1
+
+    def descriptor(self) -> int:
+        with self.lock:
+            if self._fd < 0 and self.whole:  # its partial files are gone: not to be made again
+                raise RangesIgnoredError
+            if self._fd < 0:
+                self._fd = os.open(f"{self.base}{RANGES_SUFFIX}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                if os.fstat(self._fd).st_size != self.target.size:
+                    os.ftruncate(self._fd, self.target.size)  # sparse: ranges land at their offsets
+            return self._fd
 
     def write(self, offset: int, chunk: bytes) -> None:
-        view = memoryview(chunk)
+        fd, view = self.descriptor(), memoryview(chunk)
         while view:
-            written = os.pwrite(self.fd, view, offset)
+            written = os.pwrite(fd, view, offset)
             view, offset = view[written:], offset + written
 
     def advance(self, start: int, offset: int) -> None:
         """The range at `start` holds every byte up to `offset`: on disk first, then recorded."""
-        os.fdatasync(self.fd)
+        os.fdatasync(self.descriptor())
         with self.lock:
+            if self.whole:  # given up on: its partial files are gone, and stay gone
+                return
             self.done[start] = max(self.done[start], offset - start)
             _write_progress(self.base, self.target, self.ranges, self.done)
 
@@ -122,26 +136,34 @@ class RangedFile:
     def claim_whole(self) -> bool:
         """True for the first caller to find the Hub ignoring Range: it fetches the file whole."""
         with self.lock:
-            if self.whole:
+            if self.whole or self.finished:
                 return False
             self.whole = True
             return True
 
     def finish(self) -> None:
         """Every range is in: the file takes its place, recorded as the client records its own."""
-        os.fsync(self.fd)
+        os.fsync(self.descriptor())
         destination = self.target.root / self.target.path
         destination.parent.mkdir(parents=True, exist_ok=True)
         os.replace(f"{self.base}{RANGES_SUFFIX}", destination)
         write_download_metadata(self.target.root, self.target.path, self.target.commit, self.target.etag)
         Path(f"{self.base}{PROGRESS_SUFFIX}").unlink(missing_ok=True)
 
-    def close(self) -> None:
-        """Once no stream writes any more (the download's pool is done): idempotent."""
+    def task_ended(self) -> None:
+        """One of the file's tasks ended: after the last one, its descriptor is closed."""
         with self.lock:
-            if self.fd >= 0:
-                os.close(self.fd)
-                self.fd = -1
+            self.tasks -= 1
+            last = self.tasks <= 0
+        if last:
+            self.close()
+
+    def close(self) -> None:
+        """Idempotent; the download closes every file again once its pool is done."""
+        with self.lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 def partial_base(root: Path, path: str, etag: str) -> str:
@@ -150,15 +172,19 @@ def partial_base(root: Path, path: str, etag: str) -> str:
     return str(directory / f"{_short_hash(f'{Path(path).name}.metadata')}.{etag}")
 
 
+_ENDINGS = (RANGES_SUFFIX, PROGRESS_SUFFIX, f"{PROGRESS_SUFFIX}.tmp")
+
+
 def discard_partials(root: Path, path: str, keep_etag: str | None = None) -> None:
-    """Every ranged partial of `path` (but the one for `keep_etag`): another revision's bytes."""
+    """Every ranged partial of `path` (but the one for `keep_etag`): another revision's bytes, a
+    file fetched whole instead, or what a run killed while putting the file in place left."""
     directory = root / ".cache/huggingface/download" / Path(path).parent
     prefix = _short_hash(f"{Path(path).name}.metadata") + "."
     if not directory.is_dir():
         return
     for entry in directory.iterdir():
         name = entry.name
-        if not name.startswith(prefix) or not (name.endswith(RANGES_SUFFIX) or name.endswith(PROGRESS_SUFFIX)):
+        if not name.startswith(prefix) or not name.endswith(_ENDINGS):
             continue
         if keep_etag is not None and name.split(".")[1] == keep_etag:
             continue
@@ -166,25 +192,26 @@ def discard_partials(root: Path, path: str, keep_etag: str | None = None) -> Non
 
 
 def open_ranged(target: Target, streams: int) -> RangedFile | None:
-    """The file's ranged download, resumed where a killed run left it; None: fetch it whole.
+    """The file's ranged download, resumed where a killed run left it; None: fetch it whole
+    (and anything a ranged run left of it is dropped: `download_streams: 1` means whole).
 
-    A run killed with another stream count resumes with the split it started with."""
+    A run killed with another stream count (but more than one) resumes with the split it started with."""
+    fresh = split(target.size, streams)
+    if fresh is None:
+        discard_partials(target.root, target.path)
+        return None
     discard_partials(target.root, target.path, keep_etag=target.etag)
     base = partial_base(target.root, target.path, target.etag)
     resumed = _read_progress(base, target)
     if resumed is not None:
-        ranges, done = resumed
-    else:
-        fresh = split(target.size, streams)
-        if fresh is None:
-            return None
-        ranges, done = fresh, {start: 0 for start, _ in fresh}
-        Path(base).parent.mkdir(parents=True, exist_ok=True)
-        Path(f"{base}{RANGES_SUFFIX}").unlink(missing_ok=True)
-    ranged = RangedFile(target, ranges, done)
-    if resumed is None:
-        _write_progress(base, target, ranges, done)
-    return ranged
+        return RangedFile(target, *resumed)
+    # Afresh: the old progress goes first, so no kill in between can pair it with new zeros.
+    Path(f"{base}{PROGRESS_SUFFIX}").unlink(missing_ok=True)
+    Path(f"{base}{RANGES_SUFFIX}").unlink(missing_ok=True)
+    Path(base).parent.mkdir(parents=True, exist_ok=True)
+    done = {start: 0 for start, _ in fresh}
+    _write_progress(base, target, fresh, done)
+    return RangedFile(target, fresh, done)
 
 
 def resumed_bytes(ranged: RangedFile) -> int:
@@ -246,43 +273,56 @@ def ranged_bytes(progress_path: Path) -> int:
     return sum(parsed[1].values()) if parsed is not None else 0
 
 
-def fetch_range(ranged: RangedFile, start: int, end: int, headers: Callable[[], dict[str, str]]) -> None:
+def fetch_range(ranged: RangedFile, start: int, end: int, headers: dict[str, str]) -> None:
     """Fetch what is missing of the range at `start`, going on from its last byte after a cut or a
-    passing refusal (408, 429, 5xx), as the client retries its own downloads."""
+    passing refusal (408, 429, 5xx: after its Retry-After, bounded), as the client retries its own
+    downloads. A refusal that lasts is raised as the Hub's error."""
     failures = 0
-    while start + ranged.done[start] < end:
+    while start + ranged.done[start] < end and not ranged.whole:
         before = ranged.done[start]
         try:
-            _stream_range(ranged, start, end, headers())
-        except (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError, _PassingRefusalError):
+            _stream_range(ranged, start, end, headers)
+        except (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError, PassingRefusalError) as exc:
             failures = 0 if ranged.done[start] > before else failures + 1
             if failures > RETRIES:
+                if isinstance(exc, PassingRefusalError):
+                    hf_raise_for_status(exc.response)
                 raise
-            time.sleep(min(8.0, 2.0 ** max(0, failures - 1)))
+            time.sleep(_pause(exc, failures))
 
 
-class _PassingRefusalError(Exception):
-    """An answer the client retries (408, 429, 5xx)."""
+class PassingRefusalError(Exception):
+    """An answer the client retries (408, 429, 5xx), its body read."""
+
+    def __init__(self, response: httpx2.Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
 
 
 _RETRIED_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+MAX_PAUSE_S = 60.0
+
+
+def _pause(exc: BaseException, failures: int) -> float:
+    backoff = min(8.0, 2.0 ** max(0, failures - 1))
+    if isinstance(exc, PassingRefusalError):
+        asked = exc.response.headers.get("retry-after", "")
+        if asked.strip().isdigit():
+            return min(MAX_PAUSE_S, max(backoff, float(asked.strip())))
+    return backoff
 
 
 def _stream_range(ranged: RangedFile, start: int, end: int, headers: dict[str, str]) -> None:
     """One request for what is missing of the range; what came before a cut is kept."""
     offset = durable = start + ranged.done[start]
-    asked = {**headers, "Range": f"bytes={offset}-{end - 1}"}
+    # Identity: the offsets are the file's bytes, not a compressor's.
+    asked = {**headers, "Range": f"bytes={offset}-{end - 1}", "Accept-Encoding": "identity"}
     with get_session().stream("GET", ranged.target.url, headers=asked) as response:
-        if response.status_code in _RETRIED_STATUSES:
-            raise _PassingRefusalError(response.status_code)
-        if response.status_code >= 400:
-            response.read()  # the Hub's error text, for the error
-            hf_raise_for_status(response)
-        if response.status_code == 200:
-            raise RangesIgnoredError
-        _check_content_range(response.headers.get("content-range"), offset, end, ranged.target.size, ranged.target.path)
+        _check_answer(response, ranged.target, offset, end)
         try:
-            for chunk in response.iter_bytes(chunk_size=CHUNK_BYTES):
+            for chunk in response.iter_raw(chunk_size=CHUNK_BYTES):
+                if ranged.whole:  # another stream found the Hub ignoring Range: fetched whole
+                    return
                 if offset + len(chunk) > end:
                     raise _too_much(ranged.target.path, offset, end)
                 ranged.write(offset, chunk)
@@ -297,6 +337,37 @@ def _stream_range(ranged: RangedFile, start: int, end: int, headers: dict[str, s
         raise httpx2.RemoteProtocolError(f"the range ended at byte {offset} of {end}")
 
 
+def _check_answer(response: httpx2.Response, target: Target, offset: int, end: int) -> None:
+    """A 206 with exactly the bytes asked for, unencoded; a whole-file 200 means no ranges here."""
+    if response.status_code in _RETRIED_STATUSES or response.status_code >= 400:
+        response.read()  # the Hub's error text, for the error
+        if response.status_code in _RETRIED_STATUSES:
+            raise PassingRefusalError(response)
+        hf_raise_for_status(response)
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise _mangled(target.path, f"came compressed ({encoding:.40}) although identity was asked for")
+    if response.status_code == 200:
+        if response.headers.get("content-length") == str(target.size):
+            raise RangesIgnoredError
+        raise _mangled(target.path, f"came as a 200 of {response.headers.get('content-length')!r:.40} bytes")
+    expected = f"bytes {offset}-{end - 1}/{target.size}"
+    header = response.headers.get("content-range")
+    if response.status_code != 206 or header is None or header.strip() != expected:
+        raise _mangled(
+            target.path, f"came as HTTP {response.status_code}, Content-Range {header!r:.80}, not {expected!r}"
+        )
+
+
+def _mangled(path: str, what: str) -> HubError:
+    return HubError(
+        f"a range of {path} {what}",
+        "retry later (the file may have changed on the Hub: run `reconciler plan`); if it persists, the "
+        "Hub or a proxy in between mangles Range answers: set model.download_streams: 1",
+        kind="malformed",
+    )
+
+
 def _too_much(path: str, offset: int, end: int) -> HubError:
     return HubError(
         f"the Hub sent more of {path} than the range asked for ({offset}-{end - 1})",
@@ -304,17 +375,6 @@ def _too_much(path: str, offset: int, end: int) -> HubError:
         "set model.download_streams: 1",
         kind="malformed",
     )
-
-
-def _check_content_range(header: str | None, offset: int, end: int, size: int, path: str) -> None:
-    expected = f"bytes {offset}-{end - 1}/{size}"
-    if header is None or header.strip() != expected:
-        raise HubError(
-            f"the Hub answered a range of {path} with Content-Range {header!r}, not {expected!r}",
-            "retry later (the file may have changed on the Hub: run `reconciler plan`); if it persists, "
-            "set model.download_streams: 1",
-            kind="malformed",
-        )
 
 
 def target_of(endpoint: str | None, repo: str, root: Path, commit: str, path: str, size: int, etag: str) -> Target:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx2
 import pytest
 
 from reconciler import hubranges
@@ -49,7 +50,8 @@ def file_gets(hub: StandinHub, path: str, since: int = 0) -> list[dict[str, obje
 
 def leftovers(model_dir: Path) -> list[str]:
     cache = model_dir / ".cache/huggingface/download"
-    return sorted(p.name for p in cache.rglob("*") if p.name.endswith((".ranges", ".ranges.json", ".incomplete")))
+    endings = (".ranges", ".ranges.json", ".ranges.json.tmp", ".incomplete")
+    return sorted(p.name for p in cache.rglob("*") if p.name.endswith(endings))
 
 
 def assert_all_verified(model_dir: Path, listing: HubListing) -> None:
@@ -106,13 +108,40 @@ def test_a_progress_document_is_read_back() -> None:
     assert hubranges.progress_of(document, 10) == ([(0, 4), (4, 10)], {0: 4, 4: 2})
 
 
-def test_a_range_answered_with_another_span_is_a_hub_error_that_says_so() -> None:
+TARGET = hubranges.Target(url="http://hub/x", root=Path("/nonexistent"), path=SHARD, size=1000, etag="e", commit="c")
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "said"),
+    [
+        (206, {"content-range": "bytes 0-99/1000"}, "bytes 100-199/1000"),  # another span
+        (206, {}, "Content-Range None"),
+        (206, {"content-range": "bytes 100-199/1000", "content-encoding": "gzip"}, "compressed (gzip)"),
+        (200, {"content-length": "17"}, "200 of '17' bytes"),  # an error page, not the file
+        (204, {}, "HTTP 204"),
+    ],
+)
+def test_a_range_answered_otherwise_is_a_hub_error_that_says_so(
+    status: int, headers: dict[str, str], said: str
+) -> None:
     with pytest.raises(HubError) as caught:
-        hubranges._check_content_range("bytes 0-99/1000", 100, 200, 1000, SHARD)
-    assert "bytes 100-199/1000" in caught.value.message
+        hubranges._check_answer(httpx2.Response(status, headers=headers), TARGET, 100, 200)
+    assert said in caught.value.message
     assert "download_streams: 1" in caught.value.hint
-    with pytest.raises(HubError):
-        hubranges._check_content_range(None, 0, 100, 1000, SHARD)
+
+
+def test_a_whole_file_answer_means_the_hub_ignores_ranges() -> None:
+    with pytest.raises(hubranges.RangesIgnoredError):
+        hubranges._check_answer(httpx2.Response(200, headers={"content-length": "1000"}), TARGET, 100, 200)
+
+
+def test_retry_after_is_honoured_within_bounds() -> None:
+    def refusal(after: str) -> hubranges.PassingRefusalError:
+        return hubranges.PassingRefusalError(httpx2.Response(429, headers={"retry-after": after}))
+
+    assert hubranges._pause(refusal("3"), 1) == 3.0
+    assert hubranges._pause(refusal("3600"), 1) == hubranges.MAX_PAUSE_S
+    assert hubranges._pause(refusal("soon"), 3) == 4.0  # not a number of seconds: the backoff
 
 
 # --- against the Hub stand-in ---------------------------------------------------------------------
@@ -187,7 +216,7 @@ def test_a_killed_ranged_download_resumes_every_range_where_it_stopped(hub: Stan
     gets = file_gets(hub, item.path, seen)
     assert sorted(str(e["range"]) for e in gets) == wanted, "each range from where it stopped"
     assert sum(int(str(e["bytes_sent"])) for e in gets) == item.size - have
-    assert any(f"resuming {item.path}: {have} of {item.size}" in line for line in lines)
+    assert any(f"resuming {item.path} at byte {have} of {item.size} (in ranges)" in line for line in lines)
     assert_all_verified(model_dir, listing)
     assert leftovers(model_dir) == []
 
@@ -215,9 +244,10 @@ def test_a_hub_that_ignores_range_gets_each_big_file_whole_from_the_client(hub: 
     hub.faults.set_ignore_ranges(True)
     listing = fetch(model, str(model_dir), commit=model.revision, report=print)
     assert_all_verified(model_dir, listing)
-    gets = file_gets(hub, SHARD)
-    assert [e["range"] for e in gets if e["range"] is None], "one whole-file download"
-    assert all(e["status"] == 200 for e in gets)
+    for item in listing.files:
+        gets = file_gets(hub, item.path)
+        assert len([e for e in gets if e["range"] is None]) == 1, f"{item.path}: one whole download"
+        assert len(gets) <= 1 + model.download_streams, "ranges given up at the first whole answer"
     assert leftovers(model_dir) == []
 
 
@@ -261,4 +291,42 @@ def test_a_lasting_refusal_fails_the_download_and_keeps_what_came(hub: StandinHu
     hub.faults.clear()
     listing = fetch(model, str(model_dir), commit=model.revision, report=print)
     assert_all_verified(model_dir, listing)
+    assert leftovers(model_dir) == []
+
+
+def test_one_stream_after_a_killed_ranged_run_fetches_that_file_whole(hub: StandinHub, tmp_path: Path) -> None:
+    """`download_streams: 1` is the way out of a Hub that mangles ranges: it must mean whole."""
+    model = Model(endpoint=hub.url, revision=hub.info.commit)
+    model_dir = tmp_path / "model"
+    hub.faults.set_rate(2 * MIB)
+    kill_once_ranges_progress(start_download(model, model_dir), model_dir, at_least=2 * MIB)
+    hub.faults.set_rate(None)
+    seen = len(hub.log.entries())
+    one = model.model_copy(update={"download_streams": 1})
+    listing = fetch(one, str(model_dir), commit=one.revision, report=print)
+    assert_all_verified(model_dir, listing)
+    ranged = [e for e in hub.log.entries(seen) if e["method"] == "GET" and e["file"] and e["range"] is not None]
+    assert ranged == [], "no range asked for"
+    assert leftovers(model_dir) == []
+
+
+def test_a_file_whose_ranges_were_all_in_is_put_in_place_without_a_download(hub: StandinHub, tmp_path: Path) -> None:
+    """Killed after its last range and before the rename: nothing is fetched again."""
+    model = Model(endpoint=hub.url, revision=hub.info.commit)
+    model_dir = tmp_path / "model"
+    listing = fetch(model, str(model_dir), commit=model.revision, report=print)
+    item = next(i for i in listing.files if i.path == SHARD)
+    base = hubranges.partial_base(model_dir, SHARD, item.etag)
+    os.replace(model_dir / SHARD, f"{base}{hubranges.RANGES_SUFFIX}")
+    (model_dir / ".cache/huggingface/download" / f"{SHARD}.metadata").unlink()
+    ranges = hubranges.split(item.size, model.download_streams)
+    assert ranges is not None
+    document = {"size": item.size, "ranges": [[start, end, end - start] for start, end in ranges]}
+    Path(f"{base}{hubranges.PROGRESS_SUFFIX}").write_text(json.dumps(document))
+    seen = len(hub.log.entries())
+    landed: list[str] = []
+    fetch(model, str(model_dir), commit=model.revision, report=print, on_file=lambda i: landed.append(i.path))
+    assert file_gets(hub, SHARD, seen) == []
+    assert landed.count(SHARD) == 1
+    assert sha256_of(model_dir / SHARD) == item.sha256
     assert leftovers(model_dir) == []
