@@ -698,6 +698,9 @@ def _size(path: Path) -> int | None:
         return None
 
 
+_PARTIAL_ENDINGS = (".incomplete", hubranges.PROGRESS_SUFFIX)
+
+
 def _partial_sizes(root: Path, directories: set[str]) -> dict[tuple[str, str], int]:
     """Bytes of the partial files by (directory, file hash), the client's and the ranged ones: one
     listing per directory (files vanish while it runs: each is renamed when done)."""
@@ -716,9 +719,6 @@ def _partial_sizes(root: Path, directories: set[str]) -> dict[tuple[str, str], i
             key = (directory, name.split(".", 1)[0])
             sizes[key] = max(sizes.get(key, 0), size)
     return sizes
-
-
-_PARTIAL_ENDINGS = (".incomplete", hubranges.PROGRESS_SUFFIX)
 
 
 def _matches(path: str, patterns: list[str]) -> bool:
