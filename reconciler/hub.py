@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fnmatch
+import functools
 import os
 import re
 import socket
@@ -49,6 +50,7 @@ from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
 from huggingface_hub.utils._http import default_client_factory
 from huggingface_hub.utils.tqdm import are_progress_bars_disabled, disable_progress_bars
 
+from reconciler import hubranges
 from reconciler.errors import HubError, ReconcilerError, UntrustedFileError
 from reconciler.facts.files import HubFacts, HubFileFacts, is_inside, parse_manifest
 from reconciler.fsutil import read_bounded
@@ -486,32 +488,130 @@ def download_files(
     commit: str,
     files: list[HubFile],
     on_file: Callable[[HubFile], None] | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> None:
-    """Fetch each file with the client (a complete one is only checked), `on_file` as each is done.
+    """Fetch each file (a complete one is only checked), `on_file` as each is done.
 
-    The client's own per-file download, as `snapshot_download` runs it, so resume and the
-    download metadata are the client's; one call per file so each is known done as it lands.
+    `model.download_streams` requests at once, in `fetch_order`: a big file in byte ranges with
+    every stream on it (reconciler/hubranges.py), so files finish one after another; any other
+    by the client's own per-file download, as `snapshot_download` runs it (its resume, its
+    download metadata).
     """
     _bound_client_timeouts()
     failures: list[BaseException] = []
+    ranged: list[hubranges.RangedFile] = []
 
-    def one(item: HubFile) -> None:
-        if failures:  # one failed: the apply stops, the others' partial files stay for a resume
+    def one(task: Callable[[], None]) -> None:
+        if failures:  # one failed: the apply stops, the partial files stay for a resume
             return
         try:
-            _client_download(model, item.path, commit, local_dir)
-            if on_file is not None:
-                on_file(item)
+            task()
         except BaseException as exc:  # handed to the caller's thread below
             failures.append(exc)
 
-    # model.download_streams at once: the client's own default is 8, and a Hub that caps each
-    # connection needs several to fill the link; fewer finish one after another, sooner.
-    with ThreadPoolExecutor(max_workers=model.download_streams, thread_name_prefix="download") as pool:
-        list(pool.map(one, fetch_order(files)))
+    try:
+        with hub_call(model, f"downloading {model.repo}@{commit[:12]}"):
+            tasks = _download_tasks(model, Path(local_dir), commit, files, on_file, ranged, report)
+        with ThreadPoolExecutor(max_workers=model.download_streams, thread_name_prefix="download") as pool:
+            list(pool.map(one, tasks))
+    finally:
+        for partial in ranged:
+            partial.close()
     if failures:
         with hub_call(model, f"downloading {model.repo}@{commit[:12]}"):
             raise failures[0]
+
+
+def _download_tasks(
+    model: Model,
+    root: Path,
+    commit: str,
+    files: list[HubFile],
+    on_file: Callable[[HubFile], None] | None,
+    ranged: list[hubranges.RangedFile],
+    report: Callable[[str], None] | None,
+) -> list[Callable[[], None]]:
+    """The download as tasks for the streams, in `fetch_order`: one per file fetched whole, one
+    per missing range of a ranged file (`ranged` gets each ranged file, to be closed after)."""
+    done = on_file or (lambda _item: None)
+    headers = hubranges.auth_headers(token(model))
+    ignored = threading.Event()  # the Hub answered a Range with the whole file: it does not do ranges
+    tasks: list[Callable[[], None]] = []
+    for item in fetch_order(files):
+        partial = _ranged(model, root, commit, item)
+        if partial is None:
+            tasks.append(functools.partial(_whole, model, item, commit, str(root), done))
+            continue
+        ranged.append(partial)
+        have = hubranges.resumed_bytes(partial)
+        if have and report is not None:
+            report(f"    resuming {item.path} at byte {have} of {item.size} (in ranges)")
+        spans = [(start, end) for start, end in partial.ranges if partial.done[start] < end - start]
+        spans = spans or partial.ranges[:1]  # all in: one task only puts the file in place
+        partial.tasks = len(spans)
+        for span in spans:
+            tasks.append(functools.partial(_range, model, item, commit, partial, span, headers, ignored, done))
+    return tasks
+
+
+def _ranged(model: Model, root: Path, commit: str, item: HubFile) -> hubranges.RangedFile | None:
+    """The file's ranged download, or None to fetch it whole (small, already there, one stream)."""
+    if item.size < 2 * hubranges.MIN_RANGE_BYTES:
+        return None  # never split, so never left partial in ranges: no need to look
+    if (root / item.path).exists():
+        hubranges.discard_partials(root, item.path)  # what a run killed while putting it in place left
+        return None
+    target = hubranges.target_of(endpoint(model), model.repo, root, commit, item.path, item.size, item.etag)
+    return hubranges.open_ranged(target, model.download_streams)
+
+
+def _whole(model: Model, item: HubFile, commit: str, local_dir: str, done: Callable[[HubFile], None]) -> None:
+    _client_download(model, item.path, commit, local_dir)
+    done(item)
+
+
+def _range(
+    model: Model,
+    item: HubFile,
+    commit: str,
+    partial: hubranges.RangedFile,
+    span: tuple[int, int],
+    headers: dict[str, str],
+    ignored: threading.Event,
+    done: Callable[[HubFile], None],
+) -> None:
+    """One range of a ranged file; whoever brings in its last range puts the file in place."""
+    try:
+        _fetch_span(model, item, commit, partial, span, headers, ignored, done)
+    finally:
+        partial.task_ended()
+
+
+def _fetch_span(
+    model: Model,
+    item: HubFile,
+    commit: str,
+    partial: hubranges.RangedFile,
+    span: tuple[int, int],
+    headers: dict[str, str],
+    ignored: threading.Event,
+    done: Callable[[HubFile], None],
+) -> None:
+    if partial.whole:
+        return
+    try:
+        if ignored.is_set() and not partial.complete():
+            raise hubranges.RangesIgnoredError
+        hubranges.fetch_range(partial, span[0], span[1], headers)
+    except hubranges.RangesIgnoredError:
+        ignored.set()
+        if partial.claim_whole():  # the Hub sends whole files only: the client fetches this one
+            hubranges.discard_partials(partial.target.root, item.path)
+            _whole(model, item, commit, str(partial.target.root), done)
+        return
+    if partial.claim_finish():
+        partial.finish()
+        done(item)
 
 
 def fetch(
@@ -537,7 +637,7 @@ def fetch(
     )
     with _metered(Path(local_dir), wanted.files, on_bytes):
         resume_partials(model, local_dir, wanted, report)
-        download_files(model, local_dir, listing.commit, wanted.files, on_file)
+        download_files(model, local_dir, listing.commit, wanted.files, on_file, report)
     return listing
 
 
@@ -598,20 +698,26 @@ def _size(path: Path) -> int | None:
         return None
 
 
+_PARTIAL_ENDINGS = (".incomplete", hubranges.PROGRESS_SUFFIX)
+
+
 def _partial_sizes(root: Path, directories: set[str]) -> dict[tuple[str, str], int]:
-    """Bytes of the client's partial files by (directory, file hash): one listing per directory
-    (files vanish while it runs: the client renames each when done)."""
+    """Bytes of the partial files by (directory, file hash), the client's and the ranged ones: one
+    listing per directory (files vanish while it runs: each is renamed when done)."""
     sizes: dict[tuple[str, str], int] = {}
     for directory in directories:
         cache = root / DOWNLOAD_CACHE / directory
         try:
-            names = [entry.name for entry in os.scandir(cache) if entry.name.endswith(".incomplete")]
+            names = [entry.name for entry in os.scandir(cache) if entry.name.endswith(_PARTIAL_ENDINGS)]
         except OSError:
             continue
         for name in names:
-            size = _size(cache / name)
+            if name.endswith(hubranges.PROGRESS_SUFFIX):  # a ranged partial: sparse, its progress says
+                size = hubranges.ranged_bytes(cache / name)
+            else:
+                size = _size(cache / name) or 0
             key = (directory, name.split(".", 1)[0])
-            sizes[key] = max(sizes.get(key, 0), size or 0)
+            sizes[key] = max(sizes.get(key, 0), size)
     return sizes
 
 

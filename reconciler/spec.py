@@ -433,9 +433,11 @@ class Model(StrictModel):
         ge=1,
         le=64,
         description=(
-            "Files the head downloads at once (the Hub client's default, 8). Fewer finish one after "
-            "another sooner, so the pipelined copy to the workers starts earlier; more fill a link "
-            "whose Hub caps each connection."
+            "Connections the head downloads with (the Hub client's default, 8). A file of 32 MiB or "
+            "more comes in byte ranges, one per connection, so files finish one after another at the "
+            "full rate and the pipelined copy to the workers follows close behind; smaller files come "
+            "whole, several at once. More fill a link whose Hub caps each connection; 1 fetches every "
+            "file whole, one at a time (for a Hub or proxy that mangles Range answers)."
         ),
     )
     copy_transport: Literal["fabric", "ssh"] = Field(

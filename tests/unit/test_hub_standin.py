@@ -417,10 +417,12 @@ def test_fault_specs_of_the_command_line() -> None:
     faults.add_cli_spec("cut:model-*.part01:4096:2")
     faults.add_cli_spec("fail:2:500:*/resolve/*:get")
     faults.add_cli_spec("rate:1000")
+    faults.add_cli_spec("ignore-ranges")
     assert faults.to_json() == {
         "cut": [{"path": "model-*.part01", "after_bytes": 4096, "times": 2}],
         "fail": [{"count": 2, "status": 500, "path": "*/resolve/*", "method": "GET"}],
         "rate_bps": 1000,
+        "ignore_ranges": True,
     }
     assert faults.take_failure("HEAD", "/a/b/resolve/main/x") is None
     assert faults.take_failure("GET", "/a/b/resolve/main/x") == 500

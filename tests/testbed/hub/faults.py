@@ -7,7 +7,8 @@ TEST STAND-IN, not part of the product. Tests use these to reproduce what a real
 - `fail`: answer a status (default 503) to the next `count` requests whose URL path matches a glob
   (and whose method matches, if one is given); status 200 answers an HTML page instead of the
   Hub's JSON (a captive portal), 429 carries `Retry-After`;
-- `rate`: cap each response body at N bytes/s.
+- `rate`: cap each response body at N bytes/s;
+- `ignore_ranges`: answer every Range request with the whole file (200), as some proxies do.
 
 Rules come from `serve --fault SPEC` or from `POST /_standin/faults` at run time (see `server.py`).
 """
@@ -45,6 +46,7 @@ class _State:
     cuts: list[CutRule] = field(default_factory=list)
     fails: list[FailRule] = field(default_factory=list)
     rate_bps: int | None = None
+    ignore_ranges: bool = False  # answer Range requests with the whole file, as some proxies do
 
 
 class Faults:
@@ -65,6 +67,15 @@ class Faults:
     def set_rate(self, bytes_per_second: int | None) -> None:
         with self._lock:
             self._state.rate_bps = bytes_per_second
+
+    def set_ignore_ranges(self, ignore: bool) -> None:
+        with self._lock:
+            self._state.ignore_ranges = ignore
+
+    @property
+    def ignore_ranges(self) -> bool:
+        with self._lock:
+            return self._state.ignore_ranges
 
     def clear(self) -> None:
         with self._lock:
@@ -97,10 +108,12 @@ class Faults:
                 "cut": [asdict(c) for c in self._state.cuts],
                 "fail": [asdict(f) for f in self._state.fails],
                 "rate_bps": self._state.rate_bps,
+                "ignore_ranges": self._state.ignore_ranges,
             }
 
     def update_from_json(self, data: dict[str, Any]) -> None:
-        """Add the rules of a control request: `{"cut": [...], "fail": [...], "rate_bps": N|null}`."""
+        """Add the rules of a control request:
+        `{"cut": [...], "fail": [...], "rate_bps": N|null, "ignore_ranges": bool}`."""
         for cut in data.get("cut", []):
             self.add_cut(
                 CutRule(path=str(cut["path"]), after_bytes=int(cut["after_bytes"]), times=int(cut.get("times", 1)))
@@ -118,9 +131,12 @@ class Faults:
         if "rate_bps" in data:
             rate = data["rate_bps"]
             self.set_rate(None if rate is None else int(rate))
+        if "ignore_ranges" in data:
+            self.set_ignore_ranges(bool(data["ignore_ranges"]))
 
     def add_cli_spec(self, spec: str) -> None:
-        """`cut:PATH:BYTES[:TIMES]`, `fail:COUNT[:STATUS[:GLOB[:METHOD]]]` or `rate:BYTES_PER_SECOND`."""
+        """`cut:PATH:BYTES[:TIMES]`, `fail:COUNT[:STATUS[:GLOB[:METHOD]]]`, `rate:BYTES_PER_SECOND` or
+        `ignore-ranges`."""
         kind, _, rest = spec.partition(":")
         args = rest.split(":")
         if kind == "cut" and len(args) in (2, 3):
@@ -131,9 +147,12 @@ class Faults:
             self.add_fail(FailRule(count=int(count), status=int(status), path=glob, method=method.upper() or None))
         elif kind == "rate" and len(args) == 1 and rest:
             self.set_rate(int(args[0]))
+        elif spec == "ignore-ranges":
+            self.set_ignore_ranges(True)
         else:
             raise ValueError(
-                f"bad fault spec {spec!r}: use cut:PATH:BYTES[:TIMES], fail:COUNT[:STATUS[:GLOB[:METHOD]]] or rate:BPS"
+                f"bad fault spec {spec!r}: use cut:PATH:BYTES[:TIMES], fail:COUNT[:STATUS[:GLOB[:METHOD]]], "
+                "rate:BPS or ignore-ranges"
             )
 
 

@@ -481,7 +481,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self._entry is not None:
             self._entry.file = file.path
         try:
-            span = parse_range(self.headers.get("Range"), file.size) if method == "GET" else None
+            ranged = method == "GET" and not self.hub.faults.ignore_ranges
+            span = parse_range(self.headers.get("Range"), file.size) if ranged else None
         except UnsatisfiableRangeError:
             raise HubError(416, "Range Not Satisfiable", None, {"Content-Range": f"bytes */{file.size}"}) from None
         start, end = span if span is not None else (0, file.size - 1)
