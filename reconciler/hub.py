@@ -582,36 +582,32 @@ def _range(
 ) -> None:
     """One range of a ranged file; whoever brings in its last range puts the file in place."""
     try:
-        _fetch_span(model, item, commit, partial, span, headers, ignored, done)
+        if partial.whole:
+            return
+        if not _fetched(partial, span, headers, ignored):
+            if partial.claim_whole():  # the Hub sends whole files only: the client fetches this one
+                hubranges.discard_partials(partial.target.root, item.path)
+                _whole(model, item, commit, str(partial.target.root), done)
+            return
+        if partial.claim_finish():
+            partial.finish()
+            done(item)
     finally:
         partial.task_ended()
 
 
-def _fetch_span(
-    model: Model,
-    item: HubFile,
-    commit: str,
-    partial: hubranges.RangedFile,
-    span: tuple[int, int],
-    headers: dict[str, str],
-    ignored: threading.Event,
-    done: Callable[[HubFile], None],
-) -> None:
-    if partial.whole:
-        return
+def _fetched(
+    partial: hubranges.RangedFile, span: tuple[int, int], headers: dict[str, str], ignored: threading.Event
+) -> bool:
+    """The span is in; False when the Hub answers ranges with whole files (`ignored` says so to all)."""
+    if ignored.is_set() and not partial.complete():
+        return False
     try:
-        if ignored.is_set() and not partial.complete():
-            raise hubranges.RangesIgnoredError
         hubranges.fetch_range(partial, span[0], span[1], headers)
     except hubranges.RangesIgnoredError:
         ignored.set()
-        if partial.claim_whole():  # the Hub sends whole files only: the client fetches this one
-            hubranges.discard_partials(partial.target.root, item.path)
-            _whole(model, item, commit, str(partial.target.root), done)
-        return
-    if partial.claim_finish():
-        partial.finish()
-        done(item)
+        return False
+    return True
 
 
 def fetch(

@@ -3,7 +3,10 @@ the unit tests that download through it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -43,3 +46,16 @@ def serving_checkpoint(
         yield server
     finally:
         server.stop()
+
+
+def kill_when(process: subprocess.Popen[bytes], ready: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """SIGKILL a download in another process as soon as `ready()` says it got far enough."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=10)
+            return
+        time.sleep(0.02)
+    process.kill()
+    raise AssertionError(f"the download never got far enough to be killed {what}")

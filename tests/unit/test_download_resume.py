@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from huggingface_hub._local_folder import _short_hash
 from reconciler.hub import HubFile, fetch, fetch_order, list_files
 from reconciler.spec import Model
 from tests.testbed.hub.server import StandinHub
-from tests.unit.hubclient import serving_checkpoint
+from tests.unit.hubclient import kill_when, serving_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARD = "model-00001-of-00006.safetensors"
@@ -48,17 +46,12 @@ def start_download(model: Model, model_dir: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, cwd=ROOT, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def kill_mid_file(process: subprocess.Popen[bytes], model_dir: Path, at_least: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def kill_mid_file(process: subprocess.Popen[bytes], model_dir: Path, at_least: int) -> None:
+    def far_enough() -> bool:
         partial = partial_of(model_dir)
-        if partial is not None and partial.stat().st_size >= at_least:
-            process.send_signal(signal.SIGKILL)
-            process.wait(timeout=10)
-            return
-        time.sleep(0.02)
-    process.kill()
-    raise AssertionError("the download never got far enough to be killed mid-file")
+        return partial is not None and partial.stat().st_size >= at_least
+
+    kill_when(process, far_enough, "mid-file", timeout=30)
 
 
 def test_a_killed_download_resumes_mid_file(hub: StandinHub, tmp_path: Path) -> None:

@@ -9,10 +9,8 @@ import hashlib
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +23,7 @@ from reconciler.hub import HubFile, HubListing, downloaded, fetch, list_files
 from reconciler.spec import Model
 from tests.testbed.hub.faults import CutRule, FailRule
 from tests.testbed.hub.server import StandinHub
-from tests.unit.hubclient import serving_checkpoint
+from tests.unit.hubclient import kill_when, serving_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
@@ -184,15 +182,10 @@ def progress_files(model_dir: Path) -> list[Path]:
 
 
 def kill_once_ranges_progress(process: subprocess.Popen[bytes], model_dir: Path, at_least: int) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if any(hubranges.ranged_bytes(path) >= at_least for path in progress_files(model_dir)):
-            process.send_signal(signal.SIGKILL)
-            process.wait(timeout=10)
-            return
-        time.sleep(0.02)
-    process.kill()
-    raise AssertionError("the ranged download never got far enough to be killed")
+    def far_enough() -> bool:
+        return any(hubranges.ranged_bytes(path) >= at_least for path in progress_files(model_dir))
+
+    kill_when(process, far_enough, "in its ranges")
 
 
 def test_a_killed_ranged_download_resumes_every_range_where_it_stopped(hub: StandinHub, tmp_path: Path) -> None:
