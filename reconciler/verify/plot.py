@@ -119,17 +119,12 @@ def decode_points(report: Report, metric: str) -> dict[tuple[int, str], Point]:
     points = {}
     for s in report["summary"]["decode"]:
         if s[metric] is not None:
-            # Flagged streams (see benchmark.group_flags) are out of the whiskers as of the median.
-            flagged = {(f["rep"], f["stream"]) for f in s.get("flagged", [])}
+            # Every stream, flagged ones too, as in the median (see benchmark._decode_summary).
             reps = [rep for rep in report["decode"] if (rep["conc"], rep["kind"]) == (s["conc"], s["kind"])]
-            clean = [
-                (rep, [stream for i, stream in enumerate(rep["streams"]) if (rep["rep"], i) not in flagged])
-                for rep in reps
-            ]
             if metric == "aggregate_tok_s":
-                values = [rep["aggregate_tok_s"] for rep, kept in clean if len(kept) == len(rep["streams"])]
+                values = [rep["aggregate_tok_s"] for rep in reps]
             else:
-                values = [stream["tok_s"] for _rep, kept in clean for stream in kept]
+                values = [stream["tok_s"] for rep in reps for stream in rep["streams"]]
             points[s["conc"], s["kind"]] = spread(s[metric]["median"], values)
     return points
 

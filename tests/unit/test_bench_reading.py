@@ -153,7 +153,7 @@ def test_each_chunk_is_timed_by_the_read_that_brought_it_while_the_other_stream_
     assert state.sent_at["a"][0] < state.sent_at["b"][0] < state.sent_at["a"][1] < state.sent_at["b"][1]
 
 
-# --- burst-read streams are flagged, not averaged in ------------------------------------------
+# --- burst streams are flagged, and counted as vLLM's bench counts them ----------------------
 
 
 def reads(*timed: tuple[float, list[bytes]]) -> list[benchmark.TimedRead]:
@@ -190,6 +190,18 @@ def trickle(sent: float, at: float, count: int, gap: float) -> benchmark.Stream:
     return benchmark.parse_stream(sent, reads(*timed))
 
 
+def in_bursts(sent: float, first: float, gap: float, count: int, per_read: int) -> benchmark.Stream:
+    """A server that makes a token every `gap` but writes `per_read` of them at once (as real
+    vLLM serving a tiny model fast did): every read `per_read` chunks, `per_read * gap` apart."""
+    events = chat_events(count)
+    outputs = events[1:-2]
+    timed = [
+        (first + gap * start, ([events[0]] if start == 0 else []) + outputs[start : start + per_read])
+        for start in range(0, count, per_read)
+    ]
+    return benchmark.parse_stream(sent, reads(*timed, (timed[-1][0], events[-2:])))
+
+
 def report_of(*reps: list[benchmark.Stream], conc: int = 1) -> benchmark.Report:
     report = benchmark.new_report("t", "m", "http://x", "2026-12-01T00:00:00Z", {"max_tokens": 64})
     # The streams' times are on one clock from 0, as the repetitions of one step are.
@@ -209,7 +221,7 @@ def test_the_events_of_one_read_share_its_time_and_lines_may_span_reads() -> Non
     assert all(time in (2.0, 3.0) for time in stream.output_times)
 
 
-def test_a_stream_read_in_one_burst_is_flagged_and_left_out_of_the_statistics() -> None:
+def test_a_stream_read_in_one_burst_is_flagged_and_counted_in_the_statistics() -> None:
     good = [spaced(0.0, 0.013, 0.0016, 64) for _ in range(3)]
     late = burst(0.0, 0.115, 64)
     report = report_of([good[0]], [good[1]], [late], [good[2]])
@@ -217,14 +229,44 @@ def test_a_stream_read_in_one_burst_is_flagged_and_left_out_of_the_statistics() 
     assert report["decode"][2]["streams"][0]["flags"] == ["burst"]
     assert report["decode"][2]["streams"][0]["tok_s"] is None  # no span to divide by
     assert level["flagged"] == [{"rep": 3, "stream": 0, "flags": ["burst"], "tok_s": None}]
-    assert level["per_stream_tok_s"]["n"] == 3
+    assert level["per_stream_tok_s"]["n"] == 3  # the burst has no rate, only its TTFT and TPOT
     assert level["per_stream_tok_s"]["median"] == pytest.approx(63 / (63 * 0.0016))
-    assert level["ttft_s"]["mean"] == pytest.approx(0.013)  # the late burst's 115 ms is not in it
+    assert level["ttft_s"]["n"] == 4
+    assert level["ttft_s"]["mean"] == pytest.approx((3 * 0.013 + 0.115) / 4)  # the late burst's 115 ms too
+    assert level["vllm"]["mean_ttft_ms"] == pytest.approx(1000 * (3 * 0.013 + 0.115) / 4)
     assert level["vllm"]["median_tpot_ms"] == pytest.approx(1.6, rel=0.05)
-    assert level["aggregate_tok_s"]["n"] == 3
+    assert level["tpot_s"]["n"] == 4
     table = benchmark.render_table(report)
-    assert "FLAGGED c1 random rep 3 stream 1: burst (- tok/s; not in the statistics)" in table
+    assert "FLAGGED c1 random rep 3 stream 1: burst (- tok/s; counted, as vllm bench serve counts it)" in table
     assert "1/4" in table
+
+
+def test_a_server_that_sends_in_bursts_is_flagged_and_every_figure_is_still_reported() -> None:
+    """Issue 22: every stream of the step flagged as a burst left the summary without TPOT, ITL
+    or throughput. The bursts are what the server delivers, and what vLLM's bench counts."""
+    gap, count = 0.0011, 64
+    streams = [in_bursts(0.076 * k, 0.076 * k + 0.010, gap, count, 4) for k in range(3)]
+    report = report_of(*[[stream] for stream in streams])
+    level = report["summary"]["decode"][0]
+    assert [f["flags"] for f in level["flagged"]] == [["burst"]] * 3
+    decode = gap * (count - 4)  # the first read brings chunks 0-3, the last 60-63
+    assert level["ttft_s"]["mean"] == pytest.approx(0.010)
+    assert level["tpot_s"]["median"] == pytest.approx(decode / (count - 1), rel=1e-3)  # µs in the records
+    assert level["itl_s"]["mean"] == pytest.approx(decode / (count - 1), rel=1e-3)
+    assert level["per_stream_tok_s"]["median"] == pytest.approx((count - 1) / decode, rel=1e-4)
+    assert level["aggregate_tok_s"]["median"] == pytest.approx((count - 1) / decode, rel=1e-4)
+    assert level["completion_tokens"]["mean"] == count
+    figures = level["vllm"]
+    assert figures["completed"] == 3
+    assert figures["output_throughput"] == pytest.approx(3 * count / (3 * 0.076), rel=1e-4)
+    assert figures["median_ttft_ms"] == pytest.approx(10.0)
+    assert figures["median_tpot_ms"] == pytest.approx(1000 * decode / (count - 1), rel=1e-3)
+    assert figures["mean_itl_ms"] == pytest.approx(1000 * decode / (count - 1), rel=1e-3)
+    assert figures["median_itl_ms"] == pytest.approx(0.0)  # three chunks of four share a read
+    assert None not in figures.values()
+    table = benchmark.render_table(report)
+    assert "3/3" in table
+    assert "FLAGGED c1 random rep 1 stream 1: burst (955 tok/s; counted, as vllm bench serve counts it)" in table
 
 
 def test_a_late_buffer_drained_chunk_by_chunk_is_flagged_as_a_burst() -> None:
@@ -237,7 +279,9 @@ def test_a_late_buffer_drained_chunk_by_chunk_is_flagged_as_a_burst() -> None:
     report = report_of([good[0]], [late], [good[1]])
     level = report["summary"]["decode"][0]
     assert [f["flags"] for f in level["flagged"]] == [["burst", "rate_outlier"]]
-    assert level["per_stream_tok_s"]["p99"] < 1000  # the impossible rate is not averaged in
+    assert level["flagged"][0]["tok_s"] > 10_000  # the impossible rate is in plain view
+    assert level["per_stream_tok_s"]["n"] == 3
+    assert level["per_stream_tok_s"]["median"] == pytest.approx(625, rel=1e-3)  # the median stands
 
 
 def test_a_rate_far_beyond_the_rest_of_its_step_is_flagged() -> None:
@@ -248,8 +292,8 @@ def test_a_rate_far_beyond_the_rest_of_its_step_is_flagged() -> None:
     level = report["summary"]["decode"][0]
     assert report["decode"][1]["streams"][1]["flags"] == []
     assert [(f["rep"], f["stream"], f["flags"]) for f in level["flagged"]] == [(2, 1, ["rate_outlier"])]
-    assert level["per_stream_tok_s"]["n"] == 3
-    assert level["aggregate_tok_s"]["n"] == 1  # the repetition holding the outlier is left out
+    assert level["per_stream_tok_s"]["n"] == 4
+    assert level["aggregate_tok_s"]["n"] == 2  # the repetition holding the outlier counts too
     assert "rate_outlier" in json.dumps(report["summary"])
 
 
@@ -347,6 +391,19 @@ def test_compare_sets_our_report_next_to_a_vllm_result(tmp_path: Path, capsys: p
     text = capsys.readouterr().out
     assert "B vllm bench serve c1" in text.splitlines()[0]
     assert "c1: ITL ms median" in text
+
+
+def test_compare_with_vllm_has_our_figures_when_every_stream_is_flagged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ours = tmp_path / "ours.json"
+    ours.write_text(
+        json.dumps(report_of(*[[in_bursts(0.076 * k, 0.076 * k + 0.010, 0.0011, 64, 4)] for k in range(3)]))
+    )
+    theirs = vllm_file(tmp_path / "vllm.json")
+    assert main(["bench", "compare", str(theirs), str(ours), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [row["metric"] for row in rows if row["b"] is None] == []
 
 
 def test_compare_refuses_a_vllm_result_it_cannot_place(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
