@@ -14,7 +14,7 @@ DEMO_SPEC = $(shell python3 -m tests.testbed spec --where specs/testbed.yaml)
 LOWEST := .venv-lowest
 LOWEST_STAMP := $(LOWEST)/.installed
 
-.PHONY: shell-tools setup lock demo demo-offline test lint typecheck unit unit-lowest e2e bench schema clean testbed-install testbed-up testbed-down pi-test-install
+.PHONY: shell-tools setup lock demo demo-offline test lint typecheck unit unit-lowest e2e bench bench-vllm schema clean testbed-install testbed-up testbed-down pi-test-install
 
 setup: $(STAMP)
 
@@ -114,6 +114,12 @@ bench: setup testbed-install
 	$(BIN)/python bench/checkpoint_bench.py
 	$(BIN)/python bench/distribution_bench.py
 	$(BIN)/python bench/loop_bench.py
+
+# Our bench against `vllm bench serve` on the real-engine testbed (root): brings it up (as the
+# real-engine lane does), converges it, runs rounds of both tools at 1 and 2 streams taking
+# turns, prints both tools' figures and their differences, tears it down. Nothing is asserted.
+bench-vllm: setup testbed-install
+	$(BIN)/python bench/vllm_agreement.py
 
 .PHONY: service-check system-test test-real-engine
 

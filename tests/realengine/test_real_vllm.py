@@ -13,17 +13,14 @@ Tests build on each other in file order (one deployment). Times are printed, not
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import TB_ROOT, Bed, running_loop
-from tests.testbed.realengine import vllmcpu
+from tests.e2e.conftest import Bed, running_loop
 
 pytestmark = pytest.mark.realengine
 
@@ -142,169 +139,10 @@ def test_a_small_bench_completes_with_a_sane_report(lane: Bed) -> None:
             assert 0 < stream["ttft_s"] < stream["latency_s"]
     levels = report["summary"]["decode"]
     assert [(level["conc"], level["kind"]) for level in levels] == [(1, "prose"), (2, "prose")]
+    for level in levels:  # flagged streams or not, every figure is there (issue 22)
+        assert None not in level["vllm"].values(), level["vllm"]
     print(json.dumps({level["conc"]: level["per_stream_tok_s"] for level in levels}))
-
-
-# --- our bench against vLLM's own, same server, same workload ------------------------------------
-
-# `vllm bench serve` from the lane's vLLM venv (the one the image is made of), run inside the
-# head node like `reconciler bench`: same network path, same CPUs to share with the engine.
-VLLM_CLI = vllmcpu.venv_dir(TB_ROOT / "cache") / "bin" / "vllm"
-MODEL_DIR = "/srv/spark/models/tiny-qwen2-spark"  # the tokenizer vLLM's bench counts with
-INPUT_LEN, OUTPUT_LEN = 256, 64
-ROUNDS, REPS = 9, 6  # the tools take turns, so a change in the machine's load hits both alike
-AGREEMENT = 0.10
-
-
-@dataclass
-class Pooled:
-    """One tool's rounds: the requests its latency figures count, the output tokens and the
-    duration its throughput counts."""
-
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    tokens: int = 0
-    duration: float = 0.0
-
-    def add(self, other: Pooled) -> None:
-        self.requests += other.requests
-        self.tokens += other.tokens
-        self.duration += other.duration
-
-
-def vllm_round(bed: Bed, url: str, conc: int, round_: int) -> Pooled:
-    """vLLM's own bench, from its --save-detailed file. The key goes from
-    its file to the environment, never into an argv.
-
-    The deployment serves with prefix caching (the reference's flag), and vLLM's bench would
-    meet its own prompts in the cache twice over: with one --seed its random prompts are the
-    same in every run, so each round gets its own; and its first prompt is sent before the
-    measured run (a test request and the warm-ups), so that request's TTFT is the cache's. One
-    extra prompt per slot is sent (so the slots stay full to the end, as ours do) and the first
-    request left out of the latency figures (it stays in the duration and the throughput)."""
-    name = f"realengine-vllm-c{conc}-{round_}.json"
-    argv = [
-        str(VLLM_CLI), "bench", "serve", "--backend", "openai", "--base-url", url,
-        "--endpoint", "/v1/completions", "--model", "deepseek-v4.1-flash", "--tokenizer", MODEL_DIR,
-        "--dataset-name", "random", "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-        "--ignore-eos", "--num-prompts", str(REPS * conc + conc), "--max-concurrency", str(conc), "--num-warmups", "2",
-        "--seed", str(1000 * conc + round_),
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "90,99",
-        "--save-result", "--save-detailed", "--result-dir", "/tmp", "--result-filename", name, "--disable-tqdm",
-    ]  # fmt: skip
-    script = 'OPENAI_API_KEY="$(cat /srv/spark/state/api_key)" HF_HUB_OFFLINE=1 exec "$@"'
-    result = bed.testbed.exec(HEAD, ["sh", "-c", script, "sh", *argv], check=False, timeout=900)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    saved: dict[str, Any] = json.loads(bed.node(HEAD, "cat", f"/tmp/{name}").stdout)
-    if round_ == 1:  # `bench compare` reads vLLM's file as it is
-        print(bed.reconciler("bench", "compare", f"/tmp/{name}", f"/tmp/realengine-ours-c{conc}-1.json").stdout)
-    requests = [
-        {"ttft": ttft, "itl": itl, "e2el": ttft + sum(itl), "tokens": tokens}
-        for ttft, itl, tokens in zip(saved["ttfts"], saved["itls"], saved["output_lens"], strict=True)
-    ]
-    # Its first `conc` requests leave together at an idle engine (the first one's prompt cached):
-    # the steady state is compared, as on our side.
-    return Pooled(requests[conc:], sum(saved["output_lens"]), float(saved["duration"]))
-
-
-def our_round(bed: Bed, conc: int, round_: int) -> tuple[Pooled, dict[str, float]]:
-    """Our bench: its requests after each slot's first (the requests of repetition 1 leave
-    together at an idle engine, and the second one's prefill waits for the first's), its
-    flagged streams left out as its report leaves them out; and the output throughput its
-    report states."""
-    out = f"/tmp/realengine-ours-c{conc}-{round_}.json"
-    argv = ["bench", "--out", out, "--conc", str(conc), "--prefill", "--kinds", "random", "--reps", str(REPS)]
-    bed.reconciler(*argv, "--input-len", str(INPUT_LEN), "--max-tokens", str(OUTPUT_LEN), timeout=900)
-    report: Any = json.loads(bed.node(HEAD, "cat", out).stdout)
-    (level,) = report["summary"]["decode"]
-    print(f"reconciler bench c{conc} round {round_}: {len(level['flagged'])} of {level['streams']} streams flagged")
-    every = [s for rep in report["decode"] for s in rep["streams"]]
-    steady = [
-        {"ttft": s["ttft_s"], "itl": s["itl_s"], "e2el": s["latency_s"], "tokens": s["completion_tokens"]}
-        for rep in report["decode"][1:]
-        for s in rep["streams"]
-        if not s["flags"]
-    ]
-    pooled = Pooled(steady, sum(s["completion_tokens"] for s in every), float(level["vllm"]["duration"]))
-    figures = vllm_figures(pooled)
-    figures["output_throughput"] = float(level["vllm"]["output_throughput"])
-    return pooled, figures
-
-
-def vllm_figures(pooled: Pooled) -> dict[str, float]:
-    """vLLM's definitions (calculate_metrics in vllm/benchmarks/serve.py), over pooled rounds."""
-    requests = pooled.requests
-    ttfts = [r["ttft"] * 1000 for r in requests]
-    tpots = [(r["e2el"] - r["ttft"]) / (r["tokens"] - 1) * 1000 for r in requests]
-    itls = [gap * 1000 for r in requests for gap in r["itl"]]
-    return {
-        "median_ttft_ms": statistics.median(ttfts),
-        "mean_ttft_ms": statistics.fmean(ttfts),
-        "median_tpot_ms": statistics.median(tpots),
-        "median_itl_ms": statistics.median(itls),
-        "output_throughput": pooled.tokens / pooled.duration,
-    }
-
-
-def agreed(conc: int) -> tuple[str, ...]:
-    """At two streams the TTFT has two modes (one request of a pair waits for the other's
-    prefill step; vLLM's requests show it as ours do), so its median falls on either mode or
-    between them by a single sample: the mean is compared there."""
-    ttft = "median_ttft_ms" if conc == 1 else "mean_ttft_ms"
-    return (ttft, "median_tpot_ms", "median_itl_ms", "output_throughput")
-
-
-def both_tools(bed: Bed, url: str, conc: int, round_: int) -> tuple[tuple[Pooled, dict[str, float]], Pooled]:
-    """One round: our run and vLLM's, the order swapped every round. The engine's speed drifts
-    over a lane (load elsewhere, the engine warming up); a fixed order would hand that drift to
-    one tool every time, an alternating one shares it out."""
-    if round_ % 2:
-        ours = our_round(bed, conc, round_)
-        return ours, vllm_round(bed, url, conc, round_)
-    theirs = vllm_round(bed, url, conc, round_)
-    return our_round(bed, conc, round_), theirs
-
-
-def round_line(conc: int, round_: int, theirs: dict[str, float], ours: dict[str, float]) -> str:
-    figures = "  ".join(f"{key} {theirs[key]:.1f}/{ours[key]:.1f}" for key in agreed(conc))
-    return f"c{conc} round {round_} (vllm/ours): {figures}"
-
-
-def test_our_bench_agrees_with_vllm_bench_serve_on_the_same_server(lane: Bed) -> None:
-    """The same deployment, workload (random 256-token prompts, exactly 64 tokens out) and
-    concurrency: TTFT, median TPOT, median ITL and output throughput within 10% of vLLM's own.
-
-    The tools take turns, first one then the other, and each figure is compared round by round
-    (the two runs of a round are a minute apart at most): the median of the rounds' differences
-    must be within 10%, so a burst of load elsewhere on the machine during one run cannot
-    decide the verdict alone. Every round's figures are in the failure message."""
-    url = json.loads(lane.node(HEAD, "cat", REPORT).stdout)["url"]
-    failures, lines = [], []
-    for conc in (1, 2):
-        rounds: list[tuple[dict[str, float], dict[str, float]]] = []
-        pooled = {"vllm": Pooled(), "ours": Pooled()}
-        started = time.monotonic()
-        for round_ in range(1, ROUNDS + 1):
-            (ours, reported), theirs = both_tools(lane, url, conc, round_)
-            assert len(theirs.requests) == REPS * conc
-            assert len(ours.requests) > (REPS - 2) * conc, "few of our streams flagged"
-            rounds.append((vllm_figures(theirs), reported))
-            lines.append(round_line(conc, round_, *rounds[-1]))
-            print(lines[-1])
-            pooled["ours"].add(ours)
-            pooled["vllm"].add(theirs)
-        print(f"concurrency {conc}: {ROUNDS} rounds of both tools in {time.monotonic() - started:.0f} s")
-        pooled_theirs, pooled_ours = (vllm_figures(pooled[tool]) for tool in ("vllm", "ours"))
-        for key in agreed(conc):
-            changes = [ours[key] / theirs[key] - 1 for theirs, ours in rounds]
-            change = statistics.median(changes)
-            lines.append(
-                f"c{conc} {key:18} vllm bench serve {pooled_theirs[key]:9.3f}   reconciler bench "
-                f"{pooled_ours[key]:9.3f}   by round {' '.join(f'{c:+.1%}' for c in changes)} -> {change:+.1%}"
-            )
-            print(lines[-1])
-            if abs(change) > AGREEMENT:
-                failures.append(f"c{conc} {key}: rounds {[f'{c:+.1%}' for c in changes]}")
-    assert failures == [], "\n".join(lines)
+    print(f"flagged streams per level: {[len(level['flagged']) for level in levels]}")
 
 
 # --- the real engine's failure modes -----------------------------------------------------------
