@@ -14,7 +14,7 @@ DEMO_SPEC = $(shell python3 -m tests.testbed spec --where specs/testbed.yaml)
 LOWEST := .venv-lowest
 LOWEST_STAMP := $(LOWEST)/.installed
 
-.PHONY: shell-tools setup lock demo demo-offline test lint typecheck unit unit-lowest e2e bench bench-vllm schema clean testbed-install testbed-up testbed-down pi-test-install
+.PHONY: shell-tools setup lock demo demo-offline test lint typecheck unit unit-prepare unit-lowest e2e bench bench-vllm schema clean testbed-install testbed-up testbed-down pi-test-install
 
 setup: $(STAMP)
 
@@ -136,8 +136,15 @@ system-test: setup
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container >/dev/null; } && \
 	$(BIN)/pytest -m system -v -s tests/system
 
-# The README's test command; .ci/run calls exactly this.
-test: lint typecheck unit unit-lowest service-check system-test e2e test-real-engine
+# What both unit lanes need, made before they run side by side.
+unit-prepare: setup $(LOWEST_STAMP) pi-test-install shell-tools
+
+# The README's test command; .ci/run calls exactly this. Lanes in turn (a+b: side by side, one
+# core each), then each one's wall time. pytest-randomly orders every lane anew (its seed is
+# printed at the top: `-p randomly --randomly-seed=N` repeats an order).
+LANES := lint typecheck unit-prepare unit+unit-lowest service-check system-test e2e test-real-engine
+test: setup
+	@tools/lanes.sh $(LANES)
 
 clean:
 	rm -rf $(VENV) $(LOWEST) .mypy_cache .ruff_cache .pytest_cache *.egg-info .pi-test

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from reconciler.actions import (
     Action,
+    Blocker,
     InSync,
     Outcome,
     Smoke,
@@ -45,6 +46,7 @@ from reconciler.serving import (
     LABEL_RANK,
     OWNER,
     RankContainer,
+    container_name,
     render_group,
 )
 from reconciler.spec import Deployment
@@ -166,6 +168,7 @@ def plan_ranks(
         outcome.actions += _stop_running(deployment, facts, "ranks are held: " + held[0].split(";")[0])
         return outcome
     contexts, blockers = node_contexts(deployment, facts)
+    blockers += _names_taken(deployment, facts)
     if blockers:
         outcome.blockers += blockers
         return outcome
@@ -186,6 +189,29 @@ def plan_ranks(
     earlier = [*(a.id for a in outcome.actions), *(after or [])[-1:]]
     outcome.actions += group_restart(deployment, states, prerequisites, earlier)
     return outcome
+
+
+def _names_taken(deployment: Deployment, facts: Facts) -> list[Blocker]:
+    """A rank's container name held by a container that is not ours: Docker would refuse our
+    create, and the reconciler never touches what it does not own, so the owner must decide."""
+    blockers = []
+    for rank, node in deployment.ranked_nodes:
+        name = container_name(deployment, rank)
+        observed = facts.nodes[node.name]
+        owned = {container.id for container in owned_containers(deployment, facts, node.name)}
+        squatters = [c for c in observed.containers if c.name == name and c.id not in owned]
+        if observed.reachable and squatters:
+            blockers.append(
+                Blocker(
+                    node.name,
+                    COMPONENT,
+                    f"a container named {name} is not the reconciler's ({squatters[0].status}, image "
+                    f"{squatters[0].image[:80]}): rank {rank} cannot be created beside it",
+                    f"remove or rename it (`docker rm -f {name}` on {node.name}) if it is not needed, "
+                    "or give the deployment another `name:`; it is never touched by the reconciler",
+                )
+            )
+    return blockers
 
 
 def _with_group_signals(

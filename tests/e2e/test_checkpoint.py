@@ -2,7 +2,7 @@
 
 After a converge, each test damages one thing on one node and shows that the plan names it,
 that apply re-fetches exactly that file (the Hub stand-in's request log, inode checks), and
-that the plan is empty again. The tests share one converged deployment, in file order.
+that the plan is empty again. Each test converges first (`converged`), so they run in any order.
 """
 
 from __future__ import annotations
@@ -50,21 +50,22 @@ def flip_byte_keep_mtime(bed: Bed, node: str, name: str) -> None:
     bed.node(node, "python3", "-c", script, f"{MODEL}/{name}")
 
 
-def test_converge(bed: Bed) -> None:
-    bed.reconciler("apply")
-    assert bed.plan_exit() == 0
+def test_parts_are_deleted_after_reassembly(converged: Bed) -> None:
+    bed = converged
     parts = bed.node(HEAD, "sh", "-c", f"ls {MODEL} | grep -c '\\.part[0-9][0-9]$' || true").stdout.strip()
     assert parts == "0", "parts are deleted after reassembly (keep_parts: false)"
 
 
-def test_second_apply_does_no_checkpoint_work(bed: Bed) -> None:
+def test_second_apply_does_no_checkpoint_work(converged: Bed) -> None:
+    bed = converged
     since = len(hub_log())
     result = bed.reconciler("apply")
     assert "No changes." in result.stdout
     assert fetched_files(since) == []
 
 
-def test_a_flipped_byte_on_the_worker_is_found_by_deep_verify_and_only_that_file_recopied(bed: Bed) -> None:
+def test_a_flipped_byte_on_the_worker_is_found_by_deep_verify_and_only_that_file_recopied(converged: Bed) -> None:
+    bed = converged
     flip_byte_keep_mtime(bed, WORKER, SHARD)
     assert bed.plan_exit() == 0, "size, mtime and inode unchanged: the hash cache cannot see it"
     before = stat(bed, WORKER)
@@ -76,7 +77,8 @@ def test_a_flipped_byte_on_the_worker_is_found_by_deep_verify_and_only_that_file
     assert bed.plan_exit() == 0
 
 
-def test_a_changed_mtime_is_rehashed_by_the_normal_pass_and_nothing_fetched(bed: Bed) -> None:
+def test_a_changed_mtime_is_rehashed_by_the_normal_pass_and_nothing_fetched(converged: Bed) -> None:
+    bed = converged
     bed.node(HEAD, "touch", f"{MODEL}/{SHARD}")
     planned = bed.reconciler("plan").stdout
     assert "checkpoint on spark-head: verify" in planned
@@ -87,7 +89,8 @@ def test_a_changed_mtime_is_rehashed_by_the_normal_pass_and_nothing_fetched(bed:
     assert bed.plan_exit() == 0
 
 
-def test_a_corrupted_shard_on_the_head_is_refetched_alone_from_the_hub(bed: Bed) -> None:
+def test_a_corrupted_shard_on_the_head_is_refetched_alone_from_the_hub(converged: Bed) -> None:
+    bed = converged
     flip_byte_keep_mtime(bed, HEAD, SHARD)
     bed.node(HEAD, "touch", f"{MODEL}/{SHARD}")
     since = len(hub_log())
@@ -96,7 +99,8 @@ def test_a_corrupted_shard_on_the_head_is_refetched_alone_from_the_hub(bed: Bed)
     assert bed.plan_exit() == 0
 
 
-def test_a_missing_reassembled_shard_is_fetched_as_parts_and_reassembled(bed: Bed) -> None:
+def test_a_missing_reassembled_shard_is_fetched_as_parts_and_reassembled(converged: Bed) -> None:
+    bed = converged
     shard = "model-00006-of-00006.safetensors"
     bed.node(HEAD, "rm", f"{MODEL}/{shard}")
     planned = bed.reconciler("plan").stdout
@@ -109,7 +113,8 @@ def test_a_missing_reassembled_shard_is_fetched_as_parts_and_reassembled(bed: Be
     assert bed.plan_exit() == 0
 
 
-def test_a_hub_sourced_worker_fetches_its_own_missing_file(bed: Bed) -> None:
+def test_a_hub_sourced_worker_fetches_its_own_missing_file(converged: Bed) -> None:
+    bed = converged
     original = bed.spec.read_text(encoding="utf-8")
     bed.spec.write_text(original.replace("    model_source: peer\n", "    model_source: hub\n"), encoding="utf-8")
     try:

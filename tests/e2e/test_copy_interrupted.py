@@ -49,6 +49,8 @@ def copy_daemons(bed: Bed) -> list[str]:
 
 @pytest.fixture
 def throttled(bed: Bed) -> Iterator[None]:
+    """Nothing deployed yet (the copy must be the first), and the head's fabric port throttled."""
+    bed.fresh()
     bucket = ["tbf", "rate", RATE, "burst", "16kb", "latency", "5s"]
     bed.node(HEAD, "tc", "qdisc", "replace", "dev", FABRIC_PORT, "root", *bucket)
     try:
@@ -105,7 +107,8 @@ def test_a_copy_killed_midway_resumes_without_resending_what_the_worker_holds(be
     assert bed.plan_exit() == 0
 
 
-def test_copy_transport_ssh_copies_over_ssh_from_the_head(bed: Bed) -> None:
+def test_copy_transport_ssh_copies_over_ssh_from_the_head(converged: Bed) -> None:
+    bed = converged
     original = bed.spec.read_text(encoding="utf-8")
     assert "copy_transport" not in original
     bed.spec.write_text(original.replace("\nmodel:\n", "\nmodel:\n  copy_transport: ssh\n", 1), encoding="utf-8")

@@ -4,7 +4,7 @@ The spec has no fabric overrides: each node's probe reads the node's Spark-shape
 tree (RECONCILER_SYSFS_ROOT: node-exec on the head, sshd SetEnv on the worker) together with
 its namespace's real `ip -j addr`. The testbed has no GPU, NVIDIA runtime or driver, and far
 less memory than a Spark: the doctor must say so (FAIL/WARN), and pass everything else.
-Tests build on each other in file order: doctor on a fresh bed, apply, then the ranks' env.
+The first doctor runs on a reset bed (nothing deployed); the ranks' tests converge first.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ def doctor(bed: Bed) -> dict[tuple[str, str], dict[str, str]]:
 
 
 def test_doctor_checks_every_node_and_fails_only_what_the_testbed_lacks(bed: Bed) -> None:
+    bed.fresh()
     checks = doctor(bed)
     for node in (HEAD, WORKER):
         for name in PASSING:
@@ -77,9 +78,8 @@ def test_facts_carry_the_detected_fabric(bed: Bed) -> None:
         assert "problem" not in fabric
 
 
-def test_the_ranks_bind_to_the_detected_fabric_not_mgmt_or_docker0(bed: Bed) -> None:
-    bed.reconciler("apply")
-    assert bed.plan_exit() == 0
+def test_the_ranks_bind_to_the_detected_fabric_not_mgmt_or_docker0(converged: Bed) -> None:
+    bed = converged
     for node in (HEAD, WORKER):
         listed = bed.docker_json(node, "inspect", "--format", "{{json .Config.Env}}", RANK[node])
         assert isinstance(listed, list)
@@ -95,8 +95,8 @@ def test_the_ranks_bind_to_the_detected_fabric_not_mgmt_or_docker0(bed: Bed) -> 
         assert command[command.index("--master-addr") + 1] == FABRIC_IP[HEAD]
 
 
-def test_doctor_after_apply_sees_the_ranks_running(bed: Bed) -> None:
-    checks = doctor(bed)
+def test_doctor_after_apply_sees_the_ranks_running(converged: Bed) -> None:
+    checks = doctor(converged)
     for node in (HEAD, WORKER):
         memory = checks[(node, "memory")]
         assert memory["status"] == "PASS"

@@ -1,6 +1,7 @@
 """The Hub goes away under a converged, serving group, with the loop running.
 
-The head's cached listings are removed first, so every pass has to ask the Hub (the case that
+Each test starts from the outage: the loop running, the Hub stand-in stopped and the head's
+cached listings removed, so every pass has to ask the Hub (the case that
 used to end in `internal error: ConnectError` for `stop` and `status`). While the Hub stand-in
 is stopped, then answers 500, then 429: the group keeps serving, is healed when a rank dies,
 `stop` and `start` work, and `status` shows the checkpoint blocked with the cause. When the
@@ -64,19 +65,30 @@ def checkpoint_blocked_by(cause: str) -> Callable[[dict[str, Any]], bool]:
 
 
 @pytest.fixture(scope="module")
-def outage(bed: Bed) -> Iterator[Bed]:
+def looping(bed: Bed) -> Iterator[Bed]:
     bed.spec.write_text(bed.spec.read_text(encoding="utf-8") + LOOP_SETTINGS, encoding="utf-8")
-    bed.reconciler("apply")
-    bed.node(HEAD, "rm", "-rf", LISTINGS)
+    bed.converged()
+    with running_loop(bed):  # the next module's reset starts the Hub again
+        yield bed
+
+
+def hub_gone(bed: Bed) -> None:
+    """The Hub stand-in stopped and the head's cached listings removed, so every pass asks."""
     services.stop_hub(bed.testbed.layout)
-    try:
-        with running_loop(bed):
-            yield bed
-    finally:
-        services.start_hub(bed.testbed.layout)
+    bed.node(HEAD, "rm", "-rf", LISTINGS)
 
 
-def test_with_the_hub_stopped_the_group_serves_and_status_names_the_cause(outage: Bed) -> None:
+@pytest.fixture
+def outage(looping: Bed) -> Bed:
+    """The group serving under the loop, with the Hub gone (each test starts from there)."""
+    hub_gone(looping)
+    wait_for(looping, checkpoint_blocked_by("cannot reach"), 60, "blocked by the outage")
+    return looping
+
+
+def test_with_the_hub_stopped_the_group_serves_and_status_names_the_cause(looping: Bed) -> None:
+    hub_gone(looping)
+    outage = looping
     current = wait_for(outage, checkpoint_blocked_by(f"cannot reach http://{HOST_IP}:{HUB_PORT}"), 60, "blocked")
     assert current["nodes"][HEAD]["components"]["ranks"].startswith("in sync")
     plan = outage.reconciler("plan", check=False)

@@ -13,7 +13,8 @@ the model dir. The test pastes exactly those sections from specs/testbed.yaml ov
 ones, as a user editing the file would, and leaves everything init detected untouched: node
 names, SSH target, model dirs and the fabric (interface, address, HCAs).
 
-Tests build on each other in file order.
+One init drafts the spec for the module (`drafted`); each test reads that draft and leaves it
+as it is, so the tests run in any order.
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ HONEST_FAILURES = {"nvidia runtime", "gpu driver", "memory"}
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("init")
+def drafted(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """A directory where `reconciler init` wrote its draft, and what that init said."""
+    workdir = tmp_path_factory.mktemp("init")
+    return workdir, init(bed, workdir, "--worker", WORKER_LOGIN, "--model-dir", MODEL_DIR)
 
 
 def init(bed: Bed, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -56,7 +59,8 @@ def init(bed: Bed, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def test_an_unknown_host_key_stops_init_with_the_command_that_adds_it(bed: Bed, workdir: Path) -> None:
+def test_an_unknown_host_key_stops_init_with_the_command_that_adds_it(bed: Bed, tmp_path: Path) -> None:
+    workdir = tmp_path
     known_hosts = workdir / "known_hosts"
     known_hosts.write_text("", encoding="utf-8")
     args = ["--worker", WORKER_LOGIN, "--model-dir", MODEL_DIR, "--known-hosts", str(known_hosts)]
@@ -82,8 +86,10 @@ def test_an_unknown_host_key_stops_init_with_the_command_that_adds_it(bed: Bed, 
     assert (workdir / "first.yaml").is_file()
 
 
-def test_init_writes_a_spec_from_what_the_nodes_say(bed: Bed, workdir: Path) -> None:
-    result = init(bed, workdir, "--worker", WORKER_LOGIN, "--model-dir", MODEL_DIR)
+def test_init_writes_a_spec_from_what_the_nodes_say(
+    bed: Bed, drafted: tuple[Path, subprocess.CompletedProcess[str]]
+) -> None:
+    workdir, result = drafted
     assert result.returncode == 0
     spec = workdir / "specs/deployment.yaml"
     assert f"Wrote {Path('specs/deployment.yaml')}." in result.stdout
@@ -113,7 +119,8 @@ def test_init_writes_a_spec_from_what_the_nodes_say(bed: Bed, workdir: Path) -> 
     assert "198.19.0." not in flat, "the management network is never the fabric"
 
 
-def test_init_never_overwrites_the_spec(bed: Bed, workdir: Path) -> None:
+def test_init_never_overwrites_the_spec(bed: Bed, drafted: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    workdir, _ = drafted
     spec = workdir / "specs/deployment.yaml"
     before = spec.read_text(encoding="utf-8")
     result = init(bed, workdir, "--worker", WORKER_LOGIN, "--model-dir", MODEL_DIR)
@@ -122,13 +129,15 @@ def test_init_never_overwrites_the_spec(bed: Bed, workdir: Path) -> None:
     assert spec.read_text(encoding="utf-8") == before
 
 
-def test_the_edited_spec_passes_doctor_and_converges(bed: Bed, workdir: Path) -> None:
-    spec = workdir / "specs/deployment.yaml"
-    spec.write_text(
-        edited_like_a_user(spec.read_text(encoding="utf-8"), bed.spec.read_text(encoding="utf-8")), encoding="utf-8"
-    )
-    drafted = Bed(bed.testbed, spec)
-    result = drafted.reconciler("doctor", "--json", check=False)
+def test_the_edited_spec_passes_doctor_and_converges(
+    bed: Bed, drafted: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    draft = (drafted[0] / "specs/deployment.yaml").read_text(encoding="utf-8")
+    spec = tmp_path / "specs/deployment.yaml"  # the draft itself stays as init wrote it, for the other tests
+    spec.parent.mkdir()
+    spec.write_text(edited_like_a_user(draft, bed.spec.read_text(encoding="utf-8")), encoding="utf-8")
+    edited = Bed(bed.testbed, spec)
+    result = edited.reconciler("doctor", "--json", check=False)
     report: Any = json.loads(result.stdout)
     checks = {(check["node"], check["check"]): check for check in report["checks"]}
     for node in (HEAD, WORKER):
@@ -140,5 +149,5 @@ def test_the_edited_spec_passes_doctor_and_converges(bed: Bed, workdir: Path) ->
         assert checks[("all nodes", name)]["status"] == "PASS", checks[("all nodes", name)]
     failed = {check for (_, check), found in checks.items() if found["status"] == "FAIL"}
     assert failed <= HONEST_FAILURES, f"only what the testbed lacks may fail: {failed - HONEST_FAILURES}"
-    drafted.reconciler("apply")
-    assert drafted.plan_exit() == 0
+    edited.reconciler("apply")
+    assert edited.plan_exit() == 0

@@ -101,24 +101,34 @@ def test_the_install_has_the_command_and_none_of_the_development_tools(installed
     assert Path(sys.executable).resolve() != venv_python.resolve()
 
 
-def test_step_3_init_writes_the_spec(bed: Bed, installed: Installed) -> None:
+@pytest.fixture(scope="module")
+def initialized(bed: Bed, installed: Installed) -> tuple[Installed, str]:
+    """Step 3, `reconciler init`, once for the module: the install, and the draft as init wrote it
+    (the spec itself is then edited as tests/e2e/userspec.py says, for steps 4 to 7)."""
     result = installed.run(bed, "init", "--worker", WORKER_LOGIN, "--model-dir", MODEL_DIR)
     assert result.returncode == 0, result.stderr
-    assert installed.spec.is_file()
     text = installed.spec.read_text(encoding="utf-8")
-    assert FABRIC_IP["spark-worker"] in text
     installed.spec.write_text(edited_like_a_user(text, bed.spec.read_text(encoding="utf-8")), encoding="utf-8")
+    return installed, text
+
+
+def test_step_3_init_writes_the_spec(bed: Bed, initialized: tuple[Installed, str]) -> None:
+    installed, draft = initialized
+    assert FABRIC_IP["spark-worker"] in draft
     assert installed.run(bed, "validate").returncode == 0
 
 
-def test_step_4_doctor_fails_only_on_what_the_testbed_lacks(bed: Bed, installed: Installed) -> None:
+def test_step_4_doctor_fails_only_on_what_the_testbed_lacks(bed: Bed, initialized: tuple[Installed, str]) -> None:
+    installed, _ = initialized
     result = installed.run(bed, "doctor", "--json")
     report: Any = json.loads(result.stdout)
     failed = {check["check"] for check in report["checks"] if check["status"] == "FAIL"}
     assert failed <= HONEST_FAILURES, failed - HONEST_FAILURES
 
 
-def test_step_5_plan_shows_the_bring_up(bed: Bed, installed: Installed) -> None:
+def test_step_5_plan_shows_the_bring_up(bed: Bed, initialized: tuple[Installed, str]) -> None:
+    installed, _ = initialized
+    bed.fresh()  # a bring-up to show: nothing deployed
     result = installed.run(bed, "plan", "--detailed-exitcode", "--json")
     assert result.returncode == 2, result.stderr
     steps = {(action["step"], action["node"]) for action in json.loads(result.stdout)["actions"]}
@@ -131,7 +141,8 @@ def test_step_5_plan_shows_the_bring_up(bed: Bed, installed: Installed) -> None:
     assert ("checkpoint.copy", "spark-worker") in steps
 
 
-def test_step_6_apply_converges_and_status_says_so(bed: Bed, installed: Installed) -> None:
+def test_step_6_apply_converges_and_status_says_so(bed: Bed, initialized: tuple[Installed, str]) -> None:
+    installed, _ = initialized
     assert installed.run(bed, "apply").returncode == 0
     assert installed.run(bed, "plan", "--detailed-exitcode").returncode == 0
     status = installed.run(bed, "status")
@@ -139,7 +150,10 @@ def test_step_6_apply_converges_and_status_says_so(bed: Bed, installed: Installe
     assert status.stdout.startswith("deployment dsv41: converged")
 
 
-def test_step_7_install_service_renders_the_unit_for_the_installed_command(bed: Bed, installed: Installed) -> None:
+def test_step_7_install_service_renders_the_unit_for_the_installed_command(
+    bed: Bed, initialized: tuple[Installed, str]
+) -> None:
+    installed, _ = initialized
     result = installed.run(bed, "install-service", "--spec", str(installed.spec), "--dry-run")
     assert result.returncode == 0, result.stderr
     assert f"ExecStart={installed.bin.resolve()} run --spec {installed.spec}" in result.stdout

@@ -6,6 +6,9 @@ Converged on A (`revision: main`, pinned to A), the spec is changed to B: the ol
 serving A until B is staged and verified on both nodes, then the group restarts in order and
 serves B, and not one of A's files had its inode or mtime changed meanwhile. A is kept
 (`keep_revisions: 1`), so setting A again converges without a download. Each step is timed.
+
+The loop runs for the whole module; each test first brings the deployment to the revision it
+starts from (`on_a`, `on_b`), so the tests run in any order.
 """
 
 from __future__ import annotations
@@ -109,18 +112,45 @@ class TagWatch:
 
 
 @pytest.fixture(scope="module")
-def revisions(bed: Bed) -> Iterator[tuple[Bed, str, str, Path]]:
+def looping(bed: Bed) -> Iterator[tuple[Bed, str, str, Path]]:
     commit_a, commit_b = services.hub_commits(bed.testbed.layout)
     bed.spec.write_text(bed.spec.read_text(encoding="utf-8") + LOOP_SETTINGS, encoding="utf-8")
     started = time.monotonic()
-    bed.reconciler("apply")
+    bed.converged()
     print(f"converge on A (main): {time.monotonic() - started:.1f} s")
     with running_loop(bed, log_tail=6000) as log:
         yield bed, commit_a, commit_b, log
 
 
-def test_main_is_pinned_to_a_and_the_model_dir_links_to_its_revision(revisions: tuple[Bed, str, str, Path]) -> None:
-    bed, commit_a, _, _ = revisions
+def serving(bed: Bed, revision: str, tag: str) -> None:
+    set_revision(bed, revision)
+    wait_until(lambda: loaded_tag(bed) == tag and status(bed).get("converged") is True, 300, f"serving {tag}")
+
+
+@pytest.fixture
+def on_a(looping: tuple[Bed, str, str, Path]) -> tuple[Bed, str, str, Path]:
+    """`revision: main` (A), served and converged; B on no node (a test before may have staged
+    it), so a change to B stages it afresh."""
+    bed, _, commit_b, _ = looping
+    serving(bed, "main", "A")
+    for node in (HEAD, WORKER):
+        bed.node(node, "rm", "-rf", f"{MODEL}@{commit_b}")
+    wait_until(lambda: status(bed).get("converged") is True, 60, "converged without B")
+    return looping
+
+
+@pytest.fixture
+def on_b(looping: tuple[Bed, str, str, Path]) -> tuple[Bed, str, str, Path]:
+    """B served after A, so A is the kept revision."""
+    bed, _, commit_b, _ = looping
+    if loaded_tag(bed) != "B":
+        serving(bed, "main", "A")
+        serving(bed, commit_b, "B")
+    return looping
+
+
+def test_main_is_pinned_to_a_and_the_model_dir_links_to_its_revision(on_a: tuple[Bed, str, str, Path]) -> None:
+    bed, commit_a, _, _ = on_a
     assert loaded_tag(bed) == "A"
     for node in (HEAD, WORKER):
         link = bed.node(node, "readlink", MODEL).stdout.strip()
@@ -130,8 +160,8 @@ def test_main_is_pinned_to_a_and_the_model_dir_links_to_its_revision(revisions: 
     assert bed.plan_exit() == 0
 
 
-def test_a_moved_branch_is_reported_not_followed(revisions: tuple[Bed, str, str, Path]) -> None:
-    bed, commit_a, commit_b, _ = revisions
+def test_a_moved_branch_is_reported_not_followed(on_a: tuple[Bed, str, str, Path]) -> None:
+    bed, commit_a, commit_b, _ = on_a
     control = StandinControl(f"http://{HOST_IP}:{HUB_PORT}")
     control.move_branch("main", commit_b)
     try:
@@ -144,10 +174,8 @@ def test_a_moved_branch_is_reported_not_followed(revisions: tuple[Bed, str, str,
         control.move_branch("main", commit_a)
 
 
-def test_a_new_revision_is_staged_beside_then_the_group_restarts_onto_it(
-    revisions: tuple[Bed, str, str, Path],
-) -> None:
-    bed, commit_a, commit_b, log = revisions
+def test_a_new_revision_is_staged_beside_then_the_group_restarts_onto_it(on_a: tuple[Bed, str, str, Path]) -> None:
+    bed, commit_a, commit_b, log = on_a
     before = {node: files_of(bed, node, f"{MODEL}@{commit_a}") for node in (HEAD, WORKER)}
     mark = len(log.read_text(encoding="utf-8"))
     started = time.monotonic()
@@ -173,8 +201,8 @@ def test_a_new_revision_is_staged_beside_then_the_group_restarts_onto_it(
     assert bed.plan_exit() == 0
 
 
-def test_rolling_back_to_the_kept_revision_downloads_nothing(revisions: tuple[Bed, str, str, Path]) -> None:
-    bed, commit_a, _, log = revisions
+def test_rolling_back_to_the_kept_revision_downloads_nothing(on_b: tuple[Bed, str, str, Path]) -> None:
+    bed, commit_a, _, log = on_b
     control = StandinControl(f"http://{HOST_IP}:{HUB_PORT}")
     since = len(control.log())
     mark = len(log.read_text(encoding="utf-8"))

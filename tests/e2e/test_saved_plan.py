@@ -21,6 +21,7 @@ def saved_actions(path: Path) -> list[dict[str, object]]:
 
 
 def test_apply_of_a_saved_plan_runs_exactly_its_actions(bed: Bed, tmp_path: Path) -> None:
+    bed.fresh()  # the whole bring-up as the saved plan
     path = tmp_path / "bring-up.json"
     printed = bed.reconciler("plan", "--out", str(path))
     planned = saved_actions(path)
@@ -35,7 +36,8 @@ def test_apply_of_a_saved_plan_runs_exactly_its_actions(bed: Bed, tmp_path: Path
     assert bed.plan_exit() == 0
 
 
-def test_a_saved_plan_is_refused_when_a_rank_died_in_between(bed: Bed, tmp_path: Path) -> None:
+def test_a_saved_plan_is_refused_when_a_rank_died_in_between(converged: Bed, tmp_path: Path) -> None:
+    bed = converged
     bed.node(WORKER, "sh", "-c", "kill $(cat /srv/spark/state/memguard.pid)")
     path = tmp_path / "guard.json"
     bed.reconciler("plan", "--out", str(path))

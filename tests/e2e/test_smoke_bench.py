@@ -3,12 +3,14 @@ smoke step, `reconciler smoke` passes every check with the URL and key from the 
 small `reconciler bench` completes with a report whose numbers respect the engine
 stand-in's token delay (5 ms per token: no stream can be faster than 200 tok/s).
 
-Tests in this module build on each other in file order (one testbed, one deployment).
+The tests after the first converge first (`converged`) and write their own bench report, so
+they run in any order.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from typing import Any
 
 import pytest
@@ -24,6 +26,7 @@ REPORT = "/tmp/e2e-smoke-bench.json"
 
 
 def test_apply_ends_with_the_smoke_step(bed: Bed) -> None:
+    bed.fresh()  # the group's start, which the smoke step follows
     planned = bed.reconciler("plan").stdout
     assert "ranks on spark-head: smoke-test the API: models, unauthorized, stream, text" in planned
     result = bed.reconciler("apply")
@@ -34,7 +37,8 @@ def test_apply_ends_with_the_smoke_step(bed: Bed) -> None:
     assert bed.plan_exit() == 0
 
 
-def test_smoke_passes_every_check_with_the_specs_url_and_key(bed: Bed) -> None:
+def test_smoke_passes_every_check_with_the_specs_url_and_key(converged: Bed) -> None:
+    bed = converged
     result = bed.reconciler("smoke", "--json")
     report: Any = json.loads(result.stdout)
     assert report["ok"] is True, report
@@ -47,7 +51,8 @@ def test_smoke_passes_every_check_with_the_specs_url_and_key(bed: Bed) -> None:
     assert bed.api_key() not in result.stdout + result.stderr + text
 
 
-def test_smoke_with_a_wrong_key_fails_and_says_why(bed: Bed) -> None:
+def test_smoke_with_a_wrong_key_fails_and_says_why(converged: Bed) -> None:
+    bed = converged
     bed.node(HEAD, "sh", "-c", "printf 'not-the-key' > /tmp/e2e-wrong-key")
     result = bed.reconciler("smoke", "--key-file", "/tmp/e2e-wrong-key", check=False)
     assert result.returncode == 1
@@ -56,9 +61,16 @@ def test_smoke_with_a_wrong_key_fails_and_says_why(bed: Bed) -> None:
     assert "not-the-key" not in result.stdout
 
 
-def test_a_small_bench_completes_with_a_sane_report(bed: Bed) -> None:
+@pytest.fixture(scope="module")
+def benched(bed: Bed) -> tuple[Bed, subprocess.CompletedProcess[str]]:
+    """One small bench run for the module, on the converged group; its report is REPORT."""
+    bed.converged()
     argv = ["bench", "--out", REPORT, "--conc", "1", "2", "--prefill", "256", "--kinds", "prose", "--reps", "1"]
-    result = bed.reconciler(*argv, "--ctx", "1000", "--label", "testbed")
+    return bed, bed.reconciler(*argv, "--ctx", "1000", "--label", "testbed")
+
+
+def test_a_small_bench_completes_with_a_sane_report(benched: tuple[Bed, subprocess.CompletedProcess[str]]) -> None:
+    bed, result = benched
     assert "Decode (no output cap)" in result.stdout
     assert result.stdout.rstrip().endswith("PASS")
     assert bed.api_key() not in result.stdout + result.stderr
@@ -82,7 +94,10 @@ def test_a_small_bench_completes_with_a_sane_report(bed: Bed) -> None:
     assert bed.node(HEAD, "test", "-s", REPORT.replace(".json", ".png"), check=False).returncode == 0
 
 
-def test_bench_compare_of_a_run_with_itself_shows_no_change(bed: Bed) -> None:
+def test_bench_compare_of_a_run_with_itself_shows_no_change(
+    benched: tuple[Bed, subprocess.CompletedProcess[str]],
+) -> None:
+    bed, _ = benched
     result = bed.reconciler("bench", "compare", REPORT, REPORT)
     assert "A testbed" in result.stdout.splitlines()[0]
     assert "decode c2 prose: aggregate tok/s median" in result.stdout

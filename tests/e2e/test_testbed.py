@@ -1,7 +1,7 @@
 """The testbed itself: isolation, SSH, Docker and fabric behave like two separate Sparks.
 
-One two-node bring-up for the module (root only), torn down at the end; the teardown's
-leftover check fails the module if anything is left behind.
+The session's bring-up (tests/e2e/conftest.py), reset for the module; its teardown's leftover
+check at the session's end fails the run if anything is left behind.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,21 +56,11 @@ def _say(config: pytest.Config, line: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def testbed(pytestconfig: pytest.Config) -> Iterator[Testbed]:
-    if os.geteuid() != 0:
-        pytest.skip("the testbed needs root")
-    bed = Testbed()
+def testbed(shared_testbed: Testbed, pytestconfig: pytest.Config) -> Testbed:
     started = time.monotonic()
-    try:
-        bed.up(nodes=2)
-    except BaseException:
-        bed.down()
-        raise
-    _say(pytestconfig, f"\ntestbed bring-up: {time.monotonic() - started:.1f} s")
-    yield bed
-    started = time.monotonic()
-    bed.down()
-    _say(pytestconfig, f"\ntestbed teardown: {time.monotonic() - started:.1f} s")
+    shared_testbed.reset()
+    _say(pytestconfig, f"\ntestbed reset: {time.monotonic() - started:.1f} s")
+    return shared_testbed
 
 
 def ping(bed: Testbed, node: str, ip: str, wait_s: int = 2) -> bool:

@@ -420,16 +420,28 @@ class Registry:
 
 def pull(sock: str, image: Image, tag: str) -> None:
     """`docker pull <name>@<digest>` through one dockerd (Engine API), then tag it `tag`."""
-    query = urllib.parse.urlencode({"fromImage": image.name, "tag": image.digest})
+    pull_ref(sock, image.ref, tag)
+
+
+def pull_ref(sock: str, ref: str, tag: str) -> None:
+    """Pull `ref` (<name>@<digest>) through one dockerd, then tag it `tag`."""
+    name, _, digest = ref.partition("@")
+    query = urllib.parse.urlencode({"fromImage": name, "tag": digest})
     status, body = docker_api(sock, "POST", f"/images/create?{query}", timeout=300)
     errors = [json.loads(line).get("error") for line in body.splitlines() if b'"error"' in line]
     if status != 200 or errors:
-        raise TestbedError(f"pull {image.ref}: {status} {errors or body[:300]!r}")
+        raise TestbedError(f"pull {ref}: {status} {errors or body[:300]!r}")
     repo, _, version = tag.partition(":")
     query = urllib.parse.urlencode({"repo": repo, "tag": version or "latest"})
-    status, body = docker_api(sock, "POST", f"/images/{image.ref}/tag?{query}")
+    status, body = docker_api(sock, "POST", f"/images/{ref}/tag?{query}")
     if status != 201:
-        raise TestbedError(f"tag {image.ref} as {tag}: {status} {body[:300]!r}")
+        raise TestbedError(f"tag {ref} as {tag}: {status} {body[:300]!r}")
+
+
+def present(sock: str, ref: str) -> bool:
+    """Whether the dockerd behind `sock` holds `ref`."""
+    status, _ = docker_api(sock, "GET", f"/images/{ref}/json")
+    return status == 200
 
 
 def pull_everywhere(socks: list[str], pulls: list[tuple[Image, str]]) -> None:

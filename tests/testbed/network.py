@@ -121,6 +121,12 @@ def set_fabric_link(node: Node, up: bool) -> None:
     _ip_batch(FABRIC_NETNS, [f"link set f-{node.short} {'up' if up else 'down'}"])
 
 
+def clear_qdiscs(node: Node) -> None:
+    """Drop any queueing discipline a test put on the node's links (a throttle), back to the default."""
+    for ifname in (MGMT_IF, FABRIC_IF):
+        proc.run(["tc", "-n", node.name, "qdisc", "del", "dev", ifname, "root"], check=False)
+
+
 def netns_pids(netns: str) -> list[int]:
     out = proc.run(["ip", "netns", "pids", netns], check=False).stdout
     return [int(p) for p in out.split()]

@@ -14,7 +14,7 @@ import os
 import shlex
 from pathlib import Path
 
-from tests.testbed import fakesys, proc
+from tests.testbed import fakesys, network, proc
 from tests.testbed.config import (
     ALL_NODES,
     CONTAINERD_RUN,
@@ -249,6 +249,26 @@ def dockerd_ready(layout: Layout, node: Node) -> bool:
 def wait_dockerd(layout: Layout, node: Node, timeout: float = 60.0) -> None:
     if not proc.wait_for(lambda: dockerd_ready(layout, node), timeout, interval=0.05):
         raise TestbedError(f"{node.name}: dockerd not ready\n{proc.tail(layout.node_dir(node) / 'dockerd.log')}")
+
+
+# What a node runs for the testbed itself; a reset stops everything else found in its netns.
+NODE_SERVICES = {"tini", "sleep", "dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2"}
+NODE_SERVICES |= {"docker-proxy", "nsenter", "unshare"}
+
+
+def stop_deployment_processes(layout: Layout, node: Node) -> None:
+    """SIGTERM (then SIGKILL) every process in the node that the testbed did not start: memory
+    guards, copy daemons, rsyncs, SSH sessions and their commands. The sshd that listens stays."""
+    listener = str(layout.sshd_config(node))
+
+    def ours(pid: int) -> bool:
+        comm = proc.comm_of(pid)
+        if comm == "sshd":
+            return listener in " ".join(proc.argv_of(pid))
+        return comm in NODE_SERVICES
+
+    pids = [pid for pid in network.netns_pids(node.name) if not ours(pid)]
+    proc.stop(pids, 5.0)
 
 
 # ---------------------------------------------------------------- generated helpers

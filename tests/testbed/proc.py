@@ -98,6 +98,14 @@ def comm_of(pid: int) -> str:
         return ""
 
 
+def argv_of(pid: int) -> list[str]:
+    try:
+        raw = _read(f"/proc/{pid}/cmdline")
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
 def signal_all(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):

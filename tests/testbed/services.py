@@ -139,11 +139,17 @@ def hub_roots(layout: Layout) -> list[Path]:
 
 
 def start_hub(
-    layout: Layout, root: Path | None = None, port: int = HUB_PORT, *, branches: Mapping[str, str] | None = None
+    layout: Layout,
+    root: Path | None = None,
+    port: int = HUB_PORT,
+    *,
+    branches: Mapping[str, str] | None = None,
+    token_file: Path | None = None,
 ) -> None:
     """A Hub stand-in: by default commits A and B of the synthetic checkpoint on :5080, `main` -> A;
     with `root`, that one build (the real-engine lane's tiny model). `branches` points branches at
-    served commits (e.g. `{"main": hub_commits(layout)[1]}`)."""
+    served commits (e.g. `{"main": hub_commits(layout)[1]}`); with `token_file`, every Hub request
+    needs that file's token (read by the stand-in, so it never shows in a process list)."""
     roots = [root] if root is not None else hub_roots(layout)
     argv = [sys.executable, "-m", "tests.testbed.hub", "serve"]
     for served in roots:
@@ -151,6 +157,8 @@ def start_hub(
     for name, commit in (branches or {}).items():
         argv += ["--branch", f"{name}={commit}"]
     argv += ["--host", HOST_IP, "--port", str(port)]
+    if token_file is not None:
+        argv += ["--token-file", str(token_file)]
     log = layout.hub_log(port)
     proc.spawn_detached(argv, log, cwd=REPO_ROOT)
     if not proc.wait_for(lambda: http_status(HOST_IP, port, "/", 1.0) is not None, 20.0, interval=0.05):
@@ -166,6 +174,15 @@ def stop_hub(layout: Layout, port: int = HUB_PORT) -> list[int]:
     ]
     proc.stop(pids, 5.0)
     return pids
+
+
+def hub_ports(layout: Layout) -> list[int]:
+    """The ports of every Hub stand-in of this testbed that runs (tests start extra ones)."""
+    ports = []
+    for info in proc.processes():
+        if is_hub_process(info.argv) and any(str(layout.root) in arg for arg in info.argv):
+            ports.append(int(info.argv[info.argv.index("--port") + 1]))
+    return sorted(set(ports))
 
 
 def is_hub_process(argv: list[str]) -> bool:

@@ -52,14 +52,14 @@ def _stop_dockerd(layout: Layout, node: Node) -> None:
     sock = str(layout.docker_sock(node))
     pids = [p.pid for p in proc.processes() if p.comm == "dockerd" and _marked(p, sock)]
     if pids and os.path.exists(sock):
-        _remove_containers(sock)
+        remove_containers(sock)
     proc.stop(pids, DOCKERD_GRACE)
     with contextlib.suppress(OSError):
         os.unlink(sock)
     _remove_cgroups(node.cgroup_parent)
 
 
-def _remove_containers(sock: str) -> None:
+def remove_containers(sock: str) -> None:
     # Best effort: a daemon that no longer answers is simply killed.
     with contextlib.suppress(OSError, ValueError):
         for container in docker_json(sock, "GET", "/containers/json?all=1"):

@@ -129,6 +129,57 @@ class Testbed:
             self._teardown_or_raise(purge=purge)
         return steps.total()
 
+    def reset(self) -> float:
+        """Back to the state `up` leaves, without a new bring-up: what a deployment and its tests
+        left on the nodes is removed (containers, processes started over SSH or node-exec, the
+        data under /srv/spark and /dev/shm, the homes), links are plugged and unthrottled, each dockerd runs,
+        the images are there again, and the Hub stand-in restarts with its default commits.
+
+        Several test modules share one bring-up this way; the namespaces, sshd host keys,
+        dockerds and the registry stay as they are, so a reset takes seconds, not a minute."""
+        targets = self._nodes()
+        if not targets:
+            raise TestbedError("testbed is not up")
+        steps = proc.Steps("testbed reset")
+        with steps.step("hub restarted"):
+            self._restart_hub()
+        with steps.step("nodes wiped"):
+            _parallel(self._wipe_node, targets)
+        with steps.step("images present"):
+            self._pull_missing(targets)
+        return steps.total()
+
+    def _restart_hub(self) -> None:
+        for port in services.hub_ports(self.layout):
+            services.stop_hub(self.layout, port)
+        self._start_hub()
+
+    def _wipe_node(self, node: Node) -> None:
+        network.set_fabric_link(node, True)
+        network.clear_qdiscs(node)
+        if not node_ops.dockerd_ready(self.layout, node):
+            node_ops.start_dockerd(self.layout, node)
+            node_ops.wait_dockerd(self.layout, node)
+        teardown.remove_containers(str(self.layout.docker_sock(node)))
+        node_ops.stop_deployment_processes(self.layout, node)
+        self.exec(node.name, ["find", "/dev/shm", "-mindepth", "1", "-delete"])
+        data = self.layout.node_dir(node) / "data"
+        for entry in data.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        shutil.rmtree(self.layout.home(node), ignore_errors=True)
+        node_ops.write_node_files(self.layout, node, self._nodes())
+
+    def _pull_missing(self, targets: tuple[Node, ...]) -> None:
+        refs = self.images()
+        for node in targets:
+            sock = str(self.layout.docker_sock(node))
+            for name, ref in refs.items():
+                if not img.present(sock, ref):
+                    img.pull_ref(sock, ref, f"tb/{name}:latest")
+
     def _teardown_or_raise(self, *, purge: bool = False) -> None:
         left = teardown.teardown(self.layout, purge=purge)
         if left:

@@ -166,10 +166,30 @@ def test_oom_killed_rank_says_so() -> None:
 
 
 def test_containers_we_do_not_own_are_never_touched() -> None:
-    foreign = ContainerFacts(name="dsv41-r1", id="f" * 64, image="other", status="exited", labels={"x": "y"})
+    """Another tool's containers beside the ranks, running or exited: nothing to do, and none is
+    named by any action."""
     converged = load_facts(CONVERGED_FACTS)
-    facts = with_node(converged, WORKER, containers=[*converged.nodes[WORKER].containers, foreign])
+    others = [
+        ContainerFacts(name="open-webui", id="f" * 64, image="ghcr.io/open-webui/open-webui", status="running"),
+        ContainerFacts(name="old-vllm", id="e" * 64, image="vllm/vllm-openai", status="exited", exit_code=1),
+    ]
+    facts = with_node(converged, WORKER, containers=[*converged.nodes[WORKER].containers, *others])
+    assert render_text(plan_of(facts)) == render_text(plan_of(converged))
     assert not plan_of(facts).has_changes
+
+
+def test_a_foreign_container_holding_a_ranks_name_blocks_the_group_and_is_left_alone() -> None:
+    """Someone's own `docker run --name dsv41-r1` where our rank 1 should be: Docker would refuse
+    the create, so the plan says whose move it is instead of planning a start that must fail."""
+    foreign = ContainerFacts(name="dsv41-r1", id="f" * 64, image="vllm/vllm-openai", status="running", labels={})
+    facts = with_node(load_facts(CONVERGED_FACTS), WORKER, containers=[foreign])
+    result = plan_of(facts)
+    assert not [action for action in result.actions if action.component == "ranks"]
+    (blocker,) = [blocker for blocker in result.blockers if blocker.component == "ranks"]
+    assert blocker.node == WORKER
+    assert "a container named dsv41-r1 is not the reconciler's (running, image vllm/vllm-openai)" in blocker.message
+    assert "docker rm -f dsv41-r1" in blocker.hint
+    assert "dsv41-r1" in render_text(result)
 
 
 def test_an_owned_container_that_is_no_longer_a_rank_is_removed() -> None:

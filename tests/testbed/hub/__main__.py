@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=0)
     serve.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on every Hub request")
+    serve.add_argument("--token-file", type=Path, help="--token, read from this file (kept out of the process list)")
     serve.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE, help="tree entries per page")
     serve.add_argument("--cdn-host", help="redirect LFS files to this host name (same port), like the Hub's CDN")
     serve.add_argument("--fault", action="append", default=[], metavar="SPEC")
@@ -94,7 +95,7 @@ def _serve(args: argparse.Namespace) -> int:
             branches=_branches(args.branch),
             host=args.host,
             port=args.port,
-            token=args.token,
+            token=args.token_file.read_text(encoding="utf-8").strip() if args.token_file else args.token,
             page_size=args.page_size,
             cdn_host=args.cdn_host,
         )
