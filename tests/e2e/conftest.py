@@ -66,7 +66,7 @@ class Bed:
         """Converge unless the plan is already empty: a test's precondition, whatever ran before it."""
         if self.plan_exit() != 0:
             self.reconciler("apply", "--yes")
-        assert self.plan_exit() == 0
+            assert self.plan_exit() == 0
 
     def fresh(self) -> None:
         """Nothing deployed on any node (the testbed reset), the spec as the module left it."""

@@ -79,7 +79,7 @@ def serving(lane: Bed, first_converge: FirstConverge) -> Bed:
 def serve(lane: Bed) -> Bed:
     if lane.plan_exit() != 0:
         lane.reconciler("apply", "--yes", timeout=900)
-    assert lane.plan_exit() == 0
+        assert lane.plan_exit() == 0
     wait_until(lambda: answers(lane), 120, "a completion answers")
     return lane
 

@@ -1,4 +1,5 @@
-"""Fixtures shared by the unit tests: a HOME of each test's own, and the engine stand-in."""
+"""Fixtures shared by the unit tests: a HOME and a redaction registry of each test's own, and the
+engine stand-in."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler import redact
 from tests.unit.test_engine_standin import Group, Launcher, start_group
 
 
@@ -17,6 +19,15 @@ def _own_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
     return home
+
+
+@pytest.fixture(autouse=True)
+def _no_secrets_from_other_tests() -> Iterator[None]:
+    """The redaction registry is the process's: a test sees only the secrets it registers itself,
+    whatever ran before it."""
+    redact.clear()
+    yield
+    redact.clear()
 
 
 @pytest.fixture

@@ -306,6 +306,7 @@ def test_a_command_writing_stderr_without_end_is_kept_bounded() -> None:
 
 
 def test_a_failed_commands_stderr_reaches_the_message_printable_and_redacted() -> None:
+    redact.register(SECRET)
     hostile = CommandResult(3, b"", f"ok\n\x1b[2J\x1b]0;owned\x07token {SECRET}\u202e done\n".encode())
     with pytest.raises(NodeCommandError) as caught:
         check(hostile, "spark-worker", "probe")
