@@ -151,7 +151,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 
 
 def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while True:
         assert proc.poll() is None, f"engine exited:\n{log.read_text()}"
         try:

@@ -60,7 +60,7 @@ def run(monkeypatch: pytest.MonkeyPatch, actions: list[Action], executor: object
 
 
 def test_batched_pulls_really_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
-    both_running = threading.Barrier(2, timeout=10)
+    both_running = threading.Barrier(2, timeout=60)
 
     def pull(_ctx: ApplyContext, act: Action) -> str:
         both_running.wait()  # raises BrokenBarrierError if the two never run at the same time

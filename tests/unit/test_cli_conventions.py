@@ -230,13 +230,15 @@ def test_ctrl_c_in_a_handler_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: 
 
 
 @contextmanager
-def silent_server() -> Iterator[int]:
-    """Accepts connections and never answers: a command talking to it waits until interrupted."""
+def silent_server() -> Iterator[tuple[int, threading.Event]]:
+    """Accepts connections and never answers: a command talking to it waits until interrupted.
+    Yields the port and an event set once a connection came in."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     held: list[socket.socket] = []
     stop = threading.Event()
+    connected = threading.Event()
 
     def accept() -> None:
         listener.settimeout(0.2)
@@ -245,11 +247,12 @@ def silent_server() -> Iterator[int]:
                 held.append(listener.accept()[0])
             except TimeoutError:
                 continue
+            connected.set()
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     try:
-        yield listener.getsockname()[1]
+        yield listener.getsockname()[1], connected
     finally:
         stop.set()
         thread.join()
@@ -272,7 +275,7 @@ AS_FROM_A_TERMINAL = [
 def test_ctrl_c_on_a_real_process_exits_130(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text("k" * 32 + "\n", encoding="utf-8")
-    with silent_server() as port:
+    with silent_server() as (port, connected):
         process = subprocess.Popen(
             [*AS_FROM_A_TERMINAL, "smoke", f"http://127.0.0.1:{port}", "--key-file", str(key)],
             cwd=ROOT,
@@ -280,7 +283,9 @@ def test_ctrl_c_on_a_real_process_exits_130(tmp_path: Path) -> None:
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(2.0)  # well into the first request, which the server never answers
+        # Not a fixed pause: on a loaded machine the imports alone may outlast it, and a Ctrl-C
+        # there is Python's, not the command's.
+        assert connected.wait(60), "the command never sent its first request"
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=30)
     assert process.returncode == 130, err

@@ -38,10 +38,11 @@ def deployment(tmp_path: Path) -> Deployment:
 class Nodes:
     """Stands in for gather and the executors: facts in order, executed actions recorded."""
 
-    def __init__(self, *facts: Facts, pause: float = 0.0) -> None:
+    def __init__(self, *facts: Facts, gate: threading.Event | None = None) -> None:
         self.facts = list(facts)
         self.executed: list[str] = []
-        self.pause = pause
+        # Each action waits here until the test opens it: a race a test sets up, not a sleep's luck.
+        self.gate = gate
         self.inside = threading.Event()
         self.finished: dict[str, float] = {}
 
@@ -51,7 +52,8 @@ class Nodes:
     def executor(self, _action: Action) -> object:
         def run(_ctx: ApplyContext, action: Action) -> str:
             self.inside.set()
-            time.sleep(self.pause)
+            if self.gate is not None:
+                assert self.gate.wait(60), "the test never opened the gate"
             self.executed.append(action.id)
             self.finished[threading.current_thread().name] = time.monotonic()
             return "done"
@@ -158,8 +160,10 @@ def test_converge_takes_the_deployment_lock(deployment: Deployment, nodes: Nodes
 
 def test_stop_never_acts_while_an_apply_does(deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
     """The race: `stop` starts while an apply is in its first action; its hold is written only
-    after the apply's last action finished, and both complete."""
-    racing = Nodes(empty_facts(), converged_facts(deployment), pause=0.05)
+    after the apply's last action finished, and both complete. The apply's first action lasts
+    until the stop says it waits for the lock."""
+    stop_waits = threading.Event()
+    racing = Nodes(empty_facts(), converged_facts(deployment), gate=stop_waits)
     monkeypatch.setattr(commands, "observe", racing.observe)
     monkeypatch.setattr(apply, "executor_for", racing.executor)
     held_at: list[float] = []
@@ -172,18 +176,23 @@ def test_stop_never_acts_while_an_apply_does(deployment: Deployment, monkeypatch
         except BaseException as exc:  # the assertion below reports it
             errors.append(exc)
 
+    def on_wait(message: str) -> None:
+        waited.append(message)
+        stop_waits.set()
+
     applying = threading.Thread(target=apply_now, name="apply")
     applying.start()
-    assert racing.inside.wait(10)
+    assert racing.inside.wait(60)
     stop = commands.Converge(
         doing="reconciler stop",
         wait_s=60,
         first=lambda _ctx: held_at.append(time.monotonic()),
         blocked_is_error=False,
-        on_wait=waited.append,
+        on_wait=on_wait,
     )
     converge(deployment, stop)
-    applying.join(30)
+    applying.join(60)
+    assert not applying.is_alive()
     assert not errors
     assert waited
     assert "reconciler apply" in waited[0]

@@ -40,7 +40,7 @@ def test_every_request_is_logged_with_its_key_and_body(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", BOOT, *argv], env=env, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while True:
             try:
                 httpx.get(f"{url}/health", timeout=1.0)

@@ -27,11 +27,13 @@ from reconciler.plan import plan, render_text
 from reconciler.spec import load_spec
 from tests.scenarios import CONVERGED_FACTS, EMPTY_FACTS, SPEC_PATH
 
-# No example database: a test run must not leave a .hypothesis/ directory in the checkout.
+# No example database: a test run must not leave a .hypothesis/ directory in the checkout. An
+# example takes milliseconds; the deadline (wall time) is far enough beyond that for a loaded
+# machine never to reach it, and a hang or a blow-up always does.
 BUDGET = settings(
     database=None,
     max_examples=150,
-    deadline=3000,
+    deadline=30_000,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 

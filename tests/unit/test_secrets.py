@@ -6,10 +6,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import queue
 import socket
 import stat
 import threading
-import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -241,10 +241,45 @@ def test_the_loops_status_file_is_private_and_redacted(tmp_path: Path, monkeypat
     assert all(SECRET[:8] not in message for message in sent)
 
 
+class SteppedStopping(threading.Event):
+    """`Loop.stopping` for one loop thread, with the test as its clock: each `wait(timeout)` of the
+    thread (one period of its `while not stopping.wait(period)`) blocks until the test lets that
+    period end (`tick`, `let_one_pass`) or stops the thread (`stop`). No period ends by itself, so
+    what the thread did in each one is known when the test looks, however slow the machine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._periods: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._waiting = threading.Semaphore(0)
+        self.timeouts: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        self._waiting.release()
+        return self._periods.get()
+
+    def started(self) -> None:
+        """Until the thread waits for its first period."""
+        assert self._waiting.acquire(timeout=60), "the thread never waited for a period"
+
+    def tick(self) -> None:
+        """One period ends; returns once the thread, done with it, waits for the next."""
+        self.let_one_pass()
+        assert self._waiting.acquire(timeout=60), "the thread never came back to wait for a period"
+
+    def let_one_pass(self) -> None:
+        """One period ends, for a thread that may not wait again."""
+        self._periods.put(False)
+
+    def stop(self) -> None:
+        self._periods.put(True)
+
+
 def test_a_probe_that_raises_counts_as_a_failed_probe_and_the_thread_lives(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     loop = Loop(str(write_spec(tmp_path, "loop: {liveness_s: 1, failure_threshold: 2}\n")))
+    loop.stopping = stopping = SteppedStopping()
     loop.logic.serving = True
 
     def explode() -> str | None:
@@ -253,35 +288,47 @@ def test_a_probe_that_raises_counts_as_a_failed_probe_and_the_thread_lives(
     loop._probe_once = explode  # type: ignore[method-assign]
     thread = threading.Thread(target=loop._probe, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while loop.logic.liveness.failures < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    loop.stopping.set()
-    assert loop.logic.liveness.failures >= 2
+    stopping.started()
+    stopping.tick()
+    assert loop.logic.liveness.failures == 1
+    assert loop.triggers.wait(0) == [], "one failure is below the threshold"
+    stopping.tick()  # the thread came back to wait: it outlived both failed probes
+    assert loop.logic.liveness.failures == 2
     assert "the probe itself failed: UnicodeEncodeError" in loop.logic.liveness.detail
-    assert "liveness probe failed" in loop.triggers.wait(0.1)
-    thread.join(timeout=5)
+    assert loop.triggers.wait(0) == ["liveness probe failed"]
+    stopping.stop()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert stopping.timeouts == [1.0] * 3, "one probe per liveness_s"
     assert "liveness probe failed (2x)" in capsys.readouterr().err
 
 
 def test_the_watchdog_stops_pinging_when_a_trigger_thread_is_gone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     notify_socket = NotifySocket(tmp_path)
     monkeypatch.setenv("NOTIFY_SOCKET", notify_socket.path)
     monkeypatch.setenv("WATCHDOG_USEC", "100000")
     loop = Loop(str(write_spec(tmp_path)))
+    loop.stopping = stopping = SteppedStopping()
     alive = threading.Event()
     living = threading.Thread(target=alive.wait, name="liveness probe", daemon=True)
     living.start()
     loop.threads = [living]
     watchdog = threading.Thread(target=loop._watchdog, daemon=True)
     watchdog.start()
-    time.sleep(0.35)
-    assert "WATCHDOG=1" in notify_socket.messages()
+    stopping.started()
+    assert notify_socket.messages() == []
+    # A datagram on a Unix socket is queued by the time `send` returns: each ping of a period is
+    # there once the watchdog waits for the next.
+    stopping.tick()
+    stopping.tick()
+    assert notify_socket.messages() == ["WATCHDOG=1"] * 2, "one ping a period while every thread lives"
     alive.set()
     living.join()
-    watchdog.join(timeout=2)
-    assert not watchdog.is_alive()
-    time.sleep(0.25)
-    assert "WATCHDOG=1" not in notify_socket.messages()
+    stopping.let_one_pass()
+    watchdog.join(timeout=60)
+    assert not watchdog.is_alive(), "the watchdog went on after the probe thread died"
+    assert notify_socket.messages() == [], "a ping after the probe thread died"
+    assert "the liveness probe thread stopped" in capsys.readouterr().err
+    assert stopping.timeouts == [0.05] * 3, "half of WatchdogSec=, as systemd advises"

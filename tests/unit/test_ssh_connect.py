@@ -22,6 +22,9 @@ from reconciler.errors import NodeUnreachableError, SshConfigError
 from reconciler.transport.sshconnect import open_route
 from reconciler.transport.sshroute import Endpoint, SshRoute
 
+# A loopback handshake takes milliseconds; only a broken one waits this long, never a loaded machine.
+CONNECT_TIMEOUT_S = 30.0
+
 
 @functools.cache
 def rsa_key(role: str) -> paramiko.RSAKey:  # noqa: ARG001 (the role is the cache key)
@@ -96,9 +99,9 @@ def jump() -> Iterator[Jump]:
             outer_transports.append(outer)
             try:
                 outer.start_server(server=_Server(served.destinations))
-            except (paramiko.SSHException, EOFError):
+            except (paramiko.SSHException, EOFError, OSError):  # the client hung up mid-handshake
                 continue
-            channel = outer.accept(timeout=10)
+            channel = outer.accept(timeout=CONNECT_TIMEOUT_S)
             if channel is not None:
                 inner = paramiko.Transport(cast("paramiko.Channel", _NodeSocket(channel)))
                 inner.add_server_key(rsa_key("node"))
@@ -141,7 +144,9 @@ def endpoint(name: str, hostname: str, port: int, key: str, alias: str | None = 
 
 
 def direct(jump: Jump, key: str, files: str, alias: str | None = None) -> SshRoute:
-    return SshRoute("spark-worker", endpoint("jumpbox", "127.0.0.1", jump.port, key, alias), (files,), 5.0)
+    return SshRoute(
+        "spark-worker", endpoint("jumpbox", "127.0.0.1", jump.port, key, alias), (files,), CONNECT_TIMEOUT_S
+    )
 
 
 # A ProxyCommand stand-in: pipes its stdin and stdout to a TCP port, as `nc host port` would.
@@ -161,7 +166,7 @@ while data := connection.recv(65536):
 def via_jump(jump: Jump, key: str, files: str) -> SshRoute:
     hop = endpoint("jumpbox", "127.0.0.1", jump.port, key)
     node = endpoint("spark2", "10.10.10.12", 22, key)
-    return SshRoute("spark-worker", node, (files,), 5.0, jumps=(hop,))
+    return SshRoute("spark-worker", node, (files,), CONNECT_TIMEOUT_S, jumps=(hop,))
 
 
 def test_a_key_filed_under_host_and_port_lets_the_login_through(jump: Jump, client_key: str, tmp_path: Path) -> None:
@@ -232,7 +237,7 @@ def test_a_proxy_command_carries_the_connection(jump: Jump, client_key: str, tmp
     command = shlex.join([sys.executable, "-c", RELAY, str(jump.port)])
     # The name is not an address: only the command can reach it; its key is filed under its name.
     node = endpoint("jumpbox", "jumpbox", 22, client_key)
-    connection = open_route(SshRoute("spark-worker", node, (files,), 5.0, proxy_command=command))
+    connection = open_route(SshRoute("spark-worker", node, (files,), CONNECT_TIMEOUT_S, proxy_command=command))
     transport = connection.get_transport()
     assert transport is not None
     assert transport.is_authenticated()

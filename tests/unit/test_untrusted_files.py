@@ -74,7 +74,7 @@ def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
         text=True,
         check=False,
         cwd=ROOT,
-        timeout=20,
+        timeout=60,  # the CLI answers in about a second; a read that blocks never does
         preexec_fn=_limit_memory,
     )
 
