@@ -43,7 +43,7 @@ def bed(shared_testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Be
 @pytest.fixture(scope="module")
 def tokened(bed: Bed) -> Bed:
     """The module's spec fetches from a Hub stand-in that answers only with the token."""
-    host_token = bed.testbed.layout.root / "hub-token"
+    host_token = bed.spec.parent / "hub-token"
     host_token.write_text(HF_TOKEN, encoding="utf-8")
     services.start_hub(bed.testbed.layout, port=TOKEN_HUB_PORT, token_file=host_token)
     write_token(bed)
@@ -90,7 +90,7 @@ def first(found: list[tuple[float, str, str]], action: str, name: str) -> float:
 def test_converges_from_empty(tokened: Bed) -> None:
     bed = tokened
     bed.fresh()
-    services.start_hub(bed.testbed.layout, port=TOKEN_HUB_PORT, token_file=bed.testbed.layout.root / "hub-token")
+    services.start_hub(bed.testbed.layout, port=TOKEN_HUB_PORT, token_file=bed.spec.parent / "hub-token")
     write_token(bed)
     # The testbed pre-pulls the engine image; remove it on the worker so the pull is ours.
     image_id = bed.node(WORKER, "docker", "image", "inspect", "--format", "{{.Id}}", engine_ref(bed)).stdout.strip()
