@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,18 @@ class Bed:
 
     def api_key(self) -> str:
         return self.node("spark-head", "cat", "/srv/spark/state/api_key").stdout.strip()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, *, every: float = 1.0) -> float:
+    """Seconds until `condition` held (checked every `every` s, printed with `what`); fails after `timeout`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if condition():
+            elapsed = time.monotonic() - started
+            print(f"{what}: {elapsed:.1f} s")
+            return elapsed
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 def loop_status(bed: Bed) -> dict[str, Any]:

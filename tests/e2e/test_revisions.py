@@ -17,13 +17,13 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Bed, running_loop
+from tests.e2e.conftest import Bed, running_loop, wait_until
 from tests.testbed import services
 from tests.testbed.config import HOST_IP, HUB_PORT
 from tests.testbed.hub.control import StandinControl
@@ -69,17 +69,6 @@ def status(bed: Bed) -> dict[str, Any]:
     loaded: dict[str, Any] = json.loads(result.stdout)
     assert result.returncode == (0 if loaded["converged"] else 2), result.returncode
     return loaded
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if condition():
-            elapsed = time.monotonic() - started
-            print(f"{what}: {elapsed:.1f} s")
-            return elapsed
-        time.sleep(1)
-    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 def set_revision(bed: Bed, revision: str) -> None:

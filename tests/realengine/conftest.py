@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import ROOT, TB_ROOT, Bed, testbed_available, write_spec
+from tests.e2e.conftest import wait_until as e2e_wait_until
 from tests.testbed.realengine import lane as lane_setup
 from tests.testbed.testbed import Testbed
 
@@ -116,14 +117,8 @@ def answers(bed: Bed) -> bool:
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if condition():
-            elapsed = time.monotonic() - started
-            print(f"{what}: {elapsed:.1f} s")
-            return elapsed
-        time.sleep(2)
-    raise AssertionError(f"{what}: not within {timeout} s")
+    """The e2e helper, checking every 2 s (a real engine's answers take longer)."""
+    return e2e_wait_until(condition, timeout, what, every=2.0)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
