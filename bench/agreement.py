@@ -40,7 +40,11 @@ class Pooled:
 
 def from_vllm_result(saved: dict[str, Any], conc: int) -> Pooled:
     """A `vllm bench serve --save-result --save-detailed` file, its first `conc` requests left
-    out of the latencies."""
+    out of the latencies. vLLM's bench exits 0 with failed requests in it (their TTFT 0, no
+    tokens), which its own figures leave out: a run with any is refused, not averaged."""
+    failed = int(saved.get("failed") or 0) or sum(1 for error in saved.get("errors") or [] if error)
+    if failed:
+        raise ValueError(f"vllm bench serve: {failed} of its requests failed; the round has no figures")
     requests = [
         {"ttft": ttft, "itl": itl, "e2el": ttft + sum(itl), "tokens": tokens}
         for ttft, itl, tokens in zip(saved["ttfts"], saved["itls"], saved["output_lens"], strict=True)

@@ -211,7 +211,7 @@ def main() -> None:
     try:
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
             report = measure(args.rounds, args.reps, args.reuse)
-    except AgreementError as exc:
+    except (AgreementError, ValueError) as exc:  # ValueError: a result file with failed requests
         print(f"bench-vllm: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     if args.json:

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +33,7 @@ from tests.testbed.testbed import Testbed
 ROOT = Path(__file__).resolve().parents[2]
 RECONCILER = str(ROOT / ".venv/bin/reconciler")
 TB_ROOT = Path(os.environ.get("TB_ROOT", "/tmp/testbed"))
+STATE_DIR = "/srv/spark/state"  # every node's, as specs/testbed.yaml sets it
 
 
 def testbed_available() -> bool:
@@ -63,7 +65,12 @@ class Bed:
         return self.reconciler("plan", "--detailed-exitcode", check=False).returncode
 
     def converged(self) -> None:
-        """Converge unless the plan is already empty: a test's precondition, whatever ran before it."""
+        """Serving and converged, whatever ran before: a stopped group (`reconciler stop`, or a
+        guard trip) is started, since a held group plans empty; then an apply unless the plan
+        already is."""
+        listing = f"ls {STATE_DIR}/hold.json {STATE_DIR}/*.trip.json 2>/dev/null"
+        if any(self.node(node, "sh", "-c", listing, check=False).stdout.strip() for node in self.testbed.node_names):
+            self.reconciler("start")
         if self.plan_exit() != 0:
             self.reconciler("apply", "--yes")
             assert self.plan_exit() == 0
@@ -103,20 +110,32 @@ def loop_status(bed: Bed) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def running_loop(bed: Bed, *, stop_timeout_s: float = 30, log_tail: int = 3000) -> Iterator[Path]:
-    """`reconciler run` inside the head for the duration; yields its log file, printed at the end."""
+    """`reconciler run` inside the head for the duration; yields its log file, printed at the end.
+
+    The loop gets a session of its own and SIGTERM goes to that whole group: nsenter, which puts
+    it in the node, passes no signal on to its child, and a loop that outlived this block would
+    go on repairing what the next test breaks on purpose."""
     argv = bed.testbed.exec_argv("spark-head", [RECONCILER, "run", "--spec", str(bed.spec)])
     log_path = bed.spec.parent / "loop.log"
     with log_path.open("w", encoding="utf-8") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             yield log_path
         finally:
-            process.terminate()
+            os.killpg(process.pid, signal.SIGTERM)
             try:
                 process.wait(timeout=stop_timeout_s)
             except subprocess.TimeoutExpired:
-                process.kill()
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            wait_until(lambda: not loop_processes(bed), stop_timeout_s, "the loop's processes gone", every=0.5)
     print(log_path.read_text(encoding="utf-8")[-log_tail:])
+
+
+def loop_processes(bed: Bed) -> list[str]:
+    """`reconciler run` processes in the head node (pgrep's own line left out)."""
+    found = bed.node("spark-head", "pgrep", "-af", f"{RECONCILER} run", check=False).stdout
+    return [line for line in found.splitlines() if "pgrep" not in line]
 
 
 # Its key file paths are filled in by specfile.render, as every node's.

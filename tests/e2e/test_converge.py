@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from tests.e2e import secretscan
-from tests.e2e.conftest import Bed, reset_bed, running_loop
+from tests.e2e.conftest import Bed, reset_bed, running_loop, wait_until
 from tests.testbed import services
-from tests.testbed.config import HOST_IP
+from tests.testbed.config import HOST_IP, node_named
 from tests.testbed.testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -147,8 +147,10 @@ def test_the_api_answers_with_the_key_only(converged: Bed) -> None:
 
 def test_no_secret_appears_anywhere_in_any_encoding(converged: Bed) -> None:
     """The API key and the HF token, as plain text, base64, hex, URL-encoded or JSON-escaped, in
-    no command's output, no file under any node's state dir, no container's inspect, no process's
-    argv or environment, and not in the loop's journal (its output) after a pass."""
+    no command's output, no file under any node's state dir or home, no container's inspect, no
+    process's argv or environment, and not in the loop's journal (its output) after a pass. The
+    scan proves it can see: it finds the key where it must be (its file, and the engine's own
+    environment, where vLLM reads it)."""
     bed = converged
     secrets = {"API key": bed.api_key(), "HF token": HF_TOKEN}
     assert bed.node(HEAD, "stat", "-c", "%a", f"{STATE_DIR}/api_key").stdout.strip() == "600"
@@ -160,23 +162,26 @@ def test_no_secret_appears_anywhere_in_any_encoding(converged: Bed) -> None:
         result = bed.reconciler("logs", what, "--tail", "500")
         texts[f"reconciler logs {what}"] = result.stdout + result.stderr
     with running_loop(bed) as log:
-        deadline = time.monotonic() + 90
-        while "[loop] status: converged" not in log.read_text(encoding="utf-8"):
-            assert time.monotonic() < deadline, log.read_text(encoding="utf-8")[-3000:]
-            time.sleep(0.5)
+        wait_until(lambda: "[loop] status: converged" in log.read_text(encoding="utf-8"), 90, "a loop pass")
     texts["the loop's journal"] = log.read_text(encoding="utf-8")
+    engine_environments: list[str] = []
     for node in (HEAD, WORKER):
         texts[f"docker inspect on {node}"] = bed.node(node, "sh", "-c", "docker inspect $(docker ps -aq)").stdout
         engine = container_id(bed, node, "dsv41-r0") if node == HEAD else None
         for pid, process in processes(bed, node).items():
             texts[f"argv of {pid} on {node}"] = process["argv"]
-            # vLLM takes its key from its own environment (the rank's wrapper exports it at exec,
-            # from the mounted file): the one place it must be, and nowhere else.
-            if engine is None or engine not in process["cgroup"]:
+            if engine is not None and engine in process["cgroup"]:
+                engine_environments.append(process["environ"])
+            else:
                 texts[f"environment of {pid} ({process['comm']}) on {node}"] = process["environ"]
-        for path, content in state_files(bed, node).items():
-            texts[f"{node}:{path}"] = content
-    assert len([where for where in texts if f":{STATE_DIR}/" in where]) > 5, list(texts)
+        files = {**state_files(bed, node), **home_files(bed, node)}
+        assert len([path for path in files if path.startswith(f"{STATE_DIR}/")]) >= 3, (node, sorted(files))
+        texts.update({f"{node}:{path}": content for path, content in files.items() if path not in SECRET_FILES})
+    # The scan sees a secret where one is: in the key file, and in vLLM's own environment, the
+    # one place outside that file where the key must be (the rank's wrapper exports it at exec).
+    key_file = state_files(bed, HEAD)[f"{STATE_DIR}/api_key"]
+    assert "API key as plain" in secretscan.leaks(key_file, secrets)
+    assert any("API key as plain" in secretscan.leaks(env, secrets) for env in engine_environments)
     found = {where: leaked for where, text in texts.items() if (leaked := secretscan.leaks(text, secrets))}
     assert found == {}
 
@@ -211,10 +216,16 @@ DUMP = "import json, sys; print(json.dumps({p: open(p, 'rb').read().decode('utf-
 
 
 def state_files(bed: Bed, node: str) -> dict[str, str]:
-    """Every file under the node's state dir (the key file itself excepted), by path."""
+    """Every file under the node's state dir, by path."""
     script = f"find {STATE_DIR} -type f -print0 | xargs -0 -r python3 -c {shlex.quote(DUMP)}"
     files: dict[str, str] = json.loads(bed.node(node, "sh", "-c", script).stdout or "{}")
-    return {path: text for path, text in files.items() if path not in SECRET_FILES}
+    return files
+
+
+def home_files(bed: Bed, node: str) -> dict[str, str]:
+    """Every file under the node's home (the testbed keeps it on the host), by path."""
+    home = bed.testbed.layout.home(node_named(node))
+    return {str(path): path.read_bytes().decode("utf-8", "replace") for path in home.rglob("*") if path.is_file()}
 
 
 def test_status_reports_nodes_health_and_memory(converged: Bed) -> None:

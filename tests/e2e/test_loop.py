@@ -44,6 +44,14 @@ def looping(bed: Bed) -> Iterator[Bed]:
         yield bed
 
 
+@pytest.fixture
+def settled(looping: Bed) -> Bed:
+    """The loop idle on a converged, live group: what a test before may have left (a spec edit
+    restored, a restart under way) has been repaired before this test breaks something."""
+    wait_for(looping, lambda s: not s["loop"]["spec_error"] and healthy(looping)(s), 240, "settled")
+    return looping
+
+
 def status(bed: Bed) -> dict[str, Any]:
     """`status --json`: exit 0 converged, 2 not; {} when it cannot say (1, e.g. an invalid spec)."""
     result = bed.reconciler("status", "--json", check=False)
@@ -116,7 +124,8 @@ def healthy(bed: Bed) -> Callable[[dict[str, Any]], bool]:
     return check
 
 
-def test_kill_rank1_is_repaired_at_once_on_the_workers_docker_event(looping: Bed) -> None:
+def test_kill_rank1_is_repaired_at_once_on_the_workers_docker_event(settled: Bed) -> None:
+    looping = settled
     """No request arrives, so no liveness probe fails first: rank 1's exit, as the worker's Docker
     event stream reports it, starts the repairing pass. (Rank 0 killed, and the real engine's
     orphaned rank 1, is the real-engine lane's.)"""
@@ -126,7 +135,8 @@ def test_kill_rank1_is_repaired_at_once_on_the_workers_docker_event(looping: Bed
     assert "pass: spark-worker: dsv41-r1 die" in log.read_text(encoding="utf-8")[seen:]
 
 
-def test_invalid_spec_edit_keeps_the_last_good_spec(looping: Bed) -> None:
+def test_invalid_spec_edit_keeps_the_last_good_spec(settled: Bed) -> None:
+    looping = settled
     good = looping.spec.read_text(encoding="utf-8")
     r0 = container_id(looping, HEAD, "dsv41-r0")
     looping.spec.write_text(good.replace("serving:\n", "serving:\n  port: 99999\n", 1), encoding="utf-8")
@@ -146,7 +156,8 @@ def test_invalid_spec_edit_keeps_the_last_good_spec(looping: Bed) -> None:
     assert container_id(looping, HEAD, "dsv41-r0") == r0
 
 
-def test_kv_bytes_edit_restarts_the_group_through_the_loop(looping: Bed) -> None:
+def test_kv_bytes_edit_restarts_the_group_through_the_loop(settled: Bed) -> None:
+    looping = settled
     good = looping.spec.read_text(encoding="utf-8")
 
     def edit() -> None:
@@ -162,7 +173,8 @@ def test_kv_bytes_edit_restarts_the_group_through_the_loop(looping: Bed) -> None
         looping.spec.write_text(good, encoding="utf-8")
 
 
-def test_guard_trip_holds_the_group_instead_of_restarting_it(looping: Bed) -> None:
+def test_guard_trip_holds_the_group_instead_of_restarting_it(settled: Bed) -> None:
+    looping = settled
     good = looping.spec.read_text(encoding="utf-8")
     available = status(looping)["nodes"][HEAD]["mem_available_gib"]
     floor = max(available - 1.5, 0.5)
@@ -187,11 +199,14 @@ def test_guard_trip_holds_the_group_instead_of_restarting_it(looping: Bed) -> No
     assert looping.plan_exit() == 0
 
 
-def test_restart_of_the_workers_dockerd(looping: Bed) -> None:
+def test_restart_of_the_workers_dockerd(settled: Bed) -> None:
+    looping = settled
     repaired_after(looping, lambda: looping.testbed.restart_dockerd(WORKER), "restarting the worker's dockerd")
 
 
-def test_fabric_link_down_then_up(looping: Bed) -> None:
+def test_fabric_link_down_then_up(settled: Bed) -> None:
+    looping = settled
+
     def pull_and_replug() -> None:
         looping.testbed.link(WORKER, up=False)
         try:

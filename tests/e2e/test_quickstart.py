@@ -5,7 +5,9 @@ a pipx home of the test's own (nothing of the development venv is used from then
 to 7 run that installed `reconciler` on the head: `init` against the worker, `doctor`, `plan`,
 `apply`, `status`, `install-service --dry-run` (a namespace has no systemd; the unit under a
 real systemd is tests/system's). Between init and doctor the testbed user edits the spec as
-tests/e2e/userspec.py says. Tests build on each other in file order.
+tests/e2e/userspec.py says. Install and init happen once for the module (`installed`,
+`initialized`); the step that shows the bring-up starts from nothing deployed, so the tests run
+in any order.
 """
 
 from __future__ import annotations

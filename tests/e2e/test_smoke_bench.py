@@ -3,14 +3,15 @@ smoke step, `reconciler smoke` passes every check with the URL and key from the 
 small `reconciler bench` completes with a report whose numbers respect the engine
 stand-in's token delay (5 ms per token: no stream can be faster than 200 tok/s).
 
-The tests after the first converge first (`converged`) and write their own bench report, so
-they run in any order.
+The first test starts from nothing deployed (`Bed.fresh`); the others from a converged group,
+and the bench tests share one small run (`benched`), so they run in any order.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +23,6 @@ pytestmark = pytest.mark.testbed
 HEAD = "spark-head"
 CHECKS = ["models", "unauthorized", "stream", "text", "reasoning", "tools", "vision"]
 TOKEN_DELAY_S = 0.005  # ENGINE_TOKEN_DELAY_S default; specs/testbed.yaml does not set it
-REPORT = "/tmp/e2e-smoke-bench.json"
 
 
 def test_apply_ends_with_the_smoke_step(bed: Bed) -> None:
@@ -53,19 +53,38 @@ def test_smoke_passes_every_check_with_the_specs_url_and_key(converged: Bed) -> 
 
 def test_smoke_with_a_wrong_key_fails_and_says_why(converged: Bed) -> None:
     bed = converged
-    bed.node(HEAD, "sh", "-c", "printf 'not-the-key' > /tmp/e2e-wrong-key")
-    result = bed.reconciler("smoke", "--key-file", "/tmp/e2e-wrong-key", check=False)
+    wrong = bed.spec.parent / "wrong-key"
+    wrong.write_text("not-the-key", encoding="utf-8")
+    result = bed.reconciler("smoke", "--key-file", str(wrong), check=False)
     assert result.returncode == 1
     assert "models        FAIL  GET /v1/models answered HTTP 401 (wrong key?)" in result.stdout
     assert "unauthorized  PASS" in result.stdout
     assert "not-the-key" not in result.stdout
 
 
+def report_path(bed: Bed) -> str:
+    """The module's bench report (the head node sees the host's files, the tests read it there)."""
+    return str(bed.spec.parent / "bench.json")
+
+
 @pytest.fixture(scope="module")
 def benched(bed: Bed) -> tuple[Bed, subprocess.CompletedProcess[str]]:
-    """One small bench run for the module, on the converged group; its report is REPORT."""
+    """One small bench run for the module, on the converged group; its report beside the spec."""
     bed.converged()
-    argv = ["bench", "--out", REPORT, "--conc", "1", "2", "--prefill", "256", "--kinds", "prose", "--reps", "1"]
+    argv = [
+        "bench",
+        "--out",
+        report_path(bed),
+        "--conc",
+        "1",
+        "2",
+        "--prefill",
+        "256",
+        "--kinds",
+        "prose",
+        "--reps",
+        "1",
+    ]
     return bed, bed.reconciler(*argv, "--ctx", "1000", "--label", "testbed")
 
 
@@ -74,7 +93,7 @@ def test_a_small_bench_completes_with_a_sane_report(benched: tuple[Bed, subproce
     assert "Decode (no output cap)" in result.stdout
     assert result.stdout.rstrip().endswith("PASS")
     assert bed.api_key() not in result.stdout + result.stderr
-    report: Any = json.loads(bed.node(HEAD, "cat", REPORT).stdout)
+    report: Any = json.loads(Path(report_path(bed)).read_text(encoding="utf-8"))
     assert (report["complete"], report["error"], report["model"]) == (True, None, "deepseek-v4.1-flash")
     summary = report["summary"]
     prefill = summary["prefill"][0]
@@ -91,16 +110,16 @@ def test_a_small_bench_completes_with_a_sane_report(benched: tuple[Bed, subproce
     for rep in report["decode"]:
         assert all(stream["tokens_from_usage"] for stream in rep["streams"])
     assert summary["recall"][0]["pass"] is True
-    assert bed.node(HEAD, "test", "-s", REPORT.replace(".json", ".png"), check=False).returncode == 0
+    assert Path(report_path(bed).replace(".json", ".png")).stat().st_size > 0
 
 
 def test_bench_compare_of_a_run_with_itself_shows_no_change(
     benched: tuple[Bed, subprocess.CompletedProcess[str]],
 ) -> None:
     bed, _ = benched
-    result = bed.reconciler("bench", "compare", REPORT, REPORT)
+    result = bed.reconciler("bench", "compare", report_path(bed), report_path(bed))
     assert "A testbed" in result.stdout.splitlines()[0]
     assert "decode c2 prose: aggregate tok/s median" in result.stdout
     assert "%" in result.stdout
-    rows = json.loads(bed.reconciler("bench", "compare", REPORT, REPORT, "--json").stdout)["rows"]
+    rows = json.loads(bed.reconciler("bench", "compare", report_path(bed), report_path(bed), "--json").stdout)["rows"]
     assert all(row["change_pct"] in (0.0, None) for row in rows)

@@ -36,7 +36,6 @@ pytestmark = pytest.mark.realengine
 
 PROTOCOL_CHECKS = ["models", "unauthorized", "stream"]
 CONTENT_CHECKS = ["text", "reasoning", "tools", "vision"]
-REPORT = "/tmp/realengine-bench.json"
 
 
 # --- converge ---------------------------------------------------------------------------------
@@ -106,11 +105,12 @@ def test_smoke_passes_the_protocol_and_fails_content_with_reasons(serving: Bed) 
 
 def test_a_small_bench_completes_with_a_sane_report(serving: Bed) -> None:
     lane = serving
-    argv = ["bench", "--out", REPORT, "--conc", "1", "2", "--prefill", "256", "--kinds", "prose"]
+    out = lane.spec.parent / "bench.json"
+    argv = ["bench", "--out", str(out), "--conc", "1", "2", "--prefill", "256", "--kinds", "prose"]
     started = time.monotonic()
     lane.reconciler(*argv, "--reps", "1", "--max-tokens", "48", "--label", "real-vllm", timeout=900)
     print(f"bench against real vLLM: {time.monotonic() - started:.0f} s")
-    report: Any = json.loads(lane.node(HEAD, "cat", REPORT).stdout)
+    report: Any = json.loads(out.read_text(encoding="utf-8"))
     assert (report["complete"], report["error"], report["model"]) == (True, None, "deepseek-v4.1-flash")
     prefill = report["summary"]["prefill"][0]
     assert prefill["prompt_tokens"] == 256  # from usage: the ids are one token each

@@ -249,7 +249,9 @@ def _tarinfo(entry: Entry, size: int) -> tarfile.TarInfo:
 def write_layer(entries: Iterable[Entry], out: Path) -> Layer:
     """Write a deterministic gzipped layer tar; return its blob digest, diff ID and size."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
+    # A name of this process's own: two builds of the same layer at once (the e2e bring-up and
+    # the real-engine prepare) each write theirs, and the same bytes replace the same file.
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as raw:
         blob = _Digesting(raw)
         with gzip.GzipFile(filename="", mode="wb", fileobj=blob, mtime=0, compresslevel=GZIP_LEVEL) as gz:
@@ -275,7 +277,9 @@ def base_layer(cache: Path) -> Layer:
         pass
     layer = write_layer(entries, tar_path)
     meta = {"key": key, "digest": layer.digest, "diff_id": layer.diff_id, "size": layer.size}
-    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    meta_tmp = meta_path.with_name(f"{meta_path.name}.{os.getpid()}.tmp")
+    meta_tmp.write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(meta_tmp, meta_path)
     return layer
 
 

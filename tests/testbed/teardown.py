@@ -157,16 +157,23 @@ def _delete_files(layout: Layout, *, purge: bool) -> None:
             empty.rmdir()
 
 
+def _of_the_testbed(layout: Layout, info: proc.ProcInfo) -> bool:
+    """Whether a process names the testbed's files; one that names only its caches (building the
+    real-engine lane's venv or image layers beside a running suite) is not the testbed's."""
+    named = [arg for arg in info.argv if f"{layout.root}/" in arg]
+    return any(f"{layout.cache}/" not in arg for arg in named)
+
+
 def leftovers(layout: Layout) -> list[str]:
     """Everything of the testbed still present; empty when the machine is clean."""
     found = [f"netns {ns}" for ns in network.existing_netns() if ns in ALL_NETNS]
     if network.host_link_exists():
         found.append(f"link {HOST_LINK}")
-    marker, mine = f"{layout.root}/", _ancestors()
+    mine = _ancestors()
     found += [
         f"process {p.pid} {' '.join(p.argv)[:160]}"
         for p in proc.processes()
-        if _marked(p, marker) and p.pid not in mine
+        if _of_the_testbed(layout, p) and p.pid not in mine
     ]
     found += [f"mount {m}" for m in _mounts_under([layout.root, SRV_SPARK])]
     found += [f"cgroup {c}" for c in _cgroups("testbed-*")]

@@ -141,6 +141,10 @@ class Testbed:
         if not targets:
             raise TestbedError("testbed is not up")
         steps = proc.Steps("testbed reset")
+        with steps.step("processes stopped"):
+            # On every node before anything is removed: a loop still running would take a rank's
+            # removal for a failure and start repairing on nodes half wiped.
+            _parallel(lambda n: node_ops.stop_deployment_processes(self.layout, n), targets)
         with steps.step("hub restarted"):
             self._restart_hub()
         with steps.step("nodes wiped"):
@@ -161,7 +165,6 @@ class Testbed:
             node_ops.start_dockerd(self.layout, node)
             node_ops.wait_dockerd(self.layout, node)
         teardown.remove_containers(str(self.layout.docker_sock(node)))
-        node_ops.stop_deployment_processes(self.layout, node)
         self.exec(node.name, ["find", "/dev/shm", "-mindepth", "1", "-delete"])
         data = self.layout.node_dir(node) / "data"
         for entry in data.iterdir():

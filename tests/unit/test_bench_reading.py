@@ -242,8 +242,9 @@ def test_a_stream_read_in_one_burst_is_flagged_and_counted_in_the_statistics() -
 
 
 def test_a_server_that_sends_in_bursts_is_flagged_and_every_figure_is_still_reported() -> None:
-    """Issue 22: every stream of the step flagged as a burst left the summary without TPOT, ITL
-    or throughput. The bursts are what the server delivers, and what vLLM's bench counts."""
+    """A fast server that sends its chunks in bursts once had every stream of the step flagged and
+    a summary without TPOT, ITL or throughput. The bursts are what the server delivers, and what
+    vLLM's bench counts."""
     gap, count = 0.0011, 64
     streams = [in_bursts(0.076 * k, 0.076 * k + 0.010, gap, count, 4) for k in range(3)]
     report = report_of(*[[stream] for stream in streams])

@@ -34,6 +34,7 @@ KEY = "standin-test-key-0123456789abcdef"
 MODEL = "deepseek-v4.1-flash"
 MAX_MODEL_LEN = 262144  # the default spec's
 FAST = {"ENGINE_STARTUP_DELAY_S": "0.2", "ENGINE_SHUTDOWN_S": "1", "ENGINE_TOKEN_DELAY_S": "0"}
+FAST |= {"ENGINE_JOIN_NOTICE_S": "1"}
 UNAUTHORIZED = b'{"error":"Unauthorized"}'
 # How long a test waits for what the stand-in will do: only a broken one takes this long, a
 # loaded machine at most seconds.
@@ -278,8 +279,8 @@ def test_both_ranks_accept_the_rendered_argv(group: Group) -> None:
 def test_rank0_listens_only_after_every_rank_joined(launcher: Launcher) -> None:
     port, master_port = free_port(), free_port()
     rank0 = launcher.start(rendered_argv(0, launcher.model_dir, port, master_port), {"VLLM_API_KEY": KEY})
-    # The notice comes every 10 s while rank 0 waits: the second proves rank 0 has waited far
-    # longer than its startup delay (0.2 s), and still nothing may listen.
+    # The notice comes every second while rank 0 waits (FAST): the second proves rank 0 has waited
+    # far longer than its startup delay (0.2 s), and still nothing may listen.
     rank0.wait_log("Waiting for 1 more rank(s) to join at 127.0.0.1:", times=2)
     assert refuses(port)
     assert not refuses(master_port)
@@ -328,8 +329,8 @@ def test_a_headless_rank_outlives_rank0_and_never_rejoins(launcher: Launcher) ->
     new_rank0 = launcher.start(
         rendered_argv(0, launcher.model_dir, group.port, group.master_port), {"VLLM_API_KEY": KEY}
     )
-    # The second notice, 10 s after the first: the old rank 1 (retrying every 0.2 s if it tried
-    # at all) has had ample time to rejoin.
+    # The second notice, a second after the first (FAST): the old rank 1 (retrying every 0.2 s if
+    # it tried at all) has had ample time to rejoin.
     new_rank0.wait_log("Waiting for 1 more rank(s)", times=2)
     assert group.rank1.alive()
     assert new_rank0.alive()

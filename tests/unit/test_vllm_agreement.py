@@ -61,3 +61,18 @@ def test_the_rounds_differences_and_their_median() -> None:
     assert agreement.median_difference([None]) is None
     line = agreement.figure_line(2, "median_itl_ms", 1.0, 1.25, changes["median_itl_ms"])
     assert line.endswith("by round - +50.0% +0.0% -> +25.0%")
+
+
+def test_a_vllm_result_with_failed_requests_is_refused_not_averaged() -> None:
+    """vLLM's bench exits 0 with a failed request in its file (TTFT 0, no tokens): pooled, it would
+    pull the TTFT figures down."""
+    saved = {
+        "ttfts": [0.010, 0.0],
+        "itls": [[0.002] * 3, []],
+        "output_lens": [4, 0],
+        "duration": 0.1,
+        "failed": 1,
+        "errors": ["", "Traceback ... ClientConnectorError"],
+    }
+    with pytest.raises(ValueError, match="1 of its requests failed"):
+        agreement.from_vllm_result(saved, conc=1)

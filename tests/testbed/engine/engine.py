@@ -72,6 +72,7 @@ Environment:
   ENGINE_SHUTDOWN_S (12)              pause between SIGTERM/SIGINT and exit 0
   VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (300)  how long a step waits for the peers' acks
   ENGINE_TOKEN_DELAY_S (0.005)        pause per generated token, so streams have a measurable rate
+  ENGINE_JOIN_NOTICE_S (10)           rank 0: how often it says it is still waiting for ranks to join
   ENGINE_PREFILL_TOKEN_DELAY_S (0)    pause per prompt token before the first token, so TTFT and prefill
                                       tok/s have a known ground truth (requests prefill in parallel)
   ENGINE_REQUEST_LOG (unset)          a file: one JSON line per HTTP request, appended before auth and
@@ -288,6 +289,7 @@ class Settings:
     token_delay_s: float = 0.005
     prefill_token_delay_s: float = 0.0
     request_log: str | None = None
+    join_notice_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -367,6 +369,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         token_delay_s=env_seconds(env, "ENGINE_TOKEN_DELAY_S", 0.005),
         prefill_token_delay_s=env_seconds(env, "ENGINE_PREFILL_TOKEN_DELAY_S", 0.0),
         request_log=env.get("ENGINE_REQUEST_LOG") or None,
+        join_notice_s=env_seconds(env, "ENGINE_JOIN_NOTICE_S", 10.0),
     )
 
 
@@ -1891,7 +1894,7 @@ def wait_for_group(master: Master, cfg: Config, life: Lifecycle) -> bool:
     next_notice = 0.0
     while not master.formed.is_set():
         if time.monotonic() >= next_notice:
-            next_notice = time.monotonic() + 10.0
+            next_notice = time.monotonic() + cfg.settings.join_notice_s
             LOG.info(
                 "parallel_state.py",
                 f"Waiting for {master.missing()} more rank(s) to join at {cfg.master_addr}:{cfg.master_port} "
