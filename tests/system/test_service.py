@@ -109,6 +109,16 @@ def installed(machine: Machine) -> dict[str, object]:
     return report
 
 
+@pytest.fixture
+def serving(machine: Machine, installed: dict[str, object]) -> Machine:
+    """The unit installed and running, whatever a test before left (stopped, or restarting)."""
+    del installed
+    if machine.show(UNIT_NAME, "ActiveState")["ActiveState"] in ("inactive", "failed"):
+        machine.run(["systemctl", "start", "--no-block", UNIT_NAME])
+    wait_for(machine, "running", running, timeout_s=90)
+    return machine
+
+
 def test_install_service_writes_enables_and_starts_the_unit(machine: Machine, installed: dict[str, object]) -> None:
     assert installed["written"] is True
     assert installed["systemd_running"] is True
@@ -129,8 +139,8 @@ def test_installing_again_changes_nothing(machine: Machine, installed: dict[str,
     assert again["ran"] == [f"systemctl enable {UNIT_NAME}", f"systemctl start --no-block {UNIT_NAME}"]
 
 
-@pytest.mark.usefixtures("installed")
-def test_ready_after_the_first_pass_with_the_condition_in_status(machine: Machine) -> None:
+def test_ready_after_the_first_pass_with_the_condition_in_status(serving: Machine) -> None:
+    machine = serving
     state = wait_for(machine, "READY=1 (active/running)", running, timeout_s=90)
     stamps = machine.show(UNIT_NAME, "ExecMainStartTimestampMonotonic", "ActiveEnterTimestampMonotonic")
     ready_s = (int(stamps["ActiveEnterTimestampMonotonic"]) - int(stamps["ExecMainStartTimestampMonotonic"])) / 1e6
@@ -142,7 +152,8 @@ def test_ready_after_the_first_pass_with_the_condition_in_status(machine: Machin
     assert (machine.root / STATE_DIR.lstrip("/") / "loop-status.json").is_file(), "the loop could not write its state"
 
 
-def test_the_watchdog_is_fed_at_half_its_interval(machine: Machine) -> None:
+def test_the_watchdog_is_fed_at_half_its_interval(serving: Machine) -> None:
+    machine = serving
     wait_for(machine, "running", running, timeout_s=30)
     pings = set()
     started = time.monotonic()
@@ -155,7 +166,8 @@ def test_the_watchdog_is_fed_at_half_its_interval(machine: Machine) -> None:
     assert all(0.5 * WATCHDOG_INTERVAL_S < gap < 1.5 * WATCHDOG_INTERVAL_S for gap in gaps), gaps
 
 
-def test_the_sandbox_keeps_the_os_read_only_and_the_data_writable(machine: Machine) -> None:
+def test_the_sandbox_keeps_the_os_read_only_and_the_data_writable(serving: Machine) -> None:
+    machine = serving
     pid = wait_for(machine, "running", running, timeout_s=30)["MainPID"]
 
     def can_write(path: str) -> bool:
@@ -173,7 +185,8 @@ def test_the_sandbox_keeps_the_os_read_only_and_the_data_writable(machine: Machi
         assert can_write("/tmp")
 
 
-def test_the_sandboxed_loop_reaches_the_docker_socket(machine: Machine) -> None:
+def test_the_sandboxed_loop_reaches_the_docker_socket(serving: Machine) -> None:
+    machine = serving
     fake = str(Path(__file__).with_name("fake_docker.py"))
     machine.run(["systemd-run", "--unit=fake-docker", "--collect", "/usr/bin/python3", fake, "/run/docker.sock"])
     try:
@@ -188,7 +201,8 @@ def test_the_sandboxed_loop_reaches_the_docker_socket(machine: Machine) -> None:
         machine.run(["systemctl", "stop", "fake-docker"], check=False)
 
 
-def test_a_hung_loop_is_killed_by_the_watchdog_and_restarted(machine: Machine) -> None:
+def test_a_hung_loop_is_killed_by_the_watchdog_and_restarted(serving: Machine) -> None:
+    machine = serving
     before = wait_for(machine, "running", running, timeout_s=30)
     started = time.monotonic()
     machine.run(["kill", "-STOP", before["MainPID"]])
@@ -202,7 +216,8 @@ def test_a_hung_loop_is_killed_by_the_watchdog_and_restarted(machine: Machine) -
     assert "Watchdog timeout" in machine.journal(UNIT_NAME)
 
 
-def test_stop_sends_stopping_and_exits_cleanly(machine: Machine) -> None:
+def test_stop_sends_stopping_and_exits_cleanly(serving: Machine) -> None:
+    machine = serving
     wait_for(machine, "running", running, timeout_s=30)
     started = time.monotonic()
     machine.run(["systemctl", "stop", UNIT_NAME], timeout=120)
