@@ -196,11 +196,13 @@ def _names_taken(deployment: Deployment, facts: Facts) -> list[Blocker]:
     create, and the reconciler never touches what it does not own, so the owner must decide."""
     blockers = []
     for rank, node in deployment.ranked_nodes:
-        name = container_name(deployment, rank)
         observed = facts.nodes[node.name]
+        if not observed.reachable:  # node_contexts says so already
+            continue
+        name = container_name(deployment, rank)
         owned = {container.id for container in owned_containers(deployment, facts, node.name)}
         squatters = [c for c in observed.containers if c.name == name and c.id not in owned]
-        if observed.reachable and squatters:
+        if squatters:
             blockers.append(
                 Blocker(
                     node.name,

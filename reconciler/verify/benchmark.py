@@ -258,11 +258,11 @@ def _tokens_between(stream: dict[str, Any], start: float, end: float) -> float:
     """A stream's output tokens whose chunks arrived in [start, end], each chunk carrying an
     equal share of its completion tokens (several per chunk under speculative decoding)."""
     times: list[float] = list(itertools.accumulate(stream["itl_s"], initial=stream["t_first_s"]))
-    # Each stored gap is rounded to a microsecond, so the sum drifts by up to half of one per
-    # gap: the last chunk is the stored t_last_s itself, and no chunk is later than it.
+    # The stored times are rounded to microseconds. Summed, the gaps drift by up to half of one
+    # each, so the last chunk is the stored t_last_s itself and none is later; the span's own
+    # ends count within the rounding.
     times = [min(time, stream["t_last_s"]) for time in times[:-1]] + [stream["t_last_s"]]
     share = float(stream["completion_tokens"]) / len(times)
-    # The stored times are rounded to microseconds: the span's own ends must count.
     return share * sum(start - 1e-6 <= time <= end + 1e-6 for time in times)
 
 

@@ -64,15 +64,15 @@ class Bed:
     def plan_exit(self) -> int:
         return self.reconciler("plan", "--detailed-exitcode", check=False).returncode
 
-    def converged(self) -> None:
+    def converged(self, *, timeout: float = 600) -> None:
         """Serving and converged, whatever ran before: a stopped group (`reconciler stop`, or a
         guard trip) is started, since a held group plans empty; then an apply unless the plan
         already is."""
         listing = f"ls {STATE_DIR}/hold.json {STATE_DIR}/*.trip.json 2>/dev/null"
         if any(self.node(node, "sh", "-c", listing, check=False).stdout.strip() for node in self.testbed.node_names):
-            self.reconciler("start")
+            self.reconciler("start", timeout=timeout)
         if self.plan_exit() != 0:
-            self.reconciler("apply", "--yes")
+            self.reconciler("apply", "--yes", timeout=timeout)
             assert self.plan_exit() == 0
 
     def fresh(self) -> None:
@@ -84,6 +84,10 @@ class Bed:
 
     def docker_json(self, node: str, *argv: str) -> object:
         return json.loads(self.node(node, "docker", *argv).stdout)
+
+    def container_id(self, node: str, name: str) -> str:
+        """The container's ID on the node, or "" when there is none."""
+        return self.node(node, "docker", "inspect", "--format", "{{.Id}}", name, check=False).stdout.strip()
 
     def api_key(self) -> str:
         return self.node("spark-head", "cat", "/srv/spark/state/api_key").stdout.strip()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.e2e import secretscan
-from tests.e2e.conftest import Bed, reset_bed, running_loop, wait_until
+from tests.e2e.conftest import STATE_DIR, Bed, reset_bed, running_loop, wait_until
 from tests.testbed import services
 from tests.testbed.config import HOST_IP, node_named
 from tests.testbed.testbed import Testbed
@@ -27,7 +27,6 @@ HEAD, WORKER = "spark-head", "spark-worker"
 TOKEN_HUB_PORT = 5081
 TOKEN_FILE = "/srv/spark/hf_token"  # on the head, beside the state dir
 HF_TOKEN = "hf_e2eScanTokenQ7vX2mLp9RtW4kZs8NdYb"
-STATE_DIR = "/srv/spark/state"
 
 
 def write_token(bed: Bed) -> None:
@@ -165,9 +164,10 @@ def test_no_secret_appears_anywhere_in_any_encoding(converged: Bed) -> None:
         wait_until(lambda: "[loop] status: converged" in log.read_text(encoding="utf-8"), 90, "a loop pass")
     texts["the loop's journal"] = log.read_text(encoding="utf-8")
     engine_environments: list[str] = []
+    key_file = ""
     for node in (HEAD, WORKER):
         texts[f"docker inspect on {node}"] = bed.node(node, "sh", "-c", "docker inspect $(docker ps -aq)").stdout
-        engine = container_id(bed, node, "dsv41-r0") if node == HEAD else None
+        engine = bed.container_id(node, "dsv41-r0") if node == HEAD else None
         for pid, process in processes(bed, node).items():
             texts[f"argv of {pid} on {node}"] = process["argv"]
             if engine is not None and engine in process["cgroup"]:
@@ -175,11 +175,12 @@ def test_no_secret_appears_anywhere_in_any_encoding(converged: Bed) -> None:
             else:
                 texts[f"environment of {pid} ({process['comm']}) on {node}"] = process["environ"]
         files = {**state_files(bed, node), **home_files(bed, node)}
+        if node == HEAD:
+            key_file = files[f"{STATE_DIR}/api_key"]
         assert len([path for path in files if path.startswith(f"{STATE_DIR}/")]) >= 3, (node, sorted(files))
         texts.update({f"{node}:{path}": content for path, content in files.items() if path not in SECRET_FILES})
     # The scan sees a secret where one is: in the key file, and in vLLM's own environment, the
     # one place outside that file where the key must be (the rank's wrapper exports it at exec).
-    key_file = state_files(bed, HEAD)[f"{STATE_DIR}/api_key"]
     assert "API key as plain" in secretscan.leaks(key_file, secrets)
     assert any("API key as plain" in secretscan.leaks(env, secrets) for env in engine_environments)
     found = {where: leaked for where, text in texts.items() if (leaked := secretscan.leaks(text, secrets))}
@@ -204,10 +205,6 @@ print(json.dumps(found))
 def processes(bed: Bed, node: str) -> dict[str, dict[str, str]]:
     found: dict[str, dict[str, str]] = json.loads(bed.node(node, "python3", "-c", PROCESSES).stdout)
     return found
-
-
-def container_id(bed: Bed, node: str, name: str) -> str:
-    return bed.node(node, "docker", "inspect", "--format", "{{.Id}}", name).stdout.strip()
 
 
 # The two files whose content is the secret itself.

@@ -74,17 +74,13 @@ def wait_for(bed: Bed, condition: Callable[[dict[str, Any]], bool], timeout: flo
     raise AssertionError(f"{what}: not within {timeout} s; last status: {json.dumps(status(bed))[:2000]}")
 
 
-def container_id(bed: Bed, node: str, name: str) -> str:
-    return bed.node(node, "docker", "inspect", "--format", "{{.Id}}", name, check=False).stdout.strip()
-
-
 def serving_again(bed: Bed, old_r0: str, old_r1: str) -> Callable[[dict[str, Any]], bool]:
     """Both ranks replaced (a group restart), running, and the API healthy."""
 
     def check(current: dict[str, Any]) -> bool:
         if not current["converged"] or current["health"] != 200:
             return False
-        return container_id(bed, HEAD, "dsv41-r0") != old_r0 and container_id(bed, WORKER, "dsv41-r1") != old_r1
+        return bed.container_id(HEAD, "dsv41-r0") != old_r0 and bed.container_id(WORKER, "dsv41-r1") != old_r1
 
     return check
 
@@ -105,7 +101,7 @@ def repaired_after(
 ) -> None:
     """Inject a fault, wait for the loop to serve again (after a group restart, if `restart`)."""
     key, checkpoint = bed.api_key(), model_state(bed)
-    old_r0, old_r1 = container_id(bed, HEAD, "dsv41-r0"), container_id(bed, WORKER, "dsv41-r1")
+    old_r0, old_r1 = bed.container_id(HEAD, "dsv41-r0"), bed.container_id(WORKER, "dsv41-r1")
     fault()
     condition = serving_again(bed, old_r0, old_r1) if restart else healthy(bed)
     wait_for(bed, condition, timeout, f"time to converge after {what}")
@@ -138,7 +134,7 @@ def test_kill_rank1_is_repaired_at_once_on_the_workers_docker_event(settled: Bed
 def test_invalid_spec_edit_keeps_the_last_good_spec(settled: Bed) -> None:
     looping = settled
     good = looping.spec.read_text(encoding="utf-8")
-    r0 = container_id(looping, HEAD, "dsv41-r0")
+    r0 = looping.container_id(HEAD, "dsv41-r0")
     looping.spec.write_text(good.replace("serving:\n", "serving:\n  port: 99999\n", 1), encoding="utf-8")
     try:
         started = time.monotonic()
@@ -146,14 +142,14 @@ def test_invalid_spec_edit_keeps_the_last_good_spec(settled: Bed) -> None:
             time.sleep(1)
         assert "serving.port" in str(loop_status(looping).get("spec_error"))
         assert loop_status(looping)["condition"] == "converged"
-        assert container_id(looping, HEAD, "dsv41-r0") == r0, "the group keeps running on the last good spec"
+        assert looping.container_id(HEAD, "dsv41-r0") == r0, "the group keeps running on the last good spec"
         invalid = looping.reconciler("status", check=False)
         assert invalid.returncode == 1
         assert "serving.port" in invalid.stderr
     finally:
         looping.spec.write_text(good, encoding="utf-8")
     wait_for(looping, lambda s: not s["loop"]["spec_error"] and s["converged"], 60, "spec error cleared")
-    assert container_id(looping, HEAD, "dsv41-r0") == r0
+    assert looping.container_id(HEAD, "dsv41-r0") == r0
 
 
 def test_kv_bytes_edit_restarts_the_group_through_the_loop(settled: Bed) -> None:

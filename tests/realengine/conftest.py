@@ -53,7 +53,6 @@ class FirstConverge:
 
     plan_exit_before: int
     plan_exit_after: int
-    seconds: float
     r0: dict[str, Any]
     r1: dict[str, Any]
     logs: dict[str, str]
@@ -67,7 +66,7 @@ def first_converge(lane: Bed) -> FirstConverge:
     seconds = time.monotonic() - started
     print(f"converge from empty (pull tb/vllm, checkpoint, real vLLM start): {seconds:.0f} s")
     found = {name: logs(lane, node, name) for node, name in ((HEAD, R0), (WORKER, R1))}
-    return FirstConverge(before, lane.plan_exit(), seconds, inspect(lane, HEAD, R0), inspect(lane, WORKER, R1), found)
+    return FirstConverge(before, lane.plan_exit(), inspect(lane, HEAD, R0), inspect(lane, WORKER, R1), found)
 
 
 @pytest.fixture
@@ -78,9 +77,7 @@ def serving(lane: Bed, first_converge: FirstConverge) -> Bed:
 
 
 def serve(lane: Bed) -> Bed:
-    if lane.plan_exit() != 0:
-        lane.reconciler("apply", "--yes", timeout=900)
-        assert lane.plan_exit() == 0
+    lane.converged(timeout=900)
     wait_until(lambda: answers(lane), 120, "a completion answers")
     return lane
 

@@ -80,7 +80,7 @@ def processes() -> list[ProcInfo]:
             comm = _read(f"/proc/{entry}/comm").decode().strip()
         except OSError:
             continue
-        found.append(ProcInfo(int(entry), comm, [a.decode(errors="replace") for a in raw.split(b"\0") if a]))
+        found.append(ProcInfo(int(entry), comm, _argv(raw)))
     return found
 
 
@@ -100,10 +100,13 @@ def comm_of(pid: int) -> str:
 
 def argv_of(pid: int) -> list[str]:
     try:
-        raw = _read(f"/proc/{pid}/cmdline")
+        return _argv(_read(f"/proc/{pid}/cmdline"))
     except OSError:
         return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _argv(cmdline: bytes) -> list[str]:
+    return [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]
 
 
 def signal_all(pids: Iterable[int], sig: int) -> None:

@@ -11,7 +11,6 @@ import socket
 import stat
 import threading
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,13 +30,6 @@ from reconciler.transport.local import LocalTransport
 from reconciler.verify.apiclient import read_key_file
 
 SECRET = "hf_Zq8rW3tY6uI9oP2aS5dF7gH1jK4lM0nB"
-
-
-@pytest.fixture(autouse=True)
-def _forget_secrets() -> Iterator[None]:
-    redact.clear()
-    yield
-    redact.clear()
 
 
 @pytest.mark.parametrize(
