@@ -230,35 +230,65 @@ def test_ctrl_c_in_a_handler_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: 
 
 
 @contextmanager
-def silent_server() -> Iterator[tuple[int, threading.Event]]:
-    """Accepts connections and never answers: a command talking to it waits until interrupted.
-    Yields the port and an event set once a connection came in."""
+def silent_server(key: str) -> Iterator[tuple[int, threading.Event]]:
+    """Accepts connections, reads each request and never answers: a command talking to it waits
+    until interrupted. Yields the port and an event set once a whole request carrying `key` came
+    in (a request of another test that happened onto this port does not count)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     held: list[socket.socket] = []
     stop = threading.Event()
-    connected = threading.Event()
+    asked = threading.Event()
 
     def accept() -> None:
         listener.settimeout(0.2)
         while not stop.is_set():
             try:
-                held.append(listener.accept()[0])
+                connection = listener.accept()[0]
             except TimeoutError:
                 continue
-            connected.set()
+            held.append(connection)
+            if f"Bearer {key}".encode() in _request_head(connection):
+                asked.set()
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     try:
-        yield listener.getsockname()[1], connected
+        yield listener.getsockname()[1], asked
     finally:
         stop.set()
         thread.join()
         for connection in held:
             connection.close()
         listener.close()
+
+
+def _request_head(connection: socket.socket) -> bytes:
+    """A request's bytes up to the end of its headers (what came, if the peer stops sooner)."""
+    connection.settimeout(5)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        try:
+            more = connection.recv(4096)
+        except TimeoutError:
+            break
+        if not more:
+            break
+        head += more
+    return head
+
+
+def wait_until_asleep(pid: int) -> None:
+    """Until the process sleeps (state S): once it has sent its whole request, the one thing it
+    sleeps in is the wait for the answer. A Ctrl-C that lands before that wait begins is one
+    CPython sees only when the wait ends (the handler runs between two bytecodes, and the
+    system call was not yet there to be interrupted): a person's Ctrl-C meets a command that
+    waits, and so does this test's."""
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "S":
+        assert time.monotonic() < deadline, "the command never settled into waiting for its answer"
+        time.sleep(0.01)
 
 
 # `python -m reconciler` with Python's own Ctrl-C handler, as from a terminal: a test run started
@@ -273,11 +303,11 @@ AS_FROM_A_TERMINAL = [
 
 
 def test_ctrl_c_on_a_real_process_exits_130(tmp_path: Path) -> None:
-    key = tmp_path / "key"
-    key.write_text("k" * 32 + "\n", encoding="utf-8")
-    with silent_server() as (port, connected):
+    key = "k" * 32
+    (tmp_path / "key").write_text(key + "\n", encoding="utf-8")
+    with silent_server(key) as (port, asked):
         process = subprocess.Popen(
-            [*AS_FROM_A_TERMINAL, "smoke", f"http://127.0.0.1:{port}", "--key-file", str(key)],
+            [*AS_FROM_A_TERMINAL, "smoke", f"http://127.0.0.1:{port}", "--key-file", str(tmp_path / "key")],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -285,7 +315,8 @@ def test_ctrl_c_on_a_real_process_exits_130(tmp_path: Path) -> None:
         )
         # Not a fixed pause: on a loaded machine the imports alone may outlast it, and a Ctrl-C
         # there is Python's, not the command's.
-        assert connected.wait(60), "the command never sent its first request"
+        assert asked.wait(60), "the command never sent its first request"
+        wait_until_asleep(process.pid)
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=30)
     assert process.returncode == 130, err
