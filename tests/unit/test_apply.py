@@ -98,7 +98,7 @@ def test_a_failed_pull_fails_the_apply_after_the_other_finished(monkeypatch: pyt
 def test_an_action_is_retried_by_the_branch_its_error_is_on(
     monkeypatch: pytest.MonkeyPatch, failure: ReconcilerError, calls: int
 ) -> None:
-    monkeypatch.setattr(apply._execute.retry, "sleep", lambda _seconds: None)  # type: ignore[attr-defined]
+    monkeypatch.setattr(apply._execute.retry, "sleep", lambda _seconds: None)
     attempts: list[str] = []
 
     def pull(_ctx: ApplyContext, act: Action) -> str:
