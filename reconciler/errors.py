@@ -126,6 +126,10 @@ class SmokeFailedError(ReconcilerError):
     """`apply`'s smoke step found failing checks."""
 
 
+class PlotUnavailableError(ReconcilerError):
+    """matplotlib cannot be imported; the JSON report is complete without its picture."""
+
+
 class GroupFailedError(ReconcilerError):
     """A rank exited or the group did not become ready in time."""
 
@@ -203,6 +207,10 @@ class RefusedJsonError(ReadError):
 
 class StreamError(ReadError):
     """A stream that cannot be measured: no output, or an error chunk mid-stream."""
+
+
+class RangesIgnoredError(ReadError):
+    """The Hub answered a Range request with the whole file (200): it is fetched whole instead."""
 
 
 class CheckFailedError(ReadError):
