@@ -97,9 +97,10 @@ def measure(spec_path: str, source: str, destination: str, rounds: int) -> dict[
     from reconciler.actions import Copy, Step, action
     from reconciler.components.checkpoint import _fabric_pair
     from reconciler.components.checkpoint_run import _copy, rsync_argv
-    from reconciler.components.copystreams import CIPHER_OPTION, split_streams, stream_count
+    from reconciler.components.copystreams import CIPHER_OPTION, stream_count
     from reconciler.execution import ApplyContext, Progress
     from reconciler.facts.gather import gather
+    from reconciler.pipeline import split_streams
     from reconciler.record import replace
     from reconciler.spec import load_spec
     from reconciler.transport.connect import close_all, connect_all

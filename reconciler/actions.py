@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, get_args
 from pydantic import Field
 
 from reconciler.errors import ReconcilerError
-from reconciler.pi.config import PiTarget
 from reconciler.record import KeywordRecord, MutableRecord, Record, field, record_fields
 from reconciler.serving import RankContainer
 
@@ -284,6 +283,25 @@ class Smoke(Payload):
     kind: Literal["smoke"] = "smoke"
     checks: Literal["all", "protocol"]
     timeout_s: int
+
+
+class PiTarget(Record):
+    """Everything install writes, decided up front from the spec and the command line."""
+
+    provider: str
+    base_url: str
+    key_env: str
+    model_id: str
+    context_window: int
+    images: bool
+    provider_name: str
+    model_name: str
+    set_default: bool
+
+    @property
+    def model_ref(self) -> str:
+        """How Pi names the model: `--model dsv41-sparks/deepseek-v4.1-flash`, enabledModels entries."""
+        return f"{self.provider}/{self.model_id}"
 
 
 class ConfigurePi(Payload):

@@ -24,7 +24,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from reconciler.actions import Action, Step, is_pipelined
 from reconciler.components import apikey, checkpoint_run, image, memguard, pi, ranks
-from reconciler.errors import ApplyError, NodeCommandError, NodeUnreachableError, ReconcilerError
+from reconciler.errors import ApplyError, NodeCommandError, NodeUnreachableError, ReconcilerError, TransientError
 from reconciler.execution import ApplyContext, Executor
 from reconciler.pipeline import GROUP_STEPS, run_group
 from reconciler.plan import Plan
@@ -57,7 +57,7 @@ def executor_for(action: Action) -> Executor:
 
 
 @retry(
-    retry=retry_if_exception_type(NodeUnreachableError),
+    retry=retry_if_exception_type(TransientError),
     stop=stop_after_attempt(3),
     wait=wait_exponential_jitter(initial=1, max=10),
     reraise=True,
@@ -135,11 +135,7 @@ def apply_plan(ctx: ApplyContext, plan: Plan) -> ApplyResult:
         for action, (message, elapsed, error) in zip(batch, outcomes, strict=True):
             if error is not None:
                 where = f"[{numbers[action.id]}/{total}] {action.component} on {action.node}: {action.summary}"
-                raise ApplyError(
-                    f"{where}: failed: {error.message}",
-                    error.hint,
-                    action,
-                )
+                raise ApplyError(f"{where}: failed: {error.message}", error.hint)
             prefix = "        done" if len(batch) == 1 else f"        [{numbers[action.id]}/{total}] done"
             ctx.progress.line(f"{prefix} in {elapsed:.1f} s: {message}")
             result.done.append((action, message, elapsed))

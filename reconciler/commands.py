@@ -22,13 +22,12 @@ from reconciler import notify, savedplan
 from reconciler.actions import Action, Smoke
 from reconciler.apply import ApplyResult, apply_plan
 from reconciler.clock import utc_iso
-from reconciler.components.apikey import read_key
 from reconciler.components.memguard import TRIP_FILE
 from reconciler.errors import NodeCommandError, NodeUnreachableError, ReconcilerError, SmokeFailedError
 from reconciler.execution import ApplyContext, Progress, Publisher
 from reconciler.facts.gather import gather
 from reconciler.facts.node import Facts, Liveness
-from reconciler.health import health_code, probe_liveness
+from reconciler.health import health_code, probe_liveness, read_key
 from reconciler.lock import deployment_lock
 from reconciler.loopstatus import read_status, write_pass
 from reconciler.plan import Plan, plan

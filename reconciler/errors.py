@@ -1,32 +1,30 @@
-"""One exception hierarchy for the whole program.
+"""The program's one exception tree, a leaf: it imports nothing of the program's, so every
+module can import it.
 
-Two families live here:
+    ReconcilerError                what a user sees: a message and a hint, no traceback
+    ├── TransientError             the same call may succeed when made again: retried with
+    │   └── NodeUnreachableError   backoff where it is made (apply retries an action)
+    ├── every other named error    permanent: reported as it is, never retried
+    └── ReadError                  internal: a reader's or parser's finding, located by its caller
 
-- `ReconcilerError` and its subclasses are what a user sees. Each carries a message saying
-  what happened and a hint saying what to do next, so the CLI can render any of them without
-  a traceback. The subclass names what failed (spec, facts, node, ssh config, Hub, secret, Pi, bench,
-  smoke, readiness, lock, saved plan, an applied action); retry semantics come by subclass
-  (transient vs permanent), never by inspecting messages.
-- The parse and read errors below them (`YamlError`, `JsoncError`, `UntrustedTextError`,
-  `UntrustedFileError`, `RefusedJsonError`, `StreamError`, `CheckFailedError`) are internal:
-  a low-level reader raises one with its position or reason, and the caller that knows which
-  file or request it was turns it into a located problem (a `SpecProblem`, a `FactsError`,
-  a `PiConfigError`, a failed check) in the user's terms. None of them reaches the CLI.
+- A `ReconcilerError` carries a message saying what happened and a hint saying what to do next,
+  so the CLI renders any of them without a traceback. The subclass names what failed (spec,
+  facts, node, ssh config, Hub, secret, Pi, bench, smoke, readiness, lock, saved plan, an
+  applied action); whether it is retried follows from the branch, never from its message.
+- A `ReadError` (`YamlError`, `JsoncError`, `UntrustedTextError`, `UntrustedFileError`,
+  `RefusedJsonError`, `StreamError`, `CheckFailedError`, the Hub's range answers) is raised by a
+  low-level reader with its position or reason, and the caller that knows which file or request
+  it was turns it into a located problem (a `SpecProblem`, a `FactsError`, a `PiConfigError`, a
+  failed check) in the user's terms. One that reaches the CLI is a bug, and is reported as one.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    # Annotations only: both modules import this one (actions through pi/config.py), so at run
-    # time errors.py imports nothing of the program's and every module can import it.
-    from reconciler.actions import Action
-    from reconciler.yamlpos import Mark, Path
+from typing import NamedTuple, Protocol
 
 
 class ReconcilerError(Exception):
-    """Base of every error this program raises on purpose."""
+    """Root of every error this program raises on purpose."""
 
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__(message)
@@ -80,7 +78,11 @@ class FactsError(ReconcilerError):
     """A facts snapshot cannot be read or does not match the spec."""
 
 
-class NodeUnreachableError(ReconcilerError):
+class TransientError(ReconcilerError):
+    """What failed may work when tried again (the peer was away, not wrong): retried with backoff."""
+
+
+class NodeUnreachableError(TransientError):
     """A node did not answer: SSH refused or timed out, host key rejected, Docker down."""
 
 
@@ -124,6 +126,10 @@ class SmokeFailedError(ReconcilerError):
     """`apply`'s smoke step found failing checks."""
 
 
+class PlotUnavailableError(ReconcilerError):
+    """matplotlib cannot be imported; the JSON report is complete without its picture."""
+
+
 class GroupFailedError(ReconcilerError):
     """A rank exited or the group did not become ready in time."""
 
@@ -137,17 +143,17 @@ class StalePlanError(ReconcilerError):
 
 
 class ApplyError(ReconcilerError):
-    """An action failed; the message names it and its cause."""
-
-    def __init__(self, message: str, hint: str, action: Action) -> None:
-        super().__init__(message, hint)
-        self.action = action
+    """An action failed; the message names it, its node and its cause."""
 
 
 # --- internal: raised by readers and parsers, turned into located problems by their callers ---
 
 
-class UntrustedFileError(Exception):
+class ReadError(ReconcilerError):
+    """A reader's or parser's finding, for its caller to place in the user's terms."""
+
+
+class UntrustedFileError(ReadError):
     """The file cannot be read as a small regular file; `reason` says why, without its content."""
 
     def __init__(self, reason: str) -> None:
@@ -155,47 +161,59 @@ class UntrustedFileError(Exception):
         self.reason = reason
 
 
-class UntrustedTextError(Exception):
+class UntrustedTextError(ReadError):
     """Why a file was refused: 1-based line and column, and what to do ('' if the caller knows better)."""
 
     def __init__(self, message: str, line: int = 1, column: int = 1, hint: str = "") -> None:
-        super().__init__(message)
-        self.message = message
+        super().__init__(message, hint)
         self.line = line
         self.column = column
-        self.hint = hint
 
 
-class YamlError(Exception):
+class Position(Protocol):
+    """A 1-based place in a text."""
+
+    @property
+    def line(self) -> int: ...
+
+    @property
+    def column(self) -> int: ...
+
+
+class YamlError(ReadError):
     """A document that is malformed or uses what we refuse: where, which path, what to do."""
 
-    def __init__(self, message: str, mark: Mark, hint: str, path: Path = ()) -> None:
-        super().__init__(message)
-        self.message = message
+    def __init__(self, message: str, mark: Position, hint: str, path: tuple[str | int, ...] = ()) -> None:
+        super().__init__(message, hint)
         self.mark = mark
-        self.hint = hint
         self.path = path
 
 
-class JsoncError(ValueError):
+class JsoncError(ReadError):
     """Text that is not JSON even with `//` comments and trailing commas; says where."""
 
     def __init__(self, message: str, line: int, column: int) -> None:
-        super().__init__(f"line {line}, column {column}: {message}")
-        self.message = message
+        super().__init__(message)
         self.line = line
         self.column = column
 
+    def __str__(self) -> str:
+        return f"line {self.line}, column {self.column}: {self.message}"
 
-class RefusedJsonError(Exception):
+
+class RefusedJsonError(ReadError):
     """JSON that the json module accepts and a facts snapshot never holds; raised from its hooks."""
 
 
-class StreamError(ValueError):
+class StreamError(ReadError):
     """A stream that cannot be measured: no output, or an error chunk mid-stream."""
 
 
-class CheckFailedError(Exception):
+class RangesIgnoredError(ReadError):
+    """The Hub answered a Range request with the whole file (200): it is fetched whole instead."""
+
+
+class CheckFailedError(ReadError):
     """A smoke check's judgement: the reason it failed, shown after FAIL."""
 
     def __init__(self, reason: str) -> None:

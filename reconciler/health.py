@@ -14,10 +14,10 @@ from typing import Any
 import docker
 import httpx
 
-from reconciler.components.apikey import read_key
 from reconciler.errors import GroupFailedError, ReconcilerError
 from reconciler.execution import ApplyContext
 from reconciler.progress import Throttle, printable, printable_line
+from reconciler.redact import checked_secret
 from reconciler.serving import api_base, container_name
 from reconciler.spec import Deployment
 
@@ -60,6 +60,26 @@ def liveness_problem(deployment: Deployment, key: str) -> str | None:
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__}: {exc}"
     return None if answer.status_code == 200 else f"POST /v1/completions answered {answer.status_code}"
+
+
+KEY_HINT = (
+    "the key file must hold the key alone on one line; to replace it, delete the file and run "
+    "`reconciler apply` (a new key is created; update every client)"
+)
+
+
+def read_key(ctx: ApplyContext) -> str:
+    """The key, for readiness probes only: checked, and never printed, logged or put in an error."""
+    head = ctx.deployment.head.name
+    path = ctx.path(head, ctx.deployment.key_file())
+    result = ctx.ops(head, "read_text", {"path": path, "errors": "surrogateescape", "limit": 4096})
+    text = result.get("text")
+    if not isinstance(text, str):
+        reason = result.get("error") or "missing"
+        raise ReconcilerError(
+            f"cannot read the API key file {path} on {head}: {reason}", "run `reconciler apply` to create it"
+        )
+    return checked_secret(text, what="the API key", source=f"{path} on {head}", hint=KEY_HINT)
 
 
 def probe_liveness(ctx: ApplyContext) -> str | None:

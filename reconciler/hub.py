@@ -51,7 +51,7 @@ from huggingface_hub.utils._http import default_client_factory
 from huggingface_hub.utils.tqdm import are_progress_bars_disabled, disable_progress_bars
 
 from reconciler import hubranges
-from reconciler.errors import HubError, ReconcilerError, UntrustedFileError
+from reconciler.errors import HubError, RangesIgnoredError, ReconcilerError, UntrustedFileError
 from reconciler.facts.files import HubFacts, HubFileFacts, is_inside, parse_manifest
 from reconciler.fsutil import read_bounded
 from reconciler.progress import Counter
@@ -604,7 +604,7 @@ def _fetched(
         return False
     try:
         hubranges.fetch_range(partial, span[0], span[1], headers)
-    except hubranges.RangesIgnoredError:
+    except RangesIgnoredError:
         ignored.set()
         return False
     return True

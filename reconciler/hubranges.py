@@ -35,7 +35,7 @@ from huggingface_hub.utils import (  # type: ignore[attr-defined]  # public; __a
     hf_raise_for_status,
 )
 
-from reconciler.errors import HubError, UntrustedFileError
+from reconciler.errors import HubError, RangesIgnoredError, UntrustedFileError
 from reconciler.fsutil import read_bounded
 
 MIB = 1024 * 1024
@@ -61,10 +61,6 @@ def split(size: int, streams: int) -> list[tuple[int, int]] | None:
     count = min(streams, size // MIN_RANGE_BYTES)
     step = -(-size // count)
     return [(start, min(start + step, size)) for start in range(0, size, step)]
-
-
-class RangesIgnoredError(Exception):
-    """The Hub answered a Range request with the whole file (200): it is fetched whole instead."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +95,7 @@ class RangedFile:
     def descriptor(self) -> int:
         with self.lock:
             if self._fd < 0 and self.whole:  # its partial files are gone: not to be made again
-                raise RangesIgnoredError
+                raise RangesIgnoredError("the Hub answered a byte range with the whole file")
             if self._fd < 0:
                 self._fd = os.open(f"{self.base}{RANGES_SUFFIX}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
                 if os.fstat(self._fd).st_size != self.target.size:
@@ -282,16 +278,16 @@ def fetch_range(ranged: RangedFile, start: int, end: int, headers: dict[str, str
         before = ranged.done[start]
         try:
             _stream_range(ranged, start, end, headers)
-        except (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError, PassingRefusalError) as exc:
+        except (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError, _PassingRefusalError) as exc:
             failures = 0 if ranged.done[start] > before else failures + 1
             if failures > RETRIES:
-                if isinstance(exc, PassingRefusalError):
+                if isinstance(exc, _PassingRefusalError):
                     hf_raise_for_status(exc.response)
                 raise
             time.sleep(_pause(exc, failures))
 
 
-class PassingRefusalError(Exception):
+class _PassingRefusalError(Exception):
     """An answer the client retries (408, 429, 5xx), its body read."""
 
     def __init__(self, response: httpx2.Response) -> None:
@@ -305,7 +301,7 @@ MAX_PAUSE_S = 60.0
 
 def _pause(exc: BaseException, failures: int) -> float:
     backoff = min(8.0, 2.0 ** max(0, failures - 1))
-    if isinstance(exc, PassingRefusalError):
+    if isinstance(exc, _PassingRefusalError):
         asked = exc.response.headers.get("retry-after", "")
         if asked.strip().isdigit():
             return min(MAX_PAUSE_S, max(backoff, float(asked.strip())))
@@ -342,14 +338,14 @@ def _check_answer(response: httpx2.Response, target: Target, offset: int, end: i
     if response.status_code in _RETRIED_STATUSES or response.status_code >= 400:
         response.read()  # the Hub's error text, for the error
         if response.status_code in _RETRIED_STATUSES:
-            raise PassingRefusalError(response)
+            raise _PassingRefusalError(response)
         hf_raise_for_status(response)
     encoding = response.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise _mangled(target.path, f"came compressed ({encoding:.40}) although identity was asked for")
     if response.status_code == 200:
         if response.headers.get("content-length") == str(target.size):
-            raise RangesIgnoredError
+            raise RangesIgnoredError("the Hub answered a byte range with the whole file")
         raise _mangled(target.path, f"came as a 200 of {response.headers.get('content-length')!r:.40} bytes")
     expected = f"bytes {offset}-{end - 1}/{target.size}"
     header = response.headers.get("content-range")

@@ -23,12 +23,26 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from reconciler.actions import Action, Step, behind, is_pipelined, source_of
-from reconciler.components.copystreams import split_streams
 from reconciler.errors import PipelineStoppedError, ReconcilerError
 
 # Small files ready at once go in one rsync up to this many bytes: one rsync per 256 kB bank
 # file would spend more on starting rsync than on the bytes.
 BATCH_BYTES = 64 * 1024 * 1024
+
+
+def split_streams(sizes: Mapping[str, int], count: int) -> list[list[str]]:
+    """The files as `count` streams (fewer if there are fewer files), balanced by bytes.
+
+    Biggest first, each file to the stream with the fewest bytes so far (ties: the lower
+    stream), names sorted within a size so the split is the same on every run.
+    """
+    loads = [0] * max(count, 1)
+    streams: list[list[str]] = [[] for _ in loads]
+    for name in sorted(sizes, key=lambda item: (-sizes[item], item)):
+        lightest = min(range(len(loads)), key=lambda index: (loads[index], index))
+        streams[lightest].append(name)
+        loads[lightest] += sizes[name]
+    return [stream for stream in streams if stream]
 
 
 class Board:

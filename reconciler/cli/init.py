@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from reconciler.cli.common import EXIT_OK
 from reconciler.constants import DEFAULT_SPEC_PATH, SCHEMA_PATH, default_spec_path
@@ -19,69 +19,6 @@ if TYPE_CHECKING:
     from reconciler.init import Draft, InitRequest, Probed
 
 DEFAULT_OUT = DEFAULT_SPEC_PATH
-
-
-def add_init_parser(commands: Any) -> None:
-    """Add `init` to the CLI's subcommands (the `add_subparsers` object)."""
-    from reconciler.cli.parser import command, json_option
-
-    init = command(
-        commands,
-        "init",
-        "probe the nodes and write a first spec, each value with the reason it was chosen",
-        "Probe every node over SSH (this machine is the head unless --head is given) and write a spec from "
-        "what they say: node names, fabric interface, address and HCAs, model dir, each with a comment; "
-        "what cannot be decided is marked REVIEW. Never overwrites a file; never adds a host key.",
-        [
-            "reconciler init --worker me@10.10.10.11",
-            "reconciler init --worker me@spark2 --worker me@spark3 --out specs/three.yaml",
-            "reconciler init --head me@10.10.10.13 --worker me@10.10.10.11 --ssh-port 2222",
-        ],
-        "init:cmd_init",
-    )
-    init.add_argument(
-        "--worker",
-        action="append",
-        required=True,
-        metavar="[USER@]HOST",
-        help="a worker, reached over SSH (its fabric address is best); repeat for each, in rank order",
-    )
-    init.add_argument(
-        "--head", metavar="[USER@]HOST", help="the head over SSH (default: this machine is the head, no ssh:)"
-    )
-    init.add_argument("--out", default=DEFAULT_OUT, metavar="PATH", help="where to write")
-    init.add_argument(
-        "--model-dir",
-        metavar="PATH",
-        help="the checkpoint's directory on every node, absolute or under ~ "
-        "(default ~/models/DeepSeek-V4.1-Flash-Spark)",
-    )
-    # No argparse defaults below: what is given is written into the spec, where it overrides
-    # ~/.ssh/config for good; what is left out keeps coming from the config.
-    init.add_argument(
-        "--ssh-port",
-        type=_port,
-        metavar="PORT",
-        help="sshd port of the nodes (default: the ssh config's Port for the host, else 22)",
-    )
-    init.add_argument(
-        "--identity-file",
-        metavar="PATH",
-        help="private key for SSH (default: the ssh config's IdentityFile, else ssh-agent and ~/.ssh)",
-    )
-    init.add_argument(
-        "--known-hosts",
-        metavar="PATH",
-        help="host keys to check the nodes against; never added to "
-        "(default: the ssh config's UserKnownHostsFile, else ~/.ssh/known_hosts)",
-    )
-    json_option(init)
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
-    return int(text)
 
 
 def cmd_init(args: argparse.Namespace) -> int:

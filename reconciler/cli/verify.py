@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reconciler.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, emit_json, spec_path
-from reconciler.errors import ReconcilerError
+from reconciler.errors import PlotUnavailableError, ReconcilerError
 
 if TYPE_CHECKING:
     from reconciler.verify import benchmark
@@ -120,7 +120,7 @@ def _draw(write: Callable[[], None], path: Path) -> None:
 
     try:
         write()
-    except plot.PlotUnavailableError:
+    except PlotUnavailableError:
         sys.stderr.write(f"{plot.NOT_INSTALLED}\n")
         return
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:

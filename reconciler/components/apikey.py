@@ -9,9 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from reconciler.actions import Action, InSync, KeyFile, Outcome, Step, action, payload_of
-from reconciler.errors import ReconcilerError
 from reconciler.facts.node import Facts
-from reconciler.redact import checked_secret
 from reconciler.spec import Deployment, expand_home
 
 if TYPE_CHECKING:
@@ -56,26 +54,6 @@ def _chmod(ctx: ApplyContext, action: Action) -> str:
     target = payload_of(action, KeyFile)
     ctx.ops(action.node, "chmod", {"path": target.path, "mode": target.mode})
     return f"mode {target.mode:04o}"
-
-
-KEY_HINT = (
-    "the key file must hold the key alone on one line; to replace it, delete the file and run "
-    "`reconciler apply` (a new key is created; update every client)"
-)
-
-
-def read_key(ctx: ApplyContext) -> str:
-    """The key, for readiness probes only: checked, and never printed, logged or put in an error."""
-    head = ctx.deployment.head.name
-    path = ctx.path(head, ctx.deployment.key_file())
-    result = ctx.ops(head, "read_text", {"path": path, "errors": "surrogateescape", "limit": 4096})
-    text = result.get("text")
-    if not isinstance(text, str):
-        reason = result.get("error") or "missing"
-        raise ReconcilerError(
-            f"cannot read the API key file {path} on {head}: {reason}", "run `reconciler apply` to create it"
-        )
-    return checked_secret(text, what="the API key", source=f"{path} on {head}", hint=KEY_HINT)
 
 
 EXECUTORS: dict[Step, Executor] = {Step.CREATE_KEY: _create, Step.CHMOD_KEY: _chmod}

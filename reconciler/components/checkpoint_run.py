@@ -47,13 +47,13 @@ from reconciler.components.checkpoint import (
     patterns_for,
     shard_of,
 )
-from reconciler.components.copystreams import CIPHER_OPTION, split_streams, stream_count
+from reconciler.components.copystreams import CIPHER_OPTION, stream_count
 from reconciler.errors import NodeCommandError, PipelineStoppedError, ReconcilerError
 from reconciler.execution import ApplyContext, Executor
 from reconciler.facts.files import parse_manifest
 from reconciler.nodeside.copydaemon import MODULE as DAEMON_MODULE
 from reconciler.nodeside.copydaemon import USER as DAEMON_USER
-from reconciler.pipeline import Feed
+from reconciler.pipeline import Feed, split_streams
 from reconciler.progress import Counter
 from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import SshTarget

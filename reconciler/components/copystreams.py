@@ -10,8 +10,6 @@ the streams end close together, so the copy's tail is short.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 # Beyond this the NVMe, not the CPU, is the limit: about 1 GB/s per stream, 5-7 GB/s of disk.
 MAX_STREAMS = 8
 
@@ -27,18 +25,3 @@ def stream_count(cores: int | None, files: int) -> int:
     never more than there are files."""
     wanted = min(max(cores or 1, 1), MAX_STREAMS)
     return max(1, min(wanted, files))
-
-
-def split_streams(sizes: Mapping[str, int], count: int) -> list[list[str]]:
-    """The files as `count` streams (fewer if there are fewer files), balanced by bytes.
-
-    Biggest first, each file to the stream with the fewest bytes so far (ties: the lower
-    stream), names sorted within a size so the split is the same on every run.
-    """
-    loads = [0] * max(count, 1)
-    streams: list[list[str]] = [[] for _ in loads]
-    for name in sorted(sizes, key=lambda item: (-sizes[item], item)):
-        lightest = min(range(len(loads)), key=lambda index: (loads[index], index))
-        streams[lightest].append(name)
-        loads[lightest] += sizes[name]
-    return [stream for stream in streams if stream]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from reconciler.actions import Action, ConfigurePi, InSync, Outcome, Step, Verb, action, payload_of
+from reconciler.actions import Action, ConfigurePi, InSync, Outcome, PiTarget, Step, Verb, action, payload_of
 from reconciler.facts.node import Facts
 from reconciler.facts.pi import PiFacts
 from reconciler.pi import config as picfg
@@ -33,9 +33,9 @@ LOCAL = "local"
 
 def target_for(
     serving: Serving, provider: str, nodes: int, *, base_url: str, key_env: str, set_default: bool
-) -> picfg.PiTarget:
+) -> PiTarget:
     """The provider and model entry the spec implies (id, context window, images from `serving:`)."""
-    return picfg.PiTarget(
+    return PiTarget(
         provider=provider,
         base_url=picfg.normalise_base_url(base_url),
         key_env=picfg.check_key_env(key_env),
@@ -48,7 +48,7 @@ def target_for(
     )
 
 
-def desired_target(deployment: Deployment, manifest: Mapping[str, Any] | None) -> picfg.PiTarget:
+def desired_target(deployment: Deployment, manifest: Mapping[str, Any] | None) -> PiTarget:
     """What `apply` keeps Pi at: the spec, the local API address, the installed key variable."""
     installed = (manifest or {}).get("key_env")
     key_env = installed if isinstance(installed, str) and picfg.is_env_name(installed) else None
@@ -89,7 +89,7 @@ def plan_pi(deployment: Deployment, facts: Facts) -> Outcome:
     )
 
 
-def differences(observed: PiFacts, target: picfg.PiTarget) -> list[str]:
+def differences(observed: PiFacts, target: PiTarget) -> list[str]:
     """Why the Pi config differs from what install would write (empty: in sync)."""
     causes: list[str] = []
     desired = picfg.provider_entry(target)

@@ -20,6 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
+from reconciler.actions import PiTarget
 from reconciler.components.pi import target_for
 from reconciler.errors import PiInstallError, ReconcilerError
 from reconciler.facts.pi import locate_pi, pi_facts_from_files
@@ -159,7 +160,7 @@ def _runs_here(package: str | None) -> list[str]:
 
 def install_target(
     deployment: Deployment | None, base_url: str | None, key_env: str | None, set_default: bool | None
-) -> config.PiTarget:
+) -> PiTarget:
     """The command line over the spec: BASE_URL, --key-env and --set-default win when given.
 
     Without a spec (Pi on a laptop, say) the model entry takes the reference defaults.
@@ -184,7 +185,7 @@ def install_target(
     )
 
 
-def install(target: config.PiTarget) -> dict[str, Any]:
+def install(target: PiTarget) -> dict[str, Any]:
     """Check the config can be edited, make sure Pi is there, then write what differs."""
     directory = config.agent_dir()
     changes = config.install_changes(config.read_files(directory, target.provider), target)

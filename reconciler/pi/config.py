@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from reconciler.actions import PiTarget
 from reconciler.clock import utc_stamp
 from reconciler.constants import PI_KEY_ENV, PI_PROVIDER
 from reconciler.errors import JsoncError, PiConfigError
@@ -51,25 +52,6 @@ _EMPTY_MODELS = '{\n  "providers": {}\n}\n'
 _EMPTY_SETTINGS = "{}\n"
 _DEFAULT_KEYS = ("defaultProvider", "defaultModel")
 _BROKEN_HINT = "fix the file (Pi cannot read it either), then run the command again; nothing was written"
-
-
-class PiTarget(Record):
-    """Everything install writes, decided up front from the spec and the command line."""
-
-    provider: str
-    base_url: str
-    key_env: str
-    model_id: str
-    context_window: int
-    images: bool
-    provider_name: str
-    model_name: str
-    set_default: bool
-
-    @property
-    def model_ref(self) -> str:
-        """How Pi names the model: `--model dsv41-sparks/deepseek-v4.1-flash`, enabledModels entries."""
-        return f"{self.provider}/{self.model_id}"
 
 
 def extension_file(provider: str) -> str:

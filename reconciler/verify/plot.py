@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler.clock import ISO_FORMAT
-from reconciler.errors import ReconcilerError
+from reconciler.errors import PlotUnavailableError
 from reconciler.verify.benchmark import Report
 
 if TYPE_CHECKING:
@@ -41,13 +41,6 @@ KIND_COLOURS = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b")
 RUN_COLOURS = ("#a0a0a0", "#1f77b4")  # A, the baseline, in grey; B, the candidate, in colour
 PASS_COLOUR, FAIL_COLOUR = "#2ca02c", "#d62728"
 MUTED = "#555555"
-
-
-class PlotUnavailableError(ReconcilerError):
-    """matplotlib cannot be imported; the JSON report is complete without its picture."""
-
-    def __init__(self) -> None:
-        super().__init__(MISSING, HOW_TO_ADD)
 
 
 def plot_available() -> bool:
@@ -73,7 +66,7 @@ def _agg() -> tuple[type[Figure], type[FigureCanvasAgg]]:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise PlotUnavailableError from None
+        raise PlotUnavailableError(MISSING, HOW_TO_ADD) from None
     return Figure, FigureCanvasAgg
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from reconciler import apply
 from reconciler.actions import Action, Guard, Payload, Pull, Step, action
-from reconciler.errors import ApplyError, NodeCommandError
+from reconciler.errors import ApplyError, NodeCommandError, NodeUnreachableError, ReconcilerError, TransientError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.plan import Plan, plan
 from tests.scenarios import empty_facts, reference_deployment
@@ -85,5 +85,28 @@ def test_a_failed_pull_fails_the_apply_after_the_other_finished(monkeypatch: pyt
     error, _ = run(monkeypatch, [step_on(Step.PULL, "a"), step_on(Step.PULL, "b")], pull)
     assert isinstance(error, ApplyError)
     assert error.message == "[1/2] image on a: pull on a: failed: manifest unknown"
-    assert error.action.node == "a"
     assert finished == ["b"]
+
+
+@pytest.mark.parametrize(
+    ("failure", "calls"),
+    [
+        (NodeUnreachableError("a: SSH connection dropped", "retrying"), 2),  # transient: tried again, and done
+        (NodeCommandError("manifest unknown", "check image.ref"), 1),  # permanent: reported at once
+    ],
+)
+def test_an_action_is_retried_by_the_branch_its_error_is_on(
+    monkeypatch: pytest.MonkeyPatch, failure: ReconcilerError, calls: int
+) -> None:
+    monkeypatch.setattr(apply._execute.retry, "sleep", lambda _seconds: None)
+    attempts: list[str] = []
+
+    def pull(_ctx: ApplyContext, act: Action) -> str:
+        attempts.append(act.node)
+        if len(attempts) == 1:
+            raise failure
+        return "pulled"
+
+    outcome, _ = run(monkeypatch, [step_on(Step.PULL, "a")], pull)
+    assert len(attempts) == calls
+    assert isinstance(outcome, apply.ApplyResult) == isinstance(failure, TransientError)

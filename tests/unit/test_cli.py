@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.cli import deploy, main
+from reconciler.errors import FactsError, JsoncError, ReadError, ReconcilerError
 from reconciler.facts.node import load_facts
 from reconciler.plan import plan
 from reconciler.spec import schema_text
@@ -191,3 +192,28 @@ def test_apply_asks_nothing_without_a_terminal_or_for_a_harmless_plan(monkeypatc
     monkeypatch.setattr(sys, "stdin", Terminal(""))
     monkeypatch.setattr(sys, "stdout", Terminal())
     assert deploy.confirm(plan(reference_deployment(), load_facts(CONVERGED_FACTS)))
+
+
+@pytest.mark.parametrize(
+    ("raised", "exit_code", "says"),
+    [
+        # A reader's finding that no caller turned into a located problem: the bug is ours.
+        (JsoncError("expected a value", 3, 7), 1, "internal error: JsoncError: line 3, column 7: expected a value"),
+        (FactsError("facts.json:1:1: malformed JSON", "regenerate it"), 1, "facts.json:1:1: malformed JSON"),
+    ],
+)
+def test_a_readers_error_that_reaches_the_cli_is_reported_as_a_bug(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    raised: ReconcilerError,
+    exit_code: int,
+    says: str,
+) -> None:
+    def handler(_args: object) -> int:
+        raise raised
+
+    monkeypatch.setattr(deploy, "validate", handler)
+    code, _, err = run(capsys, "validate", "--spec", str(SPEC_PATH))
+    assert code == exit_code
+    assert says in err
+    assert ("internal error" in err) == isinstance(raised, ReadError)

@@ -20,12 +20,13 @@ from pydantic import ValidationError
 from reconciler.actions import Copy, Step, action
 from reconciler.components import checkpoint_run
 from reconciler.components.checkpoint_run import StreamMeter, daemon_argv, rsync_argv
-from reconciler.components.copystreams import CIPHER_OPTION, MAX_STREAMS, split_streams, stream_count
+from reconciler.components.copystreams import CIPHER_OPTION, MAX_STREAMS, stream_count
 from reconciler.errors import NodeCommandError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.fabric import FabricFacts
 from reconciler.facts.node import Facts, NodeFacts
 from reconciler.nodeside import copydaemon
+from reconciler.pipeline import split_streams
 from reconciler.plan import plan
 from reconciler.progress import Counter
 from reconciler.spec import Model, SshTarget

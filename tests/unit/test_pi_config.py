@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.actions import PiTarget
 from reconciler.components.pi import target_for
 from reconciler.errors import PiConfigError
 from reconciler.pi import config as pi_config
 from reconciler.pi import jsonc
-from reconciler.pi.config import MODELS, SETTINGS, PiFiles, PiTarget
+from reconciler.pi.config import MODELS, SETTINGS, PiFiles
 from tests.scenarios import reference_deployment, with_serving
 
 PROVIDER = "dsv41-sparks"

@@ -18,6 +18,7 @@ from matplotlib.image import imread
 from matplotlib.text import Text
 
 from reconciler.cli import main
+from reconciler.errors import PlotUnavailableError
 from reconciler.verify import benchmark, plot
 
 MODEL = "deepseek-v4.1-flash"
@@ -229,14 +230,14 @@ def no_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("no_matplotlib")
 def test_without_matplotlib_the_plot_says_how_to_add_it(tmp_path: Path) -> None:
     assert plot.plot_available() is False
-    with pytest.raises(plot.PlotUnavailableError) as missing:
+    with pytest.raises(PlotUnavailableError) as missing:
         plot.write_report_plot(bench_report("x"), tmp_path / "bench.png")
     assert (missing.value.message, missing.value.hint) == (plot.MISSING, plot.HOW_TO_ADD)
     assert plot.NOT_INSTALLED == (
         "no plot: matplotlib is not installed; "
         "`pipx inject spark-reconciler matplotlib` or `pip install 'spark-reconciler[plot]'` adds it"
     )
-    with pytest.raises(plot.PlotUnavailableError):
+    with pytest.raises(PlotUnavailableError):
         plot.write_compare_plot(bench_report("a"), bench_report("b"), tmp_path / "c.png", ("a", "b"))
     assert not list(tmp_path.iterdir())
 

@@ -18,7 +18,7 @@ import httpx2
 import pytest
 
 from reconciler import hubranges
-from reconciler.errors import HubError
+from reconciler.errors import HubError, RangesIgnoredError
 from reconciler.hub import HubFile, HubListing, downloaded, fetch, list_files
 from reconciler.spec import Model
 from tests.testbed.hub.faults import CutRule, FailRule
@@ -129,13 +129,13 @@ def test_a_range_answered_otherwise_is_a_hub_error_that_says_so(
 
 
 def test_a_whole_file_answer_means_the_hub_ignores_ranges() -> None:
-    with pytest.raises(hubranges.RangesIgnoredError):
+    with pytest.raises(RangesIgnoredError):
         hubranges._check_answer(httpx2.Response(200, headers={"content-length": "1000"}), TARGET, 100, 200)
 
 
 def test_retry_after_is_honoured_within_bounds() -> None:
-    def refusal(after: str) -> hubranges.PassingRefusalError:
-        return hubranges.PassingRefusalError(httpx2.Response(429, headers={"retry-after": after}))
+    def refusal(after: str) -> hubranges._PassingRefusalError:
+        return hubranges._PassingRefusalError(httpx2.Response(429, headers={"retry-after": after}))
 
     assert hubranges._pause(refusal("3"), 1) == 3.0
     assert hubranges._pause(refusal("3600"), 1) == hubranges.MAX_PAUSE_S

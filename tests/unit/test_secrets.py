@@ -17,11 +17,10 @@ import pytest
 
 from reconciler import cli, hub, redact
 from reconciler.cli import deploy
-from reconciler.components.apikey import read_key
 from reconciler.errors import ReconcilerError, SecretError
 from reconciler.execution import ApplyContext
 from reconciler.facts.node import Facts, NodeFacts
-from reconciler.health import probe_liveness
+from reconciler.health import probe_liveness, read_key
 from reconciler.loop import Loop
 from reconciler.loopstatus import status_path
 from reconciler.redact import RedactingStream, checked_secret
