@@ -10,8 +10,9 @@ is the prefix cache's. The steady state is compared.
 
 from __future__ import annotations
 
+import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,3 +114,58 @@ def figure_line(conc: int, key: str, theirs: float, ours: float, changes: Sequen
         f"c{conc} {key:18} vllm bench serve {theirs:9.3f}   reconciler bench {ours:9.3f}   "
         f"by round {by_round} -> {percent(median_difference(changes))}"
     )
+
+
+# --- the engine's own view -------------------------------------------------------------------
+
+# vLLM's histograms of every request it served, read from its /metrics before and after a run:
+# they say how fast the engine itself was during that run, whichever client sent the requests.
+SERVER_HISTOGRAMS = {
+    "server_mean_ttft_ms": "vllm:time_to_first_token_seconds",
+    "server_mean_itl_ms": "vllm:inter_token_latency_seconds",
+}
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)$")
+
+
+def histogram_totals(text: str) -> dict[str, float]:
+    """The `_sum` and `_count` samples of the server histograms in a Prometheus text page,
+    summed over their labels (one engine, one model: one series each in practice)."""
+    wanted = {f"{name}{suffix}" for name in SERVER_HISTOGRAMS.values() for suffix in ("_sum", "_count")}
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        sample = _SAMPLE.match(line.strip())
+        if sample and sample["name"] in wanted:
+            totals[sample["name"]] = totals.get(sample["name"], 0.0) + float(sample["value"])
+    return totals
+
+
+def server_figures(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float | None]:
+    """The engine's mean TTFT and ITL over the requests served between two readings (a run's
+    warm-ups included: they are few, and both tools send some); none when it served none."""
+    figures: dict[str, float | None] = {}
+    for key, name in SERVER_HISTOGRAMS.items():
+        count = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+        total = after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)
+        figures[key] = total / count * 1000 if count > 0 else None
+    return figures
+
+
+def server_line(conc: int, round_: int, theirs: Mapping[str, float | None], ours: Mapping[str, float | None]) -> str:
+    shown = "  ".join(f"{key} {_ms(theirs[key])}/{_ms(ours[key])}" for key in SERVER_HISTOGRAMS)
+    return f"c{conc} round {round_} engine during (vllm/ours): {shown}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def engine_differences(
+    rounds: Sequence[tuple[Mapping[str, float | None], Mapping[str, float | None]]],
+) -> dict[str, list[float | None]]:
+    """Per server figure, each round's (during vLLM's run, during ours) difference: the part of
+    the tools' difference that the engine itself shows."""
+    return {key: [_engine_difference(theirs[key], ours[key]) for theirs, ours in rounds] for key in SERVER_HISTOGRAMS}
+
+
+def _engine_difference(theirs: float | None, ours: float | None) -> float | None:
+    return None if theirs is None or ours is None else difference(theirs, ours)

@@ -31,9 +31,9 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -53,6 +53,9 @@ KEY_FILE = "/srv/spark/state/api_key"
 INPUT_LEN, OUTPUT_LEN = 256, 64
 CONCURRENCIES = (1, 2)
 RUN_TIMEOUT_S = 900
+
+
+_Run = TypeVar("_Run")
 
 
 class AgreementError(Exception):
@@ -102,6 +105,20 @@ def head_json(bed: Bed, path: str) -> dict[str, Any]:
     return loaded
 
 
+# Reads the engine's /metrics inside the head; the key comes from its file, never an argv.
+_METRICS_SCRIPT = """
+import sys, urllib.request
+key = open(sys.argv[2], encoding="utf-8").read().strip()
+request = urllib.request.Request(sys.argv[1] + "/metrics", headers={"Authorization": "Bearer " + key})
+sys.stdout.write(urllib.request.urlopen(request, timeout=30).read().decode())
+"""
+
+
+def engine_totals(bed: Bed, url: str) -> dict[str, float]:
+    page = bed.node(HEAD, "python3", "-c", _METRICS_SCRIPT, url, KEY_FILE).stdout
+    return agreement.histogram_totals(page)
+
+
 def vllm_round(bed: Bed, url: str, conc: int, round_: int, reps: int) -> tuple[str, Pooled]:
     """(its result file in the head, its requests): vLLM's own bench, a new --seed each round,
     one extra prompt per slot. The key goes from its file to the environment, never an argv."""
@@ -136,38 +153,69 @@ def our_round(bed: Bed, conc: int, round_: int, reps: int) -> tuple[str, Pooled,
 
 
 def both_tools(bed: Bed, url: str, conc: int, round_: int, reps: int) -> dict[str, Any]:
-    """One round: our run and vLLM's, ours first in odd rounds and vLLM's in even ones."""
+    """One round: our run and vLLM's, ours first in odd rounds and vLLM's in even ones, each
+    with the engine's own figures over the requests it served during that run."""
+    engine: dict[str, dict[str, float | None]] = {}
+
+    def watched(tool: str, run: Callable[[], _Run]) -> _Run:
+        before = engine_totals(bed, url)
+        ran = run()
+        engine[tool] = agreement.server_figures(before, engine_totals(bed, url))
+        return ran
+
+    def run_ours() -> tuple[str, Pooled, dict[str, int]]:
+        return watched("ours", lambda: our_round(bed, conc, round_, reps))
+
+    def run_vllm() -> tuple[str, Pooled]:
+        return watched("vllm", lambda: vllm_round(bed, url, conc, round_, reps))
+
     if round_ % 2:
-        ours = our_round(bed, conc, round_, reps)
-        theirs = vllm_round(bed, url, conc, round_, reps)
+        ours, theirs = run_ours(), run_vllm()
     else:
-        theirs = vllm_round(bed, url, conc, round_, reps)
-        ours = our_round(bed, conc, round_, reps)
+        theirs, ours = run_vllm(), run_ours()
     if round_ == 1:  # `bench compare` reads vLLM's file as it is
         print(reconciler(bed, "bench", "compare", theirs[0], ours[0]))
-    return {"first": "ours" if round_ % 2 else "vllm", "vllm": theirs[1], "ours": ours[1], "streams": ours[2]}
+    first = "ours" if round_ % 2 else "vllm"
+    return {"first": first, "vllm": theirs[1], "ours": ours[1], "streams": ours[2], "engine": engine}
 
 
 def concurrency(bed: Bed, url: str, conc: int, rounds: int, reps: int) -> dict[str, Any]:
     """ROUNDS rounds at one concurrency: each round's figures, the pooled ones, the differences."""
     per_round: list[dict[str, Any]] = []
     figures: list[tuple[Figures, Figures]] = []
+    engine: list[tuple[dict[str, float | None], dict[str, float | None]]] = []
     pooled = {"vllm": Pooled(), "ours": Pooled()}
     started = time.monotonic()
     for round_ in range(1, rounds + 1):
         ran = both_tools(bed, url, conc, round_, reps)
         figures.append((agreement.vllm_figures(ran["vllm"]), agreement.vllm_figures(ran["ours"])))
         theirs, ours = figures[-1]
-        per_round.append({"round": round_, "first": ran["first"], "vllm": theirs, "ours": ours, **ran["streams"]})
+        engine.append((ran["engine"]["vllm"], ran["engine"]["ours"]))
+        per_round.append(
+            {
+                "round": round_,
+                "first": ran["first"],
+                "vllm": theirs,
+                "ours": ours,
+                "engine": ran["engine"],
+                **ran["streams"],
+            }
+        )
         print(agreement.round_line(conc, round_, theirs, ours), flush=True)
+        print(agreement.server_line(conc, round_, *engine[-1]), flush=True)
         pooled["vllm"].add(ran["vllm"])
         pooled["ours"].add(ran["ours"])
     changes = agreement.differences(figures)
+    engine_changes = agreement.engine_differences(engine)
     return {
         "rounds": per_round,
         "pooled": {tool: agreement.vllm_figures(requests) for tool, requests in pooled.items()},
         "differences_by_round": changes,
         "median_difference": {key: agreement.median_difference(values) for key, values in changes.items()},
+        "engine_differences_by_round": engine_changes,
+        "engine_median_difference": {
+            key: agreement.median_difference(values) for key, values in engine_changes.items()
+        },
         "seconds": time.monotonic() - started,
     }
 
@@ -193,6 +241,12 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         theirs, ours = level["pooled"]["vllm"], level["pooled"]["ours"]
         for key in agreement.FIGURES:
             lines.append(agreement.figure_line(conc, key, theirs[key], ours[key], level["differences_by_round"][key]))
+        for key, changes in level["engine_differences_by_round"].items():
+            by_round = " ".join(agreement.percent(change) for change in changes)
+            median = agreement.percent(agreement.median_difference(changes))
+            lines.append(
+                f"c{conc} {key:18} the engine during ours against during vLLM's: by round {by_round} -> {median}"
+            )
     return lines
 
 

@@ -76,3 +76,46 @@ def test_a_vllm_result_with_failed_requests_is_refused_not_averaged() -> None:
     }
     with pytest.raises(ValueError, match="1 of its requests failed"):
         agreement.from_vllm_result(saved, conc=1)
+
+
+def metrics_page(ttft_sum: float, ttft_count: int, itl_sum: float, itl_count: int) -> str:
+    """A /metrics page as vLLM serves it: help and type lines, labels, buckets, other series."""
+    labels = '{engine="0",model_name="deepseek-v4.1-flash"}'
+    return "\n".join(
+        [
+            "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
+            "# TYPE vllm:time_to_first_token_seconds histogram",
+            f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="0.001"}} {ttft_count}',
+            f"vllm:time_to_first_token_seconds_sum{labels} {ttft_sum}",
+            f"vllm:time_to_first_token_seconds_count{labels} {ttft_count}",
+            f"vllm:inter_token_latency_seconds_sum{labels} {itl_sum}",
+            f"vllm:inter_token_latency_seconds_count{labels} {itl_count}.0",
+            f"vllm:request_prefill_time_seconds_sum{labels} 99.0",
+            f"vllm:num_requests_running{labels} 1.0",
+        ]
+    )
+
+
+def test_the_engines_figures_are_its_histograms_over_the_requests_served_in_between() -> None:
+    before = agreement.histogram_totals(metrics_page(1.0, 10, 2.0, 100))
+    after = agreement.histogram_totals(metrics_page(1.3, 16, 2.9, 160))
+    figures = agreement.server_figures(before, after)
+    assert figures["server_mean_ttft_ms"] == pytest.approx(50.0)  # 0.3 s over 6 first tokens
+    assert figures["server_mean_itl_ms"] == pytest.approx(15.0)  # 0.9 s over 60 gaps
+    assert agreement.server_figures(after, after) == {"server_mean_ttft_ms": None, "server_mean_itl_ms": None}
+
+
+def test_the_engines_differences_are_taken_round_by_round_and_skip_a_run_it_did_not_see() -> None:
+    rounds: list[tuple[dict[str, float | None], dict[str, float | None]]] = [
+        (
+            {"server_mean_ttft_ms": 40.0, "server_mean_itl_ms": 15.0},
+            {"server_mean_ttft_ms": 44.0, "server_mean_itl_ms": 15.0},
+        ),
+        (
+            {"server_mean_ttft_ms": 40.0, "server_mean_itl_ms": None},
+            {"server_mean_ttft_ms": 36.0, "server_mean_itl_ms": 12.0},
+        ),
+    ]
+    changes = agreement.engine_differences(rounds)
+    assert changes["server_mean_ttft_ms"] == [pytest.approx(0.1), pytest.approx(-0.1)]
+    assert changes["server_mean_itl_ms"] == [pytest.approx(0.0), None]
