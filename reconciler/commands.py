@@ -216,13 +216,13 @@ def hold(ctx: ApplyContext) -> None:
     deployment = ctx.deployment
     content = f'{{"since": "{utc_iso()}", "reason": "reconciler stop"}}\n'
     path = f"{deployment.state_dir.rstrip('/')}/{HOLD_FILE}"
-    ctx.ops(deployment.head.name, "write_file", {"path": path, "content": content})
+    ctx.ops(deployment.head.name).write_file(path, content)
 
 
 def release(ctx: ApplyContext) -> None:
     """`start`: clear the hold, and every recorded guard trip on the nodes that answer."""
     deployment = ctx.deployment
-    ctx.ops(deployment.head.name, "remove_file", {"path": f"{deployment.state_dir.rstrip('/')}/{HOLD_FILE}"})
+    ctx.ops(deployment.head.name).remove_file(f"{deployment.state_dir.rstrip('/')}/{HOLD_FILE}")
     clear_trips(ctx)
 
 
@@ -232,7 +232,7 @@ def clear_trips(ctx: ApplyContext) -> None:
     path = f"{ctx.deployment.state_dir.rstrip('/')}/{TRIP_FILE}"
     for node in ctx.deployment.nodes:
         with contextlib.suppress(NodeUnreachableError, NodeCommandError):
-            ctx.ops(node.name, "remove_file", {"path": path})
+            ctx.ops(node.name).remove_file(path)
 
 
 def status(deployment: Deployment, transports: dict[str, Transport], *, probe: bool = False) -> dict[str, Any]:

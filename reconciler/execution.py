@@ -16,16 +16,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TextIO
 
 from reconciler.actions import Action, Smoke
 from reconciler.clock import utc_iso
 from reconciler.errors import FactsError
 from reconciler.facts.node import Facts
+from reconciler.nodeops import NodeOps
 from reconciler.pipeline import Boards
 from reconciler.progress import Counter, PassState, StepState, Throttle, bar, parse_line, plausible, printable
 from reconciler.spec import Deployment, Node, expand_home
-from reconciler.transport.base import LineSink, Transport, run_program
+from reconciler.transport.base import LineSink, Transport
 
 # A journal line of byte work every few seconds (a terminal redraws its bar more often);
 # STATUS= and loop-status.json within a step at most every PUBLISH_INTERVAL_S.
@@ -267,14 +268,9 @@ class ApplyContext:
     def state_path(self, name: str, *parts: str) -> str:
         return "/".join([self.path(name, self.deployment.state_dir).rstrip("/"), *parts])
 
-    def ops(self, name: str, call: str, args: dict[str, Any], timeout: float = 3600.0) -> Any:
-        """Run a node-side file operation; its progress lines appear as they are written.
-
-        Every call names the state dir (as the spec writes it; the node expands `~` itself), so
-        the node makes it private before anything is written there.
-        """
-        request = {"call": call, "args": args, "private_dir": self.deployment.state_dir}
-        return run_program(self.transport(name), "ops", "run", request, timeout=timeout, on_line=self.node_lines(name))
+    def ops(self, name: str) -> NodeOps:
+        """The node's file operations; their progress lines appear as they are written."""
+        return NodeOps(self.transport(name), self.deployment.state_dir, self.node_lines(name))
 
     def node_lines(self, name: str) -> LineSink:
         return self.progress.sink(name)

@@ -72,10 +72,10 @@ def read_key(ctx: ApplyContext) -> str:
     """The key, for readiness probes only: checked, and never printed, logged or put in an error."""
     head = ctx.deployment.head.name
     path = ctx.path(head, ctx.deployment.key_file())
-    result = ctx.ops(head, "read_text", {"path": path, "errors": "surrogateescape", "limit": 4096})
-    text = result.get("text")
-    if not isinstance(text, str):
-        reason = result.get("error") or "missing"
+    result = ctx.ops(head).read_text(path, errors="surrogateescape", limit=4096)
+    text = result["text"]
+    if text is None:
+        reason = result["error"] or "missing"
         raise ReconcilerError(
             f"cannot read the API key file {path} on {head}: {reason}", "run `reconciler apply` to create it"
         )

@@ -45,14 +45,13 @@ def _create(ctx: ApplyContext, action: Action) -> str:
 
     # keep_existing: a key that appeared since the facts were gathered is never replaced.
     key = secrets.token_urlsafe(32) + "\n"
-    args = {"path": target.path, "content": key, "mode": target.mode, "keep_existing": True}
-    result = ctx.ops(action.node, "write_file", args)
-    return "created" if result["written"] else "kept the key that exists now"
+    written = ctx.ops(action.node).write_file(target.path, key, mode=target.mode, keep_existing=True)
+    return "created" if written else "kept the key that exists now"
 
 
 def _chmod(ctx: ApplyContext, action: Action) -> str:
     target = payload_of(action, KeyFile)
-    ctx.ops(action.node, "chmod", {"path": target.path, "mode": target.mode})
+    ctx.ops(action.node).chmod(target.path, target.mode)
     return f"mode {target.mode:04o}"
 
 

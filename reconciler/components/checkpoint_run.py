@@ -53,6 +53,7 @@ from reconciler.execution import ApplyContext, Executor
 from reconciler.facts.files import parse_manifest
 from reconciler.nodeside.copydaemon import MODULE as DAEMON_MODULE
 from reconciler.nodeside.copydaemon import USER as DAEMON_USER
+from reconciler.nodeside.ops import ReassembleArgs, RemoveRevisionsArgs, SwitchArgs
 from reconciler.pipeline import Feed, split_streams
 from reconciler.progress import Counter
 from reconciler.serving import rewrite_exl3_plan
@@ -64,16 +65,16 @@ _INCOMPLETE_HINT = "run `reconciler apply` again: it re-fetches exactly the file
 
 
 def _read_record(ctx: ApplyContext, node: str, path: str) -> dict[str, object]:
-    text = ctx.ops(node, "read_text", {"path": path}).get("text")
+    text = ctx.ops(node).read_text(path)["text"]
     try:
-        loaded = json.loads(text) if isinstance(text, str) else {}
+        loaded = json.loads(text) if text is not None else {}
     except ValueError:
         loaded = {}
     return loaded if isinstance(loaded, dict) else {}
 
 
 def _write_record(ctx: ApplyContext, node: str, path: str, record: dict[str, object]) -> None:
-    ctx.ops(node, "write_file", {"path": path, "content": json.dumps(record, indent=1, sort_keys=True) + "\n"})
+    ctx.ops(node).write_file(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
 def _pin(ctx: ApplyContext, action: Action) -> str:
@@ -86,14 +87,14 @@ def _pin(ctx: ApplyContext, action: Action) -> str:
 
 def _link(ctx: ApplyContext, action: Action) -> str:
     link = payload_of(action, Link)
-    result = ctx.ops(action.node, "link_files", {"target_dir": link.target_dir, "files": link.files})
-    return f"linked {result['linked']} files into {link.target_dir}"
+    linked = ctx.ops(action.node).link_files(link.target_dir, dict(link.files))
+    return f"linked {linked} files into {link.target_dir}"
 
 
 def _room_for(ctx: ApplyContext, node: str, directory: str, needed: int) -> None:
     """The plan's disk preflight, again just before writing: the disk may have filled since."""
-    free = ctx.ops(node, "disk_free", {"path": directory}).get("free")
-    if isinstance(free, int) and needed > free:
+    free = ctx.ops(node).disk_free(directory)
+    if free is not None and needed > free:
         raise NodeCommandError(
             f"{node}: needs {human_bytes(needed)} free in {directory}, has {human_bytes(free)}",
             "free space, or point nodes[].model_dir at a larger disk; nothing was written",
@@ -175,9 +176,8 @@ class Landed:
 
     def _hash(self, names: list[str]) -> None:
         assert self.cache is not None
-        args = {"model_dir": self.root, "files": names, "cache": self.cache, "deep": False}
         with self.ctx.boards.cache_lock(self.node):
-            digests = self.ctx.ops(self.node, "hash_files", args, timeout=6 * 3600)
+            digests = self.ctx.ops(self.node).hash_files(self.root, names, self.cache)
         self.board.publish(name for name in names if digests.get(name) == self.expected[name])
 
 
@@ -225,8 +225,8 @@ def forget(model_dir: str, names: list[str]) -> None:
 
 def _manifest_hashes(ctx: ApplyContext, node: str, model_dir: str, manifest: str) -> dict[str, str]:
     """The manifest as it is on the node now (the download may just have brought it)."""
-    text = ctx.ops(node, "read_text", {"path": f"{model_dir}/{manifest}"}).get("text")
-    if not isinstance(text, str):
+    text = ctx.ops(node).read_text(f"{model_dir}/{manifest}")["text"]
+    if text is None:
         raise NodeCommandError(f"{node}: {manifest} missing in {model_dir}", _INCOMPLETE_HINT)
     return parse_manifest(text)
 
@@ -248,24 +248,22 @@ def _reassemble(ctx: ApplyContext, action: Action) -> str:
     built: dict[str, int] = {}
     for shard in reassemble.shards:
         feed.wait_for(shard.parts)
-        args = {
-            "model_dir": reassemble.model_dir,
-            "shards": [shard.name],
-            "expected": {name: digest for name, digest in expected.items() if name == shard.name},
-            "keep_parts": reassemble.keep_parts,
-            "cache": reassemble.cache,
-        }
+        args = ReassembleArgs(
+            model_dir=reassemble.model_dir,
+            shards=[shard.name],
+            expected={name: digest for name, digest in expected.items() if name == shard.name},
+            keep_parts=reassemble.keep_parts,
+            cache=reassemble.cache,
+        )
         with ctx.boards.cache_lock(node):
-            built.update(ctx.ops(node, "reassemble", args))
+            built.update(ctx.ops(node).reassemble(args))
         if shard.name in expected:
             ctx.boards.board(node).publish([shard.name])
     return ", ".join(f"{name} ({human_bytes(size)})" for name, size in built.items())
 
 
 def _hash(ctx: ApplyContext, node: str, verify: Verify, names: list[str], deep: bool) -> dict[str, str | None]:
-    args = {"model_dir": verify.model_dir, "files": names, "cache": verify.cache, "deep": deep}
-    result: dict[str, str | None] = ctx.ops(node, "hash_files", args, timeout=6 * 3600)
-    return result
+    return ctx.ops(node).hash_files(verify.model_dir, names, verify.cache, deep=deep)
 
 
 def _differing(expected: dict[str, str], actual: dict[str, str | None]) -> tuple[list[str], list[str]]:
@@ -306,7 +304,7 @@ def _restart_if_read(ctx: ApplyContext, node: str, verify: Verify, repaired: lis
     head = ctx.deployment.head.name
     cause = f"{verify.restart_on_repair} ({shorten(read)} on {node})"
     content = json.dumps({"since": utc_iso(), "cause": cause}) + "\n"
-    ctx.ops(head, "write_file", {"path": ctx.state_path(head, "restart-intent.json"), "content": content})
+    ctx.ops(head).write_file(ctx.state_path(head, "restart-intent.json"), content)
 
 
 def _refetch(ctx: ApplyContext, node: str, verify: Verify, names: list[str]) -> None:
@@ -327,7 +325,7 @@ def _refetch(ctx: ApplyContext, node: str, verify: Verify, names: list[str]) -> 
         report, on_bytes = ctx.progress.line, ctx.progress.reporter()
         hub.fetch(model, verify.model_dir, commit=verify.commit, report=report, only=only, on_bytes=on_bytes)
     if parted:
-        ctx.ops(node, "reassemble", {"model_dir": verify.model_dir, "shards": parted})
+        ctx.ops(node).reassemble(ReassembleArgs(model_dir=verify.model_dir, shards=parted))
 
 
 def _copy(ctx: ApplyContext, action: Action) -> str:
@@ -390,7 +388,7 @@ def _rsync(
             "run `reconciler plan` again: without fabric addresses the head copies itself, over SSH",
         )
     feed = feed or Feed(ctx.boards.board(origin), sizes, released=True)
-    ctx.ops(node, "mkdirs", {"paths": [destination]})
+    ctx.ops(node).mkdirs(destination)
     # Sized by the head's cores (this process runs there): the nodes are alike.
     count = stream_count(os.cpu_count(), len(sizes))
     # Everything ready now: the streams split as a plain copy's, one rsync each.
@@ -597,8 +595,8 @@ def _stage_plan(ctx: ApplyContext, action: Action) -> str:
     stage = payload_of(action, StagePlan)
     content = stage.content
     if content is None:
-        text = ctx.ops(action.node, "read_text", {"path": stage.source}).get("text")
-        if not isinstance(text, str):
+        text = ctx.ops(action.node).read_text(stage.source)["text"]
+        if text is None:
             message = f"{action.node}: {stage.source} is missing; the checkpoint is incomplete"
             raise NodeCommandError(message, _INCOMPLETE_HINT)
         try:
@@ -608,21 +606,22 @@ def _stage_plan(ctx: ApplyContext, action: Action) -> str:
                 f"{action.node}: {stage.source} is not an EXL3 plan (JSON with a qdir)", _INCOMPLETE_HINT
             ) from None
     directory = stage.target.rsplit("/", 1)[0]
-    ctx.ops(action.node, "mkdirs", {"paths": [directory, ctx.state_path(action.node, "cache")]})
+    node = ctx.ops(action.node)
+    node.mkdirs(directory, ctx.state_path(action.node, "cache"))
     # World-readable like the checkpoint it comes from: the engine in the container reads it.
-    ctx.ops(action.node, "write_file", {"path": stage.target, "content": content, "mode": 0o644})
+    node.write_file(stage.target, content, mode=0o644)
     return f"staged {stage.target}"
 
 
 def _prune(ctx: ApplyContext, action: Action) -> str:
-    removed = ctx.ops(action.node, "prune_parts", {"model_dir": payload_of(action, Prune).model_dir})["removed"]
+    removed = ctx.ops(action.node).prune_parts(payload_of(action, Prune).model_dir)
     return f"deleted {len(removed)} part files"
 
 
 def _switch(ctx: ApplyContext, action: Action) -> str:
     switch = payload_of(action, Switch)
-    args = {"model_dir": switch.model_dir, "target": switch.target, "legacy_to": switch.legacy_to}
-    ctx.ops(action.node, "switch_model_dir", args)
+    args = SwitchArgs(model_dir=switch.model_dir, target=switch.target, legacy_to=switch.legacy_to)
+    ctx.ops(action.node).switch_model_dir(args)
     record = _read_record(ctx, action.node, switch.record)
     record.update(repo=switch.repo, history=switch.history, serving_since=utc_iso())
     _write_record(ctx, action.node, switch.record, record)
@@ -631,11 +630,13 @@ def _switch(ctx: ApplyContext, action: Action) -> str:
 
 def _prune_revisions(ctx: ApplyContext, action: Action) -> str:
     prune = payload_of(action, PruneRevisions)
-    args = {"model_dir": prune.model_dir, "remove": prune.remove, "shared_only": prune.shared_only}
-    result = ctx.ops(action.node, "remove_revisions", args)
-    kept = result.get("kept") or []
-    note = f"; kept files found nowhere else: {shorten([str(k) for k in kept])}" if kept else ""
-    return f"removed {len(result.get('removed') or [])} revision directories{note}"
+    args = RemoveRevisionsArgs(
+        model_dir=prune.model_dir, remove=list(prune.remove), shared_only=list(prune.shared_only)
+    )
+    result = ctx.ops(action.node).remove_revisions(args)
+    kept = result["kept"]
+    note = f"; kept files found nowhere else: {shorten(kept)}" if kept else ""
+    return f"removed {len(result['removed'])} revision directories{note}"
 
 
 EXECUTORS: dict[Step, Executor] = {

@@ -17,6 +17,7 @@ from reconciler.actions import Action, Guard, GuardConfig, InSync, Outcome, Step
 from reconciler.errors import ReconcilerError
 from reconciler.facts.memory import GuardTrip
 from reconciler.facts.node import Facts
+from reconciler.nodeside.ops import GuardStartArgs
 from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, expand_home
 
@@ -103,14 +104,13 @@ def _start(ctx: ApplyContext, action: Action) -> str:
     if guard.config is None:
         raise ReconcilerError(f"{action.id}: a guard start without its settings", "plan again: `reconciler plan`")
     program = (Path(nodeside.__file__).parent / "memguard.py").read_text(encoding="utf-8")
-    args = {"state_dir": guard.state_dir, "program": program, "config": payload_data(guard.config)}
-    result = ctx.ops(action.node, "guard_start", args)
-    return f"running as pid {result['pid']}"
+    args = GuardStartArgs(state_dir=guard.state_dir, program=program, config=payload_data(guard.config))
+    return f"running as pid {ctx.ops(action.node).guard_start(args)}"
 
 
 def _stop(ctx: ApplyContext, action: Action) -> str:
-    result = ctx.ops(action.node, "guard_stop", {"state_dir": payload_of(action, Guard).state_dir})
-    return "stopped" if result["stopped"] else "was not running"
+    stopped = ctx.ops(action.node).guard_stop(payload_of(action, Guard).state_dir)
+    return "stopped" if stopped else "was not running"
 
 
 TRIP_FILE = "memguard.trip.json"

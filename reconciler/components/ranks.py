@@ -390,12 +390,12 @@ def _record_intent(ctx: ApplyContext, cause: str) -> None:
     head = ctx.deployment.head.name
     content = json.dumps({"since": utc_iso(), "cause": redact(cause)}) + "\n"
     path = ctx.state_path(head, INTENT_FILE)
-    ctx.ops(head, "write_file", {"path": path, "content": content, "keep_existing": True})
+    ctx.ops(head).write_file(path, content, keep_existing=True)
 
 
 def _clear_intent(ctx: ApplyContext) -> None:
     head = ctx.deployment.head.name
-    ctx.ops(head, "remove_file", {"path": ctx.state_path(head, INTENT_FILE)})
+    ctx.ops(head).remove_file(ctx.state_path(head, INTENT_FILE))
 
 
 def _stop(ctx: ApplyContext, action: Action) -> str:

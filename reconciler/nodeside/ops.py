@@ -1,6 +1,10 @@
 """Runs ON a node (stdlib only): the small file operations `apply` needs there.
 
-Each public function takes one dict of arguments and prints one JSON result. Every write is
+Each operation takes one dict of arguments and returns one result, both declared below as
+TypedDicts: the head's typed client (reconciler/nodeops.py) calls each operation through its
+declaration, so mypy checks the head's arguments and its reading of the result against this
+file, and the head validates what a node answers against the same declaration. `run` is the
+entry point: it prints the result as one line of JSON. Every write is
 atomic (temporary file in the same directory, fsync, rename) so an interrupted apply never
 leaves a half-written key, plan or shard behind. The temporary file is created exclusively and
 never through a symlink, so nothing placed beforehand can redirect what is written (the key).
@@ -19,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 # Hashing, thread pools, processes and rmtree import their modules where they are used: the head
 # imports this module for atomic_write on every command, and every call on a node pays for what
@@ -27,6 +31,144 @@ from typing import Any
 
 CHUNK = 8 * 1024 * 1024
 PART_RE = re.compile(r"^(?P<shard>.+\.safetensors)\.part(?P<index>[0-9]{2})$")
+
+
+# --- the operations' arguments and results -------------------------------------------------
+# Optional arguments live in a `total=False` subclass (nodes may run a python3 older than the
+# head's, and NotRequired is 3.11's).
+
+
+class PathArgs(TypedDict):
+    path: str
+
+
+class WriteFileRequired(TypedDict):
+    path: str
+    content: str
+
+
+class WriteFileArgs(WriteFileRequired, total=False):
+    mode: int
+    keep_existing: bool
+
+
+class WriteFileResult(TypedDict):
+    written: bool
+
+
+class ChmodArgs(TypedDict):
+    path: str
+    mode: int
+
+
+class Done(TypedDict):
+    ok: bool
+
+
+class ReadTextArgs(PathArgs, total=False):
+    limit: int
+    errors: str
+
+
+class ReadTextResult(TypedDict):
+    text: str | None
+    error: str | None
+
+
+class MkdirsArgs(TypedDict):
+    paths: list[str]
+
+
+class HashFilesRequired(TypedDict):
+    model_dir: str
+    cache: str
+    files: list[str]
+
+
+class HashFilesArgs(HashFilesRequired, total=False):
+    deep: bool
+
+
+class ModelDirArgs(TypedDict):
+    model_dir: str
+
+
+class ReassembleRequired(TypedDict):
+    model_dir: str
+    shards: list[str]
+
+
+class ReassembleArgs(ReassembleRequired, total=False):
+    expected: dict[str, str]
+    cache: str | None
+    keep_parts: bool
+
+
+class Removed(TypedDict):
+    removed: list[str]
+
+
+class StateDirArgs(TypedDict):
+    state_dir: str
+
+
+class GuardStartRequired(TypedDict):
+    state_dir: str
+    program: str
+    config: dict[str, Any]
+
+
+class GuardStartArgs(GuardStartRequired, total=False):
+    clear_trip: bool
+
+
+class GuardStarted(TypedDict):
+    pid: int
+
+
+class GuardStopped(TypedDict):
+    stopped: bool
+
+
+class DiskFree(TypedDict):
+    free: int | None
+
+
+class LinkFilesArgs(TypedDict):
+    target_dir: str
+    files: dict[str, str]
+
+
+class Linked(TypedDict):
+    linked: int
+
+
+class SwitchRequired(TypedDict):
+    model_dir: str
+    target: str
+
+
+class SwitchArgs(SwitchRequired, total=False):
+    legacy_to: str | None
+
+
+class Switched(TypedDict):
+    model_dir: str
+    target: str
+
+
+class RemoveRevisionsRequired(TypedDict):
+    model_dir: str
+    remove: list[str]
+
+
+class RemoveRevisionsArgs(RemoveRevisionsRequired, total=False):
+    shared_only: list[str]
+
+
+class RevisionsRemoved(TypedDict):
+    removed: list[str]
+    kept: list[str]
 
 
 def _reply(value: Any) -> None:
@@ -101,52 +243,48 @@ def private_dir(path: str) -> None:
         os.chmod(path, 0o700)
 
 
-def write_file(args: dict[str, Any]) -> None:
+def write_file(args: WriteFileArgs) -> WriteFileResult:
     """Write a file atomically; with `keep_existing`, a non-empty file is never replaced."""
     path = os.path.expanduser(args["path"])
     if args.get("keep_existing") and os.path.exists(path) and os.path.getsize(path) > 0:
-        _reply({"written": False, "reason": "exists"})
-        return
+        return {"written": False}
     atomic_write(path, args["content"].encode(), int(args.get("mode", PRIVATE)))
-    _reply({"written": True})
+    return {"written": True}
 
 
-def chmod(args: dict[str, Any]) -> None:
+def chmod(args: ChmodArgs) -> Done:
     os.chmod(os.path.expanduser(args["path"]), int(args["mode"]))
-    _reply({"ok": True})
+    return {"ok": True}
 
 
 READ_LIMIT = 64 * 1024 * 1024
 
 
-def read_text(args: dict[str, Any]) -> None:
+def read_text(args: ReadTextArgs) -> ReadTextResult:
     """A regular file's text (`errors` as for bytes.decode), or None and why: never a FIFO or a
     device (they would block or never end), never more than `limit` bytes."""
     limit = int(args.get("limit", READ_LIMIT))
     try:
         descriptor = os.open(os.path.expanduser(args["path"]), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        _reply({"text": None, "error": exc.strerror})
-        return
+        return {"text": None, "error": exc.strerror}
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):
         os.close(descriptor)
-        _reply({"text": None, "error": "not a regular file"})
-        return
+        return {"text": None, "error": "not a regular file"}
     with os.fdopen(descriptor, "rb") as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:
-        _reply({"text": None, "error": f"larger than {limit} bytes"})
-        return
+        return {"text": None, "error": f"larger than {limit} bytes"}
     try:
-        _reply({"text": data.decode("utf-8", args.get("errors", "strict"))})
+        return {"text": data.decode("utf-8", args.get("errors", "strict")), "error": None}
     except UnicodeDecodeError as exc:
-        _reply({"text": None, "error": f"not UTF-8 (byte {exc.start})"})
+        return {"text": None, "error": f"not UTF-8 (byte {exc.start})"}
 
 
-def mkdirs(args: dict[str, Any]) -> None:
+def mkdirs(args: MkdirsArgs) -> Done:
     for path in args["paths"]:
         os.makedirs(os.path.expanduser(path), exist_ok=True)
-    _reply({"ok": True})
+    return {"ok": True}
 
 
 def _load_cache(path: str) -> dict[str, list[Any]]:
@@ -203,7 +341,7 @@ def _sha256(path: str, meter: _Meter) -> str:
     return digest.hexdigest()
 
 
-def hash_files(args: dict[str, Any]) -> None:
+def hash_files(args: HashFilesArgs) -> dict[str, str | None]:
     """sha256 of each file, from the cache when (size, mtime_ns, inode) still match.
 
     Files are hashed in parallel (hashlib releases the GIL on large blocks), so first-time
@@ -235,10 +373,10 @@ def hash_files(args: dict[str, Any]) -> None:
         cache[f"{root}/{name}"] = [*keys[name], digest]
     if digests:
         atomic_write(cache_path, json.dumps(cache, sort_keys=True).encode())
-    _reply({name: (cache[f"{root}/{name}"][3] if name in keys else None) for name in args["files"]})
+    return {name: (cache[f"{root}/{name}"][3] if name in keys else None) for name in args["files"]}
 
 
-def reassemble(args: dict[str, Any]) -> None:
+def reassemble(args: ReassembleArgs) -> dict[str, int]:
     """Concatenate each shard's .partNN files into the shard, one shard at a time.
 
     The shard is hashed as it is written; when it matches `expected` it goes into the hash
@@ -250,7 +388,8 @@ def reassemble(args: dict[str, Any]) -> None:
 
     root = os.path.expanduser(args["model_dir"])
     expected: dict[str, str] = args.get("expected") or {}
-    cache_path = os.path.expanduser(args["cache"]) if args.get("cache") else None
+    cache = args.get("cache")
+    cache_path = os.path.expanduser(cache) if cache else None
     names = sorted(os.listdir(root))
     parts_of = {
         shard: [name for name in names if (match := PART_RE.match(name)) and match.group("shard") == shard]
@@ -275,7 +414,7 @@ def reassemble(args: dict[str, Any]) -> None:
                 os.unlink(os.path.join(root, part))
         built[shard] = os.path.getsize(target)
         meter.file_done()
-    _reply(built)
+    return built
 
 
 def _assemble(root: str, parts: list[str], temporary: str, count: Callable[[int], None]) -> str:
@@ -303,7 +442,7 @@ def _remember(cache_path: str, path: str, digest: str) -> None:
     atomic_write(cache_path, json.dumps(cache, sort_keys=True).encode())
 
 
-def prune_parts(args: dict[str, Any]) -> None:
+def prune_parts(args: ModelDirArgs) -> Removed:
     """Delete .partNN files whose native shard exists; nothing else is ever deleted."""
     root = os.path.expanduser(args["model_dir"])
     removed = []
@@ -312,7 +451,7 @@ def prune_parts(args: dict[str, Any]) -> None:
         if match and os.path.exists(os.path.join(root, match.group("shard"))):
             os.unlink(os.path.join(root, name))
             removed.append(name)
-    _reply({"removed": removed})
+    return {"removed": removed}
 
 
 def _pid_of(pid_file: str) -> int | None:
@@ -345,7 +484,7 @@ def _stop_pid(pid_file: str) -> bool:
     return True
 
 
-def guard_start(args: dict[str, Any]) -> None:
+def guard_start(args: GuardStartArgs) -> GuardStarted:
     """Install the guard program and its config in the state dir, then (re)start it detached."""
     import subprocess
 
@@ -366,18 +505,18 @@ def guard_start(args: dict[str, Any]) -> None:
         close_fds=True,
     )
     atomic_write(os.path.join(state_dir, "memguard.pid"), f"{process.pid}\n".encode())
-    _reply({"pid": process.pid})
+    return {"pid": process.pid}
 
 
-def guard_stop(args: dict[str, Any]) -> None:
+def guard_stop(args: StateDirArgs) -> GuardStopped:
     state_dir = os.path.expanduser(args["state_dir"])
     stopped = _stop_pid(os.path.join(state_dir, "memguard.pid"))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(state_dir, "memguard.pid"))
-    _reply({"stopped": stopped})
+    return {"stopped": stopped}
 
 
-def disk_free(args: dict[str, Any]) -> None:
+def disk_free(args: PathArgs) -> DiskFree:
     """Free bytes where `path` is, or would be once created."""
     probe = os.path.expanduser(args["path"])
     while probe and not os.path.exists(probe):
@@ -385,15 +524,14 @@ def disk_free(args: dict[str, Any]) -> None:
     try:
         info = os.statvfs(probe or "/")
     except OSError:
-        _reply({"free": None})
-        return
-    _reply({"free": info.f_bavail * info.f_frsize})
+        return {"free": None}
+    return {"free": info.f_bavail * info.f_frsize}
 
 
-def remove_file(args: dict[str, Any]) -> None:
+def remove_file(args: PathArgs) -> Done:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.expanduser(args["path"]))
-    _reply({"ok": True})
+    return {"ok": True}
 
 
 REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -406,7 +544,7 @@ def _inside(root: str, relative: str) -> str:
     return path
 
 
-def link_files(args: dict[str, Any]) -> None:
+def link_files(args: LinkFilesArgs) -> Linked:
     """Hardlink existing files into a new revision dir: {relative name: existing path}.
 
     A link adds a name and changes nothing of the file (its inode, bytes and mtime stay), so the
@@ -423,7 +561,7 @@ def link_files(args: dict[str, Any]) -> None:
         os.link(source, temporary)
         os.replace(temporary, target)
         linked += 1
-    _reply({"linked": linked})
+    return {"linked": linked}
 
 
 def _is_revision_of(model_dir: str, path: str) -> bool:
@@ -432,7 +570,7 @@ def _is_revision_of(model_dir: str, path: str) -> bool:
     return (head == base and bool(at) and REVISION_RE.match(commit) is not None) or path == f"{base}.pre-revisions"
 
 
-def switch_model_dir(args: dict[str, Any]) -> None:
+def switch_model_dir(args: SwitchArgs) -> Switched:
     """Point model_dir at a revision dir: a symlink swapped in by rename. A model_dir that is a
     real directory (from before revisions) is first moved to `legacy_to`."""
     model_dir = os.path.expanduser(args["model_dir"]).rstrip("/")
@@ -448,7 +586,7 @@ def switch_model_dir(args: dict[str, Any]) -> None:
     os.symlink(os.path.basename(target), temporary)
     os.replace(temporary, model_dir)
     _fsync_directory(os.path.dirname(model_dir))
-    _reply({"model_dir": model_dir, "target": target})
+    return {"model_dir": model_dir, "target": target}
 
 
 def _remove_shared(root: str) -> list[str]:
@@ -468,7 +606,7 @@ def _remove_shared(root: str) -> list[str]:
     return kept
 
 
-def remove_revisions(args: dict[str, Any]) -> None:
+def remove_revisions(args: RemoveRevisionsArgs) -> RevisionsRemoved:
     """Remove revision dirs of model_dir (never the one it links to, never anything else)."""
     import shutil
 
@@ -487,17 +625,18 @@ def remove_revisions(args: dict[str, Any]) -> None:
             kept += _remove_shared(path)
             if not os.path.exists(path):
                 removed.append(path)
-    _reply({"removed": removed, "kept": kept})
+    return {"removed": removed, "kept": kept}
 
 
 def run(request: dict[str, Any]) -> None:
-    """Entry point: make the state dir private (every call names it), then run one operation."""
+    """Entry point: make the state dir private (every call names it), run one operation, print
+    its result."""
     if request.get("private_dir"):
         private_dir(os.path.expanduser(request["private_dir"]))
-    OPERATIONS[request["call"]](request["args"])
+    _reply(OPERATIONS[request["call"]](request["args"]))
 
 
-OPERATIONS = {
+OPERATIONS: dict[str, Callable[[Any], object]] = {
     function.__name__: function
     for function in (
         write_file,

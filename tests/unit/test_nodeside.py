@@ -21,7 +21,7 @@ NODE = LocalTransport("local")
 
 
 def ops(call: str, **args: Any) -> Any:
-    return run_program(NODE, "ops", call, args)
+    return run_program(NODE, "ops", "run", {"call": call, "args": args})
 
 
 def test_write_file_is_atomic_with_mode_and_never_replaces_a_kept_file(tmp_path: Path) -> None:
@@ -83,12 +83,7 @@ def test_probe_reports_revisions_plans_key_and_a_docker_error(tmp_path: Path, mo
     (state / "plans" / served / "J268-ho-v31-K5n.json").write_text(rewrite_exl3_plan(plan_text))
     (state / "api_key").write_text("k\n")
     (state / "api_key").chmod(0o644)
-    run_program(
-        NODE,
-        "ops",
-        "hash_files",
-        {"model_dir": str(revision), "files": ["config.json"], "cache": str(state / "hashcache.json")},
-    )
+    ops("hash_files", model_dir=str(revision), files=["config.json"], cache=str(state / "hashcache.json"))
     args = {**probe_args(deployment, deployment.head), "model_dir": str(model), "state_dir": str(state)}
     args["key_file"] = str(state / "api_key")
     raw = run_program(NODE, "probe", "print_probe", args)
