@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reconciler.transport.base import run_program  # noqa: E402
+from reconciler.nodeops import NodeOps  # noqa: E402
 from reconciler.transport.local import LocalTransport  # noqa: E402
 
 NODE = LocalTransport("bench")
@@ -60,7 +60,7 @@ def hashing(directory: Path, files: int = 8, mib: int = 96) -> dict[str, float]:
     def ours() -> None:
         cache = directory / "cache.json"
         cache.unlink(missing_ok=True)
-        run_program(NODE, "ops", "hash_files", {"model_dir": str(directory), "files": names, "cache": str(cache)})
+        NodeOps(NODE, None).hash_files(str(directory), names, str(cache))
 
     measured = statistics.median(timed(ours) for _ in range(3))
     total = files * mib * 1024 * 1024
@@ -87,8 +87,10 @@ def noop_reverify(directory: Path) -> dict[str, float]:
         names.append(path.name)
     cache_path = directory / "cache.json"
     cache_path.write_text(json.dumps(cache), encoding="utf-8")
-    args = {"model_dir": str(directory), "files": names, "cache": str(cache_path)}
-    measured = statistics.median(timed(lambda: run_program(NODE, "ops", "hash_files", args)) for _ in range(10))
+    node = NodeOps(NODE, None)
+    measured = statistics.median(
+        timed(lambda: node.hash_files(str(directory), names, str(cache_path))) for _ in range(10)
+    )
     floor = statistics.median(
         timed(
             lambda: subprocess.run(

@@ -30,12 +30,12 @@ from reconciler.facts.node import Facts, Liveness
 from reconciler.health import health_code, probe_liveness, read_key
 from reconciler.lock import deployment_lock
 from reconciler.loopstatus import read_status, write_pass
+from reconciler.nodeops import NodeOps
 from reconciler.plan import Plan, plan
 from reconciler.progress import PassState
 from reconciler.serving import api_base, container_name
 from reconciler.spec import Deployment
 from reconciler.transport import Transport
-from reconciler.transport.base import run_program
 from reconciler.transport.connect import close_all, connect_all
 from reconciler.verify import smoke
 from reconciler.verify.apiclient import ApiTarget
@@ -320,8 +320,8 @@ def guard_log(
     path = f"{deployment.state_dir.rstrip('/')}/memguard.log"  # the node expands `~` itself
     seen = 0
     while True:
-        text = run_program(transports[node], "ops", "read_text", {"path": path})
-        lines = str(text.get("text") or "").splitlines()
+        text = NodeOps(transports[node], None).read_text(path)["text"]
+        lines = (text or "").splitlines()
         fresh = lines[-tail:] if seen == 0 else lines[seen:]
         seen = len(lines)
         yield "".join(f"{line}\n" for line in fresh)

@@ -27,14 +27,24 @@ DEFAULT_S = 3600.0
 
 
 class NodeOps:
-    """One node's file operations, over its transport. Every call names the state dir (as the
-    spec writes it; the node expands `~` itself), so the node makes it private before anything
-    is written there; progress lines go to `on_line` as the node writes them."""
+    """One node's file operations, over its transport. With a state dir (as the spec writes it;
+    the node expands `~` itself), every call has the node make it private first, before anything
+    is written there; a reader that must change nothing passes none. Progress lines go to
+    `on_line` as the node writes them. A call may take `timeout` seconds (hashing and
+    reassembling a checkpoint may take LONGEST_S)."""
 
-    def __init__(self, transport: Transport, state_dir: str, on_line: LineSink | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        state_dir: str | None,
+        on_line: LineSink | None = None,
+        *,
+        timeout: float = DEFAULT_S,
+    ) -> None:
         self.transport = transport
         self.state_dir = state_dir
         self.on_line = on_line
+        self.timeout = timeout
 
     def write_file(self, path: str, content: str, *, mode: int = ops.PRIVATE, keep_existing: bool = False) -> bool:
         """Whether it was written: with `keep_existing`, a non-empty file stays as it is."""
@@ -88,9 +98,12 @@ class NodeOps:
     def remove_revisions(self, args: ops.RemoveRevisionsArgs) -> ops.RevisionsRemoved:
         return self._call(ops.remove_revisions, args)
 
-    def _call(self, operation: Callable[[Arguments], Result], args: Arguments, *, timeout: float = DEFAULT_S) -> Result:
-        request = {"call": operation.__name__, "args": args, "private_dir": self.state_dir}
-        answer = run_program(self.transport, "ops", "run", request, timeout=timeout, on_line=self.on_line)
+    def _call(
+        self, operation: Callable[[Arguments], Result], args: Arguments, *, timeout: float | None = None
+    ) -> Result:
+        request = {"call": operation.__name__, "args": args, "private_dir": self.state_dir or ""}
+        seconds = timeout or self.timeout
+        answer = run_program(self.transport, "ops", "run", request, timeout=seconds, on_line=self.on_line)
         declared = get_type_hints(operation)["return"]
         if not conforms(answer, declared):
             raise NodeCommandError(

@@ -48,6 +48,7 @@ from reconciler.components.checkpoint import (
     shard_of,
 )
 from reconciler.components.copystreams import CIPHER_OPTION, stream_count
+from reconciler.components.ranks import record_intent
 from reconciler.errors import NodeCommandError, PipelineStoppedError, ReconcilerError
 from reconciler.execution import ApplyContext, Executor
 from reconciler.facts.files import parse_manifest
@@ -301,10 +302,7 @@ def _restart_if_read(ctx: ApplyContext, node: str, verify: Verify, repaired: lis
     read = [name for name in repaired if not any(fnmatch.fnmatchcase(name, p) for p in _NOT_READ_BY_THE_ENGINE)]
     if not read or verify.restart_on_repair is None:
         return
-    head = ctx.deployment.head.name
-    cause = f"{verify.restart_on_repair} ({shorten(read)} on {node})"
-    content = json.dumps({"since": utc_iso(), "cause": cause}) + "\n"
-    ctx.ops(head).write_file(ctx.state_path(head, "restart-intent.json"), content)
+    record_intent(ctx, f"{verify.restart_on_repair} ({shorten(read)} on {node})")
 
 
 def _refetch(ctx: ApplyContext, node: str, verify: Verify, names: list[str]) -> None:

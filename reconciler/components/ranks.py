@@ -30,7 +30,7 @@ from reconciler.actions import (
     shorten,
 )
 from reconciler.clock import utc_iso
-from reconciler.components.checkpoint import Placement
+from reconciler.components.checkpoint import INTENT_FILE, Placement
 from reconciler.components.fabric import node_contexts
 from reconciler.components.memguard import trip_advice, trips
 from reconciler.errors import ReconcilerError
@@ -381,12 +381,11 @@ def _find(client: Any, name: str) -> Any:
     return found[0] if found else None
 
 
-INTENT_FILE = "restart-intent.json"
-
-
-def _record_intent(ctx: ApplyContext, cause: str) -> None:
-    """Written before the group's first stop or start, so a reconciler that dies mid-restart
-    resumes it; an intent already there (the restart being resumed) is kept."""
+def record_intent(ctx: ApplyContext, cause: str) -> None:
+    """The one writer of the head's restart intent: written before the group's first stop or
+    start (and when a repaired file the engine reads asks for a restart), so a reconciler that
+    dies mid-restart resumes it; an intent already there (the restart being resumed) is kept.
+    The cause is redacted: it may quote a node's words."""
     head = ctx.deployment.head.name
     content = json.dumps({"since": utc_iso(), "cause": redact(cause)}) + "\n"
     path = ctx.state_path(head, INTENT_FILE)
@@ -403,7 +402,7 @@ def _stop(ctx: ApplyContext, action: Action) -> str:
     already stopped, there is nothing to do; if it is not ours, never touch it."""
     stop = payload_of(action, StopContainer)
     if stop.intent is not None:
-        _record_intent(ctx, stop.intent)
+        record_intent(ctx, stop.intent)
     container = _find(ctx.transport(action.node).docker(), stop.name)
     if container is None:
         return "already gone"
@@ -420,7 +419,7 @@ def _start(ctx: ApplyContext, action: Action) -> str:
     """Create and start exactly the rendered container of the plan (replacing our old one)."""
     start = payload_of(action, StartRank)
     desired = start.container
-    _record_intent(ctx, start.intent)
+    record_intent(ctx, start.intent)
     client = ctx.transport(action.node).docker()
     old = _find(client, desired.name)
     if old is not None:

@@ -31,6 +31,7 @@ from reconciler.facts.files import (
 from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, parse_meminfo
 from reconciler.facts.node import Facts, Hold, NodeFacts, RestartIntent
 from reconciler.facts.pi import gather_pi
+from reconciler.nodeops import NodeOps
 from reconciler.revisions import desired_commit, is_commit
 from reconciler.serving import LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, Node, expand_home
@@ -286,10 +287,7 @@ def _cache_listing(deployment: Deployment, transport: Transport | None, listing:
     A cache, not a change to the deployment: a failure to write it costs one request next pass."""
     if transport is None:
         return
-    request = {
-        "call": "write_file",
-        "args": {"path": listing_path(deployment, listing.commit), "content": listing.model_dump_json() + "\n"},
-        "private_dir": deployment.state_dir,
-    }
     with contextlib.suppress(ReconcilerError, OSError):
-        run_program(transport, "ops", "run", request, timeout=60)
+        NodeOps(transport, deployment.state_dir, timeout=60).write_file(
+            listing_path(deployment, listing.commit), listing.model_dump_json() + "\n"
+        )

@@ -94,3 +94,24 @@ def test_every_operation_the_node_runs_declares_its_arguments_and_its_answer() -
         hints = operation.__annotations__
         assert set(hints) == {"args", "return"}, name
         assert hints["return"] not in ("None", "Any"), name
+
+
+def test_the_guards_log_is_read_through_the_client_and_nothing_is_created(tmp_path: Path) -> None:
+    """`reconciler logs memguard`: its last lines, and on a node without a state dir, nothing
+    (a reader makes no directory)."""
+    from reconciler import commands
+    from reconciler.spec import load_spec
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        f"state_dir: {tmp_path}/state\nnodes:\n  - {{name: spark-head, role: head}}\n"
+        "  - {name: spark-worker, ssh: {host: 198.18.10.11}}\n",
+        encoding="utf-8",
+    )
+    deployment = load_spec(spec).deployment
+    transports: dict[str, Any] = {"spark-head": LocalTransport("spark-head")}
+    assert list(commands.guard_log(deployment, transports, "spark-head", tail=2, follow=False)) == [""]
+    assert not (tmp_path / "state").exists()
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "memguard.log").write_text("one\ntwo\nthree\n", encoding="utf-8")
+    assert list(commands.guard_log(deployment, transports, "spark-head", tail=2, follow=False)) == ["two\nthree\n"]
