@@ -11,9 +11,11 @@ The tools take turns and swap which goes first every round: the engine's speed d
 elsewhere, the engine warming up), and a fixed order would hand the drift to one tool. Per
 round and pooled over the rounds, both tools' median and mean TTFT, median TPOT, median ITL
 and output throughput are printed, with the median of the rounds' differences (ours relative
-to vLLM's): a burst of load during one run cannot decide it alone. The arithmetic is in
-bench/agreement.py. Nothing is asserted against a limit: the program exits 0 when both tools
-ran every round.
+to vLLM's): a burst of load during one run cannot decide it alone. Around every run the
+engine's own TTFT and ITL histograms are read from its /metrics, so each round also says how
+fast the engine itself was during our run and during vLLM's: a difference the engine shows too
+is the engine's, not the clients'. The arithmetic is in bench/agreement.py. Nothing is
+asserted against a limit: the program exits 0 when both tools ran every round.
 
 Mind the prefix cache (the deployment serves with --enable-prefix-caching): vLLM's bench draws
 its random prompts from --seed, so each round gets its own seed, and its first prompt is sent
