@@ -24,7 +24,14 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from reconciler.actions import Action, Step, is_pipelined
 from reconciler.components import apikey, checkpoint_run, image, memguard, pi, ranks
-from reconciler.errors import ApplyError, NodeCommandError, NodeUnreachableError, ReconcilerError, TransientError
+from reconciler.errors import (
+    ApplyError,
+    NodeCommandError,
+    NodeUnreachableError,
+    ReadError,
+    ReconcilerError,
+    TransientError,
+)
 from reconciler.execution import ApplyContext, Executor
 from reconciler.pipeline import GROUP_STEPS, run_group
 from reconciler.plan import Plan
@@ -164,6 +171,8 @@ def _run_one(ctx: ApplyContext, action: Action, number: int, total: int) -> Outc
     try:
         with ctx.progress.step(number, total, action):
             message = _execute(ctx, action)
+    except ReadError:  # a reader's finding no executor placed: a bug, reported as one by the caller
+        raise
     except ReconcilerError as exc:
         return "", time.monotonic() - started, exc
     return message, time.monotonic() - started, None

@@ -15,7 +15,6 @@ from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints, is
 
 from reconciler.errors import NodeCommandError
 from reconciler.nodeside import ops
-from reconciler.progress import printable
 from reconciler.transport.base import LineSink, Transport, run_program
 
 Arguments = TypeVar("Arguments")
@@ -106,9 +105,10 @@ class NodeOps:
         answer = run_program(self.transport, "ops", "run", request, timeout=seconds, on_line=self.on_line)
         declared = get_type_hints(operation)["return"]
         if not conforms(answer, declared):
+            # The answer itself stays out of the message: read_text's would be a file's content.
             raise NodeCommandError(
-                f"{self.transport.node}: ops.{operation.__name__} answered {printable(repr(answer), 200)}, "
-                "not the answer that operation gives",
+                f"{self.transport.node}: ops.{operation.__name__} answered a JSON {type(answer).__name__} "
+                "that is not the answer that operation gives",
                 f"check that python3 on {self.transport.node} runs the program as sent (nothing wraps or rewrites it)",
             )
         checked: Result = answer

@@ -288,12 +288,25 @@ def mkdirs(args: MkdirsArgs) -> Done:
 
 
 def _load_cache(path: str) -> dict[str, list[Any]]:
+    """The hash cache's entries of the one shape it holds, [size, mtime_ns, inode, sha256]; any
+    other (a damaged or hand-edited file) is left out, so its file is hashed again."""
     try:
         with open(path, encoding="utf-8") as handle:
             loaded = json.load(handle)
-        return loaded if isinstance(loaded, dict) else {}
     except (OSError, ValueError):
         return {}
+    if not isinstance(loaded, dict):
+        return {}
+    return {path: entry for path, entry in loaded.items() if _cache_entry(entry)}
+
+
+def _cache_entry(entry: object) -> bool:
+    return (
+        isinstance(entry, list)
+        and len(entry) == 4
+        and all(isinstance(number, int) and not isinstance(number, bool) for number in entry[:3])
+        and isinstance(entry[3], str)
+    )
 
 
 # The head's reconciler.progress.PREFIX (this program cannot import it; a unit test keeps them equal).

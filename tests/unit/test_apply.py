@@ -9,7 +9,14 @@ import pytest
 
 from reconciler import apply
 from reconciler.actions import Action, Guard, Payload, Pull, Step, action
-from reconciler.errors import ApplyError, NodeCommandError, NodeUnreachableError, ReconcilerError, TransientError
+from reconciler.errors import (
+    ApplyError,
+    JsoncError,
+    NodeCommandError,
+    NodeUnreachableError,
+    ReconcilerError,
+    TransientError,
+)
 from reconciler.execution import ApplyContext, Progress
 from reconciler.plan import Plan, plan
 from tests.scenarios import empty_facts, reference_deployment
@@ -110,3 +117,13 @@ def test_an_action_is_retried_by_the_branch_its_error_is_on(
     outcome, _ = run(monkeypatch, [step_on(Step.PULL, "a")], pull)
     assert len(attempts) == calls
     assert isinstance(outcome, apply.ApplyResult) == isinstance(failure, TransientError)
+
+
+def test_a_readers_error_in_an_executor_is_not_an_action_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It escapes to the command line, which reports it as the bug it is."""
+
+    def pull(_ctx: ApplyContext, _act: Action) -> str:
+        raise JsoncError("expected a value", 1, 1)
+
+    with pytest.raises(JsoncError):
+        run(monkeypatch, [step_on(Step.PULL, "a")], pull)

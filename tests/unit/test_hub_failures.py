@@ -19,7 +19,7 @@ import pytest
 from huggingface_hub import close_session
 
 from reconciler import hub
-from reconciler.errors import HubError
+from reconciler.errors import HubError, UntrustedFileError
 from reconciler.facts.gather import with_hub_listing
 from reconciler.hub import list_files, translate
 from reconciler.plan import plan, render_text
@@ -172,3 +172,13 @@ def test_without_the_hub_an_incomplete_checkpoint_blocks_the_ranks_naming_the_ca
     assert all("HTTP 500" in b.message for b in checkpoint)
     assert not any(a.component in {"checkpoint", "ranks"} for a in result.actions)
     assert any(a.component == "image" for a in result.actions)
+
+
+def test_a_repo_file_refused_as_read_is_named_with_what_was_being_done() -> None:
+    """A manifest over its size limit (or not a regular file) says which read of which repo
+    failed, as any other Hub failure does, not the bare reason."""
+    model = reference_deployment().model
+    with pytest.raises(HubError) as failed, hub.hub_call(model, "reading manifest.sha256 of the repo"):
+        raise UntrustedFileError("it is larger than 1 MiB")
+    assert failed.value.message.startswith("reading manifest.sha256 of the repo at ")
+    assert "it is larger than 1 MiB" in failed.value.message

@@ -115,3 +115,25 @@ def test_the_guards_log_is_read_through_the_client_and_nothing_is_created(tmp_pa
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "memguard.log").write_text("one\ntwo\nthree\n", encoding="utf-8")
     assert list(commands.guard_log(deployment, transports, "spark-head", tail=2, follow=False)) == ["two\nthree\n"]
+
+
+def test_a_wrong_answer_is_refused_without_repeating_it() -> None:
+    """read_text's answer is a file's content (the API key's, for the readiness probe)."""
+    node = NodeOps(Answering(b'{"text": "the-key-itself", "error": null, "more": 1}\n'), None)
+    with pytest.raises(NodeCommandError) as refused:
+        node.read_text("/state/api_key")
+    assert "the-key-itself" not in str(refused.value) + refused.value.hint
+    assert "answered a JSON dict" in refused.value.message
+
+
+def test_a_damaged_hash_cache_entry_is_hashed_again_not_answered(tmp_path: Path) -> None:
+    import hashlib
+    import json
+
+    (tmp_path / "a.safetensors").write_bytes(b"weights")
+    info = (tmp_path / "a.safetensors").stat()
+    cache = tmp_path / "cache.json"
+    damaged = {str(tmp_path / "a.safetensors"): [info.st_size, info.st_mtime_ns, info.st_ino, 5]}
+    cache.write_text(json.dumps(damaged), encoding="utf-8")
+    digests = NodeOps(LocalTransport("local"), None).hash_files(str(tmp_path), ["a.safetensors"], str(cache))
+    assert digests == {"a.safetensors": hashlib.sha256(b"weights").hexdigest()}
