@@ -28,7 +28,6 @@ from reconciler.errors import (
     ApplyError,
     NodeCommandError,
     NodeUnreachableError,
-    ReadError,
     ReconcilerError,
     TransientError,
 )
@@ -171,8 +170,6 @@ def _run_one(ctx: ApplyContext, action: Action, number: int, total: int) -> Outc
     try:
         with ctx.progress.step(number, total, action):
             message = _execute(ctx, action)
-    except ReadError:  # a reader's finding no executor placed: a bug, reported as one by the caller
-        raise
     except ReconcilerError as exc:
         return "", time.monotonic() - started, exc
     return message, time.monotonic() - started, None

@@ -1,11 +1,12 @@
 """The program's one exception tree, a leaf: it imports nothing of the program's, so every
 module can import it.
 
-    ReconcilerError                what a user sees: a message and a hint, no traceback
-    ├── TransientError             the same call may succeed when made again: retried with
-    │   └── NodeUnreachableError   backoff where it is made (apply retries an action)
-    ├── every other named error    permanent: reported as it is, never retried
-    └── ReadError                  internal: a reader's or parser's finding, located by its caller
+    ProgramError                       a message and a hint
+    ├── ReconcilerError                what a user sees, rendered without a traceback
+    │   ├── TransientError             the same call may succeed when made again: retried with
+    │   │   └── NodeUnreachableError   backoff where it is made (apply retries an action)
+    │   └── every other named error    permanent: reported as it is, never retried
+    └── ReadError                      internal: a reader's or parser's finding, located by its caller
 
 - A `ReconcilerError` carries a message saying what happened and a hint saying what to do next,
   so the CLI renders any of them without a traceback. The subclass names what failed (spec,
@@ -15,7 +16,8 @@ module can import it.
   `RefusedJsonError`, `StreamError`, `CheckFailedError`, the Hub's range answers) is raised by a
   low-level reader with its position or reason, and the caller that knows which file or request
   it was turns it into a located problem (a `SpecProblem`, a `FactsError`, a `PiConfigError`, a
-  failed check) in the user's terms. One that reaches the CLI is a bug, and is reported as one.
+  failed check) in the user's terms. It is no `ReconcilerError`, so every handler of those lets
+  it pass: one that reaches an action, a loop pass or the CLI is a bug, reported as one there.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 
-class ReconcilerError(Exception):
+class ProgramError(Exception):
     """Root of every error this program raises on purpose."""
 
     def __init__(self, message: str, hint: str = "") -> None:
@@ -33,6 +35,10 @@ class ReconcilerError(Exception):
 
     def to_dict(self) -> dict[str, object]:
         return {"error": type(self).__name__, "message": self.message, "hint": self.hint}
+
+
+class ReconcilerError(ProgramError):
+    """What went wrong, in the user's terms, and what to do next."""
 
 
 class SpecProblem(NamedTuple):
@@ -149,7 +155,7 @@ class ApplyError(ReconcilerError):
 # --- internal: raised by readers and parsers, turned into located problems by their callers ---
 
 
-class ReadError(ReconcilerError):
+class ReadError(ProgramError):
     """A reader's or parser's finding, for its caller to place in the user's terms."""
 
 

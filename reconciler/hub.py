@@ -51,7 +51,7 @@ from huggingface_hub.utils._http import default_client_factory
 from huggingface_hub.utils.tqdm import are_progress_bars_disabled, disable_progress_bars
 
 from reconciler import hubranges
-from reconciler.errors import HubError, RangesIgnoredError, ReadError, ReconcilerError, UntrustedFileError
+from reconciler.errors import HubError, RangesIgnoredError, ReconcilerError, UntrustedFileError
 from reconciler.facts.files import HubFacts, HubFileFacts, is_inside, parse_manifest
 from reconciler.fsutil import read_bounded
 from reconciler.progress import Counter
@@ -184,8 +184,6 @@ def hub_call(model: Model, doing: str) -> Iterator[None]:
     _bound_client_timeouts()
     try:
         yield
-    except ReadError as exc:  # a file of the repo refused as read (too large, not a file): name it
-        raise translate(exc, model, doing) from None
     except ReconcilerError:  # already says what failed (a bad token file, a refused listing)
         raise
     except Exception as exc:

@@ -28,7 +28,7 @@ import watchfiles
 from reconciler import commands, notify
 from reconciler.clock import utc_iso
 from reconciler.constants import EXIT_INTERRUPTED
-from reconciler.errors import ReadError, ReconcilerError, SpecError
+from reconciler.errors import ReconcilerError, SpecError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.node import Facts, Liveness
 from reconciler.health import probe_liveness
@@ -290,8 +290,6 @@ class Loop:
             outcome = commands.converge(self.deployment, self.transports, self.progress, request)
             self.last_facts = outcome.facts
             self.logic.pass_succeeded(outcome.before.has_changes, outcome.after)
-        except ReadError as exc:  # a reader's finding no caller placed: a bug like the next
-            self._failed(f"unexpected {type(exc).__name__}: {exc}", "please report this bug")
         except ReconcilerError as exc:
             self._failed(exc.message, exc.hint)
         except Exception as exc:  # the loop must outlive any bug in a pass; the journal keeps the detail

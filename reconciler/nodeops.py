@@ -9,6 +9,7 @@ KeyError three calls later.
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints, is_typeddict
@@ -103,8 +104,7 @@ class NodeOps:
         request = {"call": operation.__name__, "args": args, "private_dir": self.state_dir or ""}
         seconds = timeout or self.timeout
         answer = run_program(self.transport, "ops", "run", request, timeout=seconds, on_line=self.on_line)
-        declared = get_type_hints(operation)["return"]
-        if not conforms(answer, declared):
+        if not conforms(answer, _declared_answer(operation)):
             # The answer itself stays out of the message: read_text's would be a file's content.
             raise NodeCommandError(
                 f"{self.transport.node}: ops.{operation.__name__} answered a JSON {type(answer).__name__} "
@@ -113,6 +113,12 @@ class NodeOps:
             )
         checked: Result = answer
         return checked
+
+
+@functools.cache
+def _declared_answer(operation: Callable[..., object]) -> Any:
+    """The operation's declared result type (its annotations are strings until resolved)."""
+    return get_type_hints(operation)["return"]
 
 
 def conforms(value: object, hint: Any) -> bool:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from reconciler.cli.common import EXIT_INTERRUPTED, fail
-from reconciler.errors import ReadError, ReconcilerError
+from reconciler.errors import ReconcilerError
 from reconciler.redact import RedactingStream
 
 if TYPE_CHECKING:
@@ -81,25 +81,19 @@ def _main(argv: Sequence[str] | None) -> int:
     as_json = bool(getattr(args, "json", False))
     try:
         return _handler(args.handler)(args)
-    except ReadError as exc:  # a reader's finding that no caller placed: a bug like any other
-        return _internal_error(exc, as_json=as_json)
     except ReconcilerError as exc:
         return fail(exc, as_json=as_json)
     except KeyboardInterrupt:
         sys.stderr.write(INTERRUPTED_HINT)
         return EXIT_INTERRUPTED
     except Exception as exc:
-        return _internal_error(exc, as_json=as_json)
-
-
-def _internal_error(exc: Exception, *, as_json: bool) -> int:
-    if os.environ.get("RECONCILER_DEBUG"):
-        raise exc
-    bug = ReconcilerError(
-        f"internal error: {type(exc).__name__}: {exc}",
-        "this is a bug in spark-reconciler: rerun with RECONCILER_DEBUG=1 for the traceback and report it",
-    )
-    return fail(bug, as_json=as_json)
+        if os.environ.get("RECONCILER_DEBUG"):
+            raise
+        bug = ReconcilerError(
+            f"internal error: {type(exc).__name__}: {exc}",
+            "this is a bug in spark-reconciler: rerun with RECONCILER_DEBUG=1 for the traceback and report it",
+        )
+        return fail(bug, as_json=as_json)
 
 
 def _handler(name: str) -> Callable[[argparse.Namespace], int]:
