@@ -94,7 +94,7 @@ def timed(action: Callable[[], object]) -> float:
 
 def measure(spec_path: str, source: str, destination: str, rounds: int) -> dict[str, Any]:
     """On the head: each variant copies `source` into a fresh `destination` on the worker."""
-    from reconciler.actions import Copy, Step, action
+    from reconciler.actions import Copy, action
     from reconciler.components.checkpoint import _fabric_pair
     from reconciler.components.checkpoint_run import _copy, rsync_argv
     from reconciler.components.copystreams import CIPHER_OPTION, stream_count
@@ -152,15 +152,16 @@ def measure(spec_path: str, source: str, destination: str, rounds: int) -> dict[
             sizes=sizes,
             fabric=fabric,
         )
-        copy = action(Step.COPY, worker.name, "create", "bench copy", "bench", payload)
-        over_ssh = action(Step.COPY, worker.name, "create", "bench", "bench", replace(payload, fabric=None))
+        ssh_payload = replace(payload, fabric=None)
+        copy = action(payload, worker.name, "create", "bench copy", "bench")
+        over_ssh = action(ssh_payload, worker.name, "create", "bench", "bench")
         variants: dict[str, Callable[[], object]] = {
             "plain": plain,
             "before": before,
             "one_stream": one_stream,
-            "ssh_streams": lambda: _copy(ctx, over_ssh),
-            "ours": lambda: _copy(ctx, copy),
-            "four_streams": lambda: _with_cores(4, lambda: _copy(ctx, copy)),
+            "ssh_streams": lambda: _copy(ctx, over_ssh, ssh_payload),
+            "ours": lambda: _copy(ctx, copy, payload),
+            "four_streams": lambda: _with_cores(4, lambda: _copy(ctx, copy, payload)),
         }
         times: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(rounds):

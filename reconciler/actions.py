@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cache
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, get_args
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
 from pydantic import Field
 
-from reconciler.errors import ReconcilerError
 from reconciler.record import KeywordRecord, MutableRecord, Record, field, record_fields
 from reconciler.serving import RankContainer
 
@@ -40,8 +39,19 @@ SYMBOLS: dict[str, str] = {
 }
 
 
+class Component(enum.StrEnum):
+    """A part of the deployment that concludes on its own: what a step acts on, what a blocker holds."""
+
+    CHECKPOINT = "checkpoint"
+    IMAGE = "image"
+    APIKEY = "apikey"
+    MEMGUARD = "memguard"
+    RANKS = "ranks"
+    PI = "pi"
+
+
 class Step(enum.StrEnum):
-    """One kind of operation, one executor; the part before the dot is the component."""
+    """One kind of operation, one payload type, one executor; the part before the dot is the component."""
 
     PIN = "checkpoint.pin"
     LINK = "checkpoint.link"
@@ -68,8 +78,8 @@ class Step(enum.StrEnum):
     CONFIGURE_PI = "pi.configure"
 
     @property
-    def component(self) -> str:
-        return self.value.split(".", 1)[0]
+    def component(self) -> Component:
+        return Component(self.value.split(".", 1)[0])
 
     @property
     def name_in_id(self) -> str:
@@ -79,10 +89,15 @@ class Step(enum.StrEnum):
 class Payload(KeywordRecord):
     """What an executor runs. Records, not pydantic models: a plan defines every payload class,
     and pydantic's (or dataclasses') class construction cost `plan` a tenth of its start-up. A
-    saved plan's payloads are validated by pydantic all the same (`_payload_adapter`)."""
+    saved plan's payloads are validated by pydantic all the same (`_payload_adapter`).
+
+    Each concrete payload class is the payload of exactly one step (`STEP`), so an action's step
+    follows from its payload and an executor is found by the payload's type."""
+
+    STEP: ClassVar[Step]
 
 
-class HubFile(Payload):
+class HubFile(KeywordRecord):
     """A file of the repo at the plan's commit (a shard's `.partNN` too), as the Hub lists it;
     a pattern with no size when the plan had no listing to name it exactly."""
 
@@ -94,6 +109,7 @@ class HubFile(Payload):
 class Download(Payload):
     """Fetch exactly these repo files at `commit` into the node's model dir."""
 
+    STEP = Step.DOWNLOAD
     kind: Literal["download"] = "download"
     repo: str
     commit: str
@@ -113,6 +129,7 @@ class Download(Payload):
 class Pin(Payload):
     """Record on the head what the spec's branch or tag resolved to, so it does not move by itself."""
 
+    STEP = Step.PIN
     kind: Literal["pin"] = "pin"
     record: str
     repo: str
@@ -124,6 +141,7 @@ class Link(Payload):
     """Hardlink these files of another revision on the node into the new one: relative name ->
     existing path. The existing files are not changed (a link adds a name, not bytes)."""
 
+    STEP = Step.LINK
     kind: Literal["link"] = "link"
     target_dir: str
     files: dict[str, str]
@@ -132,6 +150,7 @@ class Link(Payload):
 class Switch(Payload):
     """Point model_dir at the revision the group now serves; record the history of revisions."""
 
+    STEP = Step.SWITCH
     kind: Literal["switch"] = "switch"
     model_dir: str
     target: str
@@ -146,13 +165,14 @@ class PruneRevisions(Payload):
     """Remove revision directories no longer kept; `shared_only` trees lose only the files that
     live on in another revision (a pre-revisions model_dir may hold files of its own)."""
 
+    STEP = Step.PRUNE_REVISIONS
     kind: Literal["prune-revisions"] = "prune-revisions"
     model_dir: str
     remove: list[str]
     shared_only: list[str] = field(default_factory=list)
 
 
-class Shard(Payload):
+class Shard(KeywordRecord):
     name: str
     # None when only the manifest knows it (the Hub lists the shard's parts, not the shard).
     sha256: str | None = None
@@ -161,6 +181,7 @@ class Shard(Payload):
 
 
 class Reassemble(Payload):
+    STEP = Step.REASSEMBLE
     kind: Literal["reassemble"] = "reassemble"
     model_dir: str
     shards: list[Shard]
@@ -176,6 +197,7 @@ class Reassemble(Payload):
 class Verify(Payload):
     """Hash the files (from the cache unless deep) and re-fetch exactly those that differ."""
 
+    STEP = Step.VERIFY
     kind: Literal["verify"] = "verify"
     model_dir: str
     # name -> sha256 the plan knew (the Hub's and the manifest's); the manifest's entries as the
@@ -197,6 +219,7 @@ class Copy(Payload):
     """rsync from the head to the worker in parallel streams: every file of `sizes`, skipping
     those already complete (None), or exactly `files`, copied again."""
 
+    STEP = Step.COPY
     kind: Literal["copy"] = "copy"
     source_node: str
     source_dir: str
@@ -218,6 +241,7 @@ class Copy(Payload):
 
 
 class StagePlan(Payload):
+    STEP = Step.STAGE_PLAN
     kind: Literal["stage-plan"] = "stage-plan"
     source: str
     target: str
@@ -227,59 +251,114 @@ class StagePlan(Payload):
 
 
 class Prune(Payload):
+    STEP = Step.PRUNE
     kind: Literal["prune"] = "prune"
     model_dir: str
 
 
 class Pull(Payload):
+    STEP = Step.PULL
     kind: Literal["pull"] = "pull"
     ref: str
 
 
-class KeyFile(Payload):
-    kind: Literal["key-file"] = "key-file"
+class CreateKey(Payload):
+    """Write a new random key at `path` with `mode`, unless a key has appeared there since."""
+
+    STEP = Step.CREATE_KEY
+    kind: Literal["create-key"] = "create-key"
     path: str
     mode: int
 
 
-class GuardConfig(Payload):
+class ChmodKey(Payload):
+    """Set `mode` on the key file; the key itself is kept."""
+
+    STEP = Step.CHMOD_KEY
+    kind: Literal["chmod-key"] = "chmod-key"
+    path: str
+    mode: int
+
+
+class GuardConfig(KeywordRecord):
     floor_gib: float
     interval_s: float
     labels: list[str]
     config_hash: str
 
 
-class Guard(Payload):
-    kind: Literal["guard"] = "guard"
+class StartGuard(Payload):
+    STEP = Step.START_GUARD
+    kind: Literal["start-guard"] = "start-guard"
     state_dir: str
-    config: GuardConfig | None
+    config: GuardConfig
+
+
+class RestartGuard(Payload):
+    """Stop the running guard and start it with these settings (or this program)."""
+
+    STEP = Step.RESTART_GUARD
+    kind: Literal["restart-guard"] = "restart-guard"
+    state_dir: str
+    config: GuardConfig
+
+
+class StopGuard(Payload):
+    STEP = Step.STOP_GUARD
+    kind: Literal["stop-guard"] = "stop-guard"
+    state_dir: str
 
 
 class StopContainer(Payload):
-    """Stop a container we own (the one seen when planning); `remove` it too, or keep it for logs."""
+    """Stop a container we own (the one seen when planning), and remove it unless `KEEPS` it."""
 
-    kind: Literal["stop-container"] = "stop-container"
+    KEEPS: ClassVar[bool] = False
+    kind: str
     name: str
     container_id: str | None
     grace_s: int
-    remove: bool
+
+
+class StopRank(StopContainer):
+    """A rank's container, stopped and removed for a group restart."""
+
+    STEP = Step.STOP_RANK
+    kind: Literal["stop-rank"] = "stop-rank"
     # The group restart this stop begins, recorded first so a crash mid-restart resumes it.
     intent: str | None
 
 
+class HaltRank(StopContainer):
+    """A rank's container, stopped and kept for `reconciler logs`: the group is held down."""
+
+    STEP = Step.HALT_RANK
+    KEEPS = True
+    kind: Literal["halt-rank"] = "halt-rank"
+
+
+class RemoveContainer(StopContainer):
+    """A container we own that is not a rank of the spec."""
+
+    STEP = Step.REMOVE_CONTAINER
+    kind: Literal["remove-container"] = "remove-container"
+
+
 class StartRank(Payload):
+    STEP = Step.START_RANK
     kind: Literal["start-rank"] = "start-rank"
     container: RankContainer
     intent: str
 
 
 class WaitReady(Payload):
+    STEP = Step.WAIT_READY
     kind: Literal["wait-ready"] = "wait-ready"
     timeout_s: int
     poll_s: int
 
 
 class Smoke(Payload):
+    STEP = Step.SMOKE
     kind: Literal["smoke"] = "smoke"
     checks: Literal["all", "protocol"]
     timeout_s: int
@@ -305,11 +384,12 @@ class PiTarget(Record):
 
 
 class ConfigurePi(Payload):
+    STEP = Step.CONFIGURE_PI
     kind: Literal["configure-pi"] = "configure-pi"
     target: PiTarget
 
 
-AnyPayload = Annotated[
+StepPayload = (
     Pin
     | Link
     | Switch
@@ -321,15 +401,20 @@ AnyPayload = Annotated[
     | StagePlan
     | Prune
     | Pull
-    | KeyFile
-    | Guard
-    | StopContainer
+    | CreateKey
+    | ChmodKey
+    | StartGuard
+    | RestartGuard
+    | StopGuard
+    | StopRank
+    | HaltRank
+    | RemoveContainer
     | StartRank
     | WaitReady
     | Smoke
-    | ConfigurePi,
-    Field(discriminator="kind"),
-]
+    | ConfigurePi
+)
+AnyPayload = Annotated[StepPayload, Field(discriminator="kind")]
 
 
 @cache
@@ -361,18 +446,21 @@ class Action(Record):
     """One step: what it does to which thing on which node, why, and the payload it runs."""
 
     id: str
-    step: Step
     verb: Verb
     node: str
     summary: str
     cause: str
-    payload: Payload
+    payload: StepPayload
     depends_on: tuple[str, ...] = ()
     # The object acted on when a component manages several per node (a container name).
     target: str = ""
 
     @property
-    def component(self) -> str:
+    def step(self) -> Step:
+        return self.payload.STEP
+
+    @property
+    def component(self) -> Component:
         return self.step.component
 
     @property
@@ -399,39 +487,42 @@ class Action(Record):
         verb = data["verb"]
         if verb not in get_args(Verb):
             raise ValueError(f"unknown verb {verb!r:.20}")
+        payload = _payload_adapter().validate_python(data["payload"])
+        if Step(data["step"]) is not payload.STEP:
+            raise ValueError(f"step {data['step']!r:.40} does not run a {payload.kind!r} payload")
         return cls(
             id=str(data["id"]),
-            step=Step(data["step"]),
             verb=verb,
             node=str(data["node"]),
             summary=str(data["summary"]),
             cause=str(data["cause"]),
-            payload=_payload_adapter().validate_python(data["payload"]),
+            payload=payload,
             depends_on=tuple(str(item) for item in data["depends_on"]),
             target=str(data.get("target", "")),
         )
 
 
 def action(
-    step: Step,
+    payload: StepPayload,
     node: str,
     verb: Verb,
     summary: str,
     cause: str,
-    payload: Payload,
     depends_on: tuple[str, ...] = (),
     target: str = "",
 ) -> Action:
-    """An action with its conventional id: `<component>.<step>[-<target>]@<node>`."""
+    """An action with its conventional id: `<component>.<step>[-<target>]@<node>`; the step is
+    the payload's."""
+    step = payload.STEP
     name = f"{step.name_in_id}-{target}" if target else step.name_in_id
-    return Action(f"{step.component}.{name}@{node}", step, verb, node, summary, cause, payload, depends_on, target)
+    return Action(f"{step.component}.{name}@{node}", verb, node, summary, cause, payload, depends_on, target)
 
 
 class Blocker(Record):
     """Something that keeps a part of the deployment from being planned at all."""
 
     node: str
-    component: str
+    component: Component
     message: str
     hint: str
     # False when the rest of the deployment may still be planned: a checkpoint that cannot be
@@ -453,7 +544,7 @@ class InSync(Record):
     """Why a component needs nothing (printed by `plan --verbose`)."""
 
     node: str
-    component: str
+    component: Component
     reason: str
 
     def to_dict(self) -> dict[str, object]:
@@ -506,13 +597,18 @@ def behind(action: Action, nodes: Mapping[str, str]) -> set[str]:
 
 
 P = TypeVar("P", bound=Payload)
+C = TypeVar("C")
 
 
-def payload_of(action: Action, kind: type[P]) -> P:
-    """The action's payload as the type its executor runs (a saved plan may have been edited)."""
-    if not isinstance(action.payload, kind):
-        raise ReconcilerError(
-            f"{action.id}: the payload is a {type(action.payload).__name__}, not a {kind.__name__}",
-            "the plan file was edited or written by another version: run `reconciler plan --out FILE` again",
-        )
-    return action.payload
+def runs(kind: type[P], run: Callable[[C, Action, P], str]) -> tuple[type[Payload], Callable[[C, Action], str]]:
+    """Bind an executor to the one payload type it runs: mypy checks that `run` takes a `kind`,
+    and `apply` finds the executor by the type of the action's payload. (`C` is the apply
+    context, which this module does not know.)"""
+
+    def execute(ctx: C, action: Action) -> str:
+        payload = action.payload
+        if not isinstance(payload, kind):
+            raise TypeError(f"{action.id}: a {type(payload).__name__} sent to the executor of {kind.__name__}")
+        return run(ctx, action, payload)
+
+    return kind, execute

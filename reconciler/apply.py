@@ -22,7 +22,7 @@ import docker
 import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from reconciler.actions import Action, Step, is_pipelined
+from reconciler.actions import Action, Payload, Step, is_pipelined
 from reconciler.components import apikey, checkpoint_run, image, memguard, pi, ranks
 from reconciler.errors import (
     ApplyError,
@@ -35,14 +35,17 @@ from reconciler.execution import ApplyContext, Executor
 from reconciler.pipeline import GROUP_STEPS, run_group
 from reconciler.plan import Plan
 
-EXECUTORS: dict[Step, Executor] = {
-    **checkpoint_run.EXECUTORS,
-    **image.EXECUTORS,
-    **apikey.EXECUTORS,
-    **memguard.EXECUTORS,
-    **ranks.EXECUTORS,
-    **pi.EXECUTORS,
-}
+# Each payload type's one executor (see `runs`).
+EXECUTORS: dict[type[Payload], Executor] = dict(
+    [
+        *checkpoint_run.EXECUTORS,
+        *image.EXECUTORS,
+        *apikey.EXECUTORS,
+        *memguard.EXECUTORS,
+        *ranks.EXECUTORS,
+        *pi.EXECUTORS,
+    ]
+)
 
 
 @dataclass
@@ -59,7 +62,7 @@ class ApplyResult:
 
 
 def executor_for(action: Action) -> Executor:
-    return EXECUTORS[action.step]
+    return EXECUTORS[type(action.payload)]
 
 
 @retry(

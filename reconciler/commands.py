@@ -279,7 +279,9 @@ def _liveness(deployment: Deployment, facts: Facts, transports: dict[str, Transp
 def _components(current: Plan, node: str) -> dict[str, str]:
     """Per component on a node, in one phrase: in sync, blocked, or the FIRST step still to run
     (the one the deployment waits on) and how many follow."""
-    states = {item.component: f"in sync: {item.reason}" for item in current.in_sync if item.node == node}
+    states: dict[str, str] = {
+        item.component: f"in sync: {item.reason}" for item in current.in_sync if item.node == node
+    }
     for blocker in current.blockers:
         if blocker.node == node:
             states[blocker.component] = f"blocked: {blocker.message}"

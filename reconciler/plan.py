@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler.actions import Action, Blocker, Copy, Download, InSync, Outcome, Step, behind
+from reconciler.actions import Action, Blocker, Component, Copy, Download, InSync, Outcome, Step, behind
 from reconciler.components.apikey import plan_apikey
 from reconciler.components.checkpoint import placements, plan_checkpoint
 from reconciler.components.image import plan_image
@@ -82,8 +82,8 @@ class Plan(MutableRecord):
             deployment=str(data["deployment"]),
             nodes=[(int(n["rank"]), str(n["name"]), str(n["role"])) for n in data["nodes"]],
             actions=[Action.from_dict(item) for item in data["actions"]],
-            blockers=[Blocker(**item) for item in data["blockers"]],
-            in_sync=[InSync(**item) for item in data["in_sync"]],
+            blockers=[Blocker(**{**item, "component": Component(item["component"])}) for item in data["blockers"]],
+            in_sync=[InSync(**{**item, "component": Component(item["component"])}) for item in data["in_sync"]],
             notes=[str(note) for note in data["notes"]],
             held=[str(reason) for reason in data["held"]],
         )
@@ -121,7 +121,7 @@ def plan(deployment: Deployment, facts: Facts, *, deep_verify: bool = False, upd
     if holding and not hold_reasons(deployment, facts):
         first = holding[0]
         message = f"ranks wait for {first.component} on {first.node}"
-        outcome.blockers.append(Blocker(deployment.head.name, "ranks", message, first.hint))
+        outcome.blockers.append(Blocker(deployment.head.name, Component.RANKS, message, first.hint))
     else:
         ranks = plan_ranks(
             deployment,
@@ -150,7 +150,7 @@ def _after_ready(after_ready: list[Action], ranks: Outcome) -> list[Action]:
     when one is planned, at once when it already serves it (or is held down)."""
     if not after_ready:
         return []
-    group = [action for action in ranks.actions if action.component == "ranks"]
+    group = [action for action in ranks.actions if action.component is Component.RANKS]
     restarting = any(action.step is Step.START_RANK for action in group)
     if not restarting and (group or ranks.blockers) and not ranks.held:
         return []
@@ -179,7 +179,7 @@ def _rank_prerequisites(deployment: Deployment, actions: list[Action]) -> dict[s
         own = [action for action in actions if action.node == node.name]
         last_by_component: dict[str, str] = {}
         for action in own:
-            if action.component != "apikey" or node.name == head:
+            if action.component is not Component.APIKEY or node.name == head:
                 last_by_component[action.component] = action.id
         prerequisites[node.name] = list(last_by_component.values())
     return prerequisites
@@ -250,9 +250,9 @@ def needs_confirmation(result: Plan) -> list[str]:
         for action in result.actions
         if action.verb in {"replace", "remove", "stop"} and action.step is not Step.PRUNE
     ]
-    if any(action.component == "ranks" for action in disruptive):
+    if any(action.component is Component.RANKS for action in disruptive):
         reasons.append("restarts or stops the rank group (the API goes down until it is back)")
-    others = [action for action in disruptive if action.component != "ranks"]
+    others = [action for action in disruptive if action.component is not Component.RANKS]
     if others:
         reasons.append("stops or removes " + ", ".join(f"{a.component} on {a.node}" for a in others))
     if result.bytes_moved > CONFIRM_BYTES:

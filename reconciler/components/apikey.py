@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconciler.actions import Action, InSync, KeyFile, Outcome, Step, action, payload_of
+from reconciler.actions import Action, ChmodKey, Component, CreateKey, InSync, Outcome, action, runs
 from reconciler.facts.node import Facts
 from reconciler.spec import Deployment, expand_home
 
 if TYPE_CHECKING:
-    from reconciler.execution import ApplyContext, Executor
+    from reconciler.execution import ApplyContext
 
-COMPONENT = "apikey"
+COMPONENT = Component.APIKEY
 KEY_MODE = 0o600
 
 
@@ -26,21 +26,20 @@ def plan_apikey(deployment: Deployment, facts: Facts) -> Outcome:
         return Outcome()
     key = observed.api_key
     path = deployment.key_file()
-    payload = KeyFile(path=expand_home(path, observed.home), mode=KEY_MODE)
+    on_head = expand_home(path, observed.home)
     if key is None or not key.present or key.empty:
         cause = "key file missing" if key is None or not key.present else "key file is empty"
         summary = f"create {path} (random 43-character key, mode 0600)"
-        return Outcome(actions=[action(Step.CREATE_KEY, head.name, "create", summary, cause, payload)])
+        return Outcome(actions=[action(CreateKey(path=on_head, mode=KEY_MODE), head.name, "create", summary, cause)])
     if key.mode != KEY_MODE:
         mode = "unknown" if key.mode is None else oct(key.mode)[2:].zfill(4)
         summary = f"set mode 0600 on {path} (the key itself is kept)"
         cause = f"mode {mode} lets other local users read the key"
-        return Outcome(actions=[action(Step.CHMOD_KEY, head.name, "update", summary, cause, payload)])
+        return Outcome(actions=[action(ChmodKey(path=on_head, mode=KEY_MODE), head.name, "update", summary, cause)])
     return Outcome(in_sync=[InSync(head.name, COMPONENT, f"{path} present with mode 0600")])
 
 
-def _create(ctx: ApplyContext, action: Action) -> str:
-    target = payload_of(action, KeyFile)
+def _create(ctx: ApplyContext, action: Action, target: CreateKey) -> str:
     import secrets  # only to make a key: planning never needs it
 
     # keep_existing: a key that appeared since the facts were gathered is never replaced.
@@ -49,10 +48,9 @@ def _create(ctx: ApplyContext, action: Action) -> str:
     return "created" if written else "kept the key that exists now"
 
 
-def _chmod(ctx: ApplyContext, action: Action) -> str:
-    target = payload_of(action, KeyFile)
+def _chmod(ctx: ApplyContext, action: Action, target: ChmodKey) -> str:
     ctx.ops(action.node).chmod(target.path, target.mode)
     return f"mode {target.mode:04o}"
 
 
-EXECUTORS: dict[Step, Executor] = {Step.CREATE_KEY: _create, Step.CHMOD_KEY: _chmod}
+EXECUTORS = (runs(CreateKey, _create), runs(ChmodKey, _chmod))

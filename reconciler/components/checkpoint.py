@@ -22,13 +22,13 @@ from collections.abc import Mapping
 from reconciler.actions import (
     Action,
     Blocker,
+    Component,
     Copy,
     Download,
     HubFile,
     InSync,
     Link,
     Outcome,
-    Payload,
     Pin,
     Prune,
     PruneRevisions,
@@ -36,6 +36,7 @@ from reconciler.actions import (
     Shard,
     StagePlan,
     Step,
+    StepPayload,
     Switch,
     Verb,
     Verify,
@@ -50,7 +51,7 @@ from reconciler.revisions import desired_commit, is_commit, pinned, pre_revision
 from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import Deployment, Node, expand_home
 
-COMPONENT = "checkpoint"
+COMPONENT = Component.CHECKPOINT
 NATIVE_SHARDS = [f"model-0000{index}-of-00006.safetensors" for index in range(1, 7)]
 # The Hub caps one file at 50 GB, so these two Engram shards are stored as .partNN files.
 PARTED_SHARDS = NATIVE_SHARDS[4:]
@@ -339,7 +340,7 @@ def _pin(deployment: Deployment, head: NodeView, commit: str) -> list[Action]:
     summary = f"pin revision {model.revision} to {short(commit)} (a branch moves only when the spec or the user says)"
     cause = f"{model.revision} was pinned to {short(before)}" if before else f"{model.revision} is not pinned yet"
     payload = Pin(record=_record_path(head), repo=model.repo, revision=model.revision, commit=commit)
-    return [action(Step.PIN, head.node.name, "update" if before else "create", summary, cause, payload)]
+    return [action(payload, head.node.name, "update" if before else "create", summary, cause)]
 
 
 def _record_path(view: NodeView) -> str:
@@ -433,7 +434,7 @@ def _plan_node(
         )
         payload = Link(target_dir=target, files=dict(sorted(links.items())))
         cause = why or "these files are the same in a revision the node already has"
-        actions.append(_action(Step.LINK, "create", node, summary, cause, payload, actions))
+        actions.append(_action(payload, "create", node, summary, cause, actions))
     after = "" if source is None else source.after
     if fetch:
         actions.append(
@@ -466,7 +467,7 @@ def _plan_node(
             cache=f"{view.state_dir}/{HASH_CACHE}",
             pipelined=pipelined,
         )
-        actions.append(_action(Step.REASSEMBLE, "create", node, summary, cause, payload_assemble, actions))
+        actions.append(_action(payload_assemble, "create", node, summary, cause, actions))
     restart = _restart_cause(state.corrupt) if serving_here and state.corrupt else None
     fetched_state = replace(state, missing=fetch_state.missing, corrupt=fetch_state.corrupt)
     actions += _verify_and_prune(
@@ -596,7 +597,7 @@ def _fetch_action(
         if pipelined:
             summary += f", each file as soon as it is complete and verified on {origin.node.name}"
             cause = "; ".join(part for part in (cause, _pipelined_cause(origin)) if part)
-        payload: Payload = Copy(
+        payload_copy = Copy(
             source_node=origin.node.name,
             source_dir=revision_dir(origin.model_dir, listing.commit),
             destination_dir=target,
@@ -608,7 +609,7 @@ def _fetch_action(
             hashes={name: expect.hashes[name] for name in sorted(fetch) if name in expect.hashes},
             cache=f"{view.state_dir}/{HASH_CACHE}",
         )
-        return _action(Step.COPY, "create", node, summary, cause, payload, earlier, after=after)
+        return _action(payload_copy, "create", node, summary, cause, earlier, after=after)
     where = _shown(node, listing.commit)
     summary = f"download {len(fetch)} files, {size} of {model.repo}@{short(listing.commit)} into {where}"
     payload = Download(
@@ -621,7 +622,7 @@ def _fetch_action(
         on_node=node.ssh is not None,
         cache=f"{view.state_dir}/{HASH_CACHE}",
     )
-    return _action(Step.DOWNLOAD, "create", node, summary, cause, payload, earlier)
+    return _action(payload, "create", node, summary, cause, earlier)
 
 
 def _pipelined_cause(origin: NodeView) -> str:
@@ -714,13 +715,13 @@ def _verify_and_prune(
             peer_dir=peer_dir,
             restart_on_repair=_restart_rule_text() if serving and restart is None else None,
         )
-        actions.append(_action(Step.VERIFY, "run", node, summary, cause, payload, [*earlier, *actions]))
+        actions.append(_action(payload, "run", node, summary, cause, [*earlier, *actions]))
     parted = any(name in PARTED_SHARDS for name in state.missing + state.corrupt)
     if (state.parts or parted) and not deployment.model.keep_parts and source is None:
         summary = "delete the .partNN files of reassembled shards"
         cause = "model.keep_parts is false and the native shards are verified"
         prune = Prune(model_dir=target)
-        actions.append(_action(Step.PRUNE, "remove", node, summary, cause, prune, [*earlier, *actions]))
+        actions.append(_action(prune, "remove", node, summary, cause, [*earlier, *actions]))
     return actions
 
 
@@ -746,7 +747,7 @@ def _with_plan_staging(
         target=view.staged_path(commit, plan_name),
         content=_rewritten(tree.exl3_plan if tree is not None else None) if not actions else None,
     )
-    return Staging(actions=[_action(Step.STAGE_PLAN, "create", view.node, summary, cause, payload, actions)])
+    return Staging(actions=[_action(payload, "create", view.node, summary, cause, actions)])
 
 
 def _rewritten(plan_text: str | None) -> str | None:
@@ -791,7 +792,7 @@ def _switch_and_prune(deployment: Deployment, view: NodeView, commit: str) -> li
             repo=deployment.model.repo,
             history=history,
         )
-        actions.append(action(Step.SWITCH, view.node.name, "update", summary, cause, payload))
+        actions.append(action(payload, view.node.name, "update", summary, cause))
     kept = history[1 : 1 + deployment.model.keep_revisions]
     known = set(observed.revisions)
     if legacy_to is not None and observed.legacy_commit is not None and legacy_to.endswith(observed.legacy_commit):
@@ -808,23 +809,22 @@ def _switch_and_prune(deployment: Deployment, view: NodeView, commit: str) -> li
             shared_only=leftovers,
         )
         depends = (actions[-1].id,) if actions else ()
-        actions.append(action(Step.PRUNE_REVISIONS, view.node.name, "remove", summary, cause, payload_prune, depends))
+        actions.append(action(payload_prune, view.node.name, "remove", summary, cause, depends))
     return actions
 
 
 def _action(
-    step: Step,
+    payload: StepPayload,
     verb: Verb,
     node: Node,
     summary: str,
     cause: str,
-    payload: Payload,
     earlier: list[Action],
     after: str = "",
 ) -> Action:
     """An action that runs after the last of `earlier` and after `after` (another node's step)."""
     depends = tuple(item for item in (earlier[-1].id if earlier else "", after) if item)
-    return action(step, node.name, verb, summary, cause, payload, depends)
+    return action(payload, node.name, verb, summary, cause, depends)
 
 
 def _files_cause(state: CheckpointState, total: int) -> str:

@@ -33,10 +33,9 @@ from reconciler.actions import (
     PruneRevisions,
     Reassemble,
     StagePlan,
-    Step,
     Switch,
     Verify,
-    payload_of,
+    runs,
     shorten,
 )
 from reconciler.clock import utc_iso
@@ -50,7 +49,7 @@ from reconciler.components.checkpoint import (
 from reconciler.components.copystreams import CIPHER_OPTION, stream_count
 from reconciler.components.ranks import record_intent
 from reconciler.errors import NodeCommandError, PipelineStoppedError, ReconcilerError
-from reconciler.execution import ApplyContext, Executor
+from reconciler.execution import ApplyContext
 from reconciler.facts.files import parse_manifest
 from reconciler.nodeside.copydaemon import MODULE as DAEMON_MODULE
 from reconciler.nodeside.copydaemon import USER as DAEMON_USER
@@ -78,16 +77,14 @@ def _write_record(ctx: ApplyContext, node: str, path: str, record: dict[str, obj
     ctx.ops(node).write_file(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
-def _pin(ctx: ApplyContext, action: Action) -> str:
-    pin = payload_of(action, Pin)
+def _pin(ctx: ApplyContext, action: Action, pin: Pin) -> str:
     record = _read_record(ctx, action.node, pin.record)
     record.update(repo=pin.repo, resolved={"revision": pin.revision, "commit": pin.commit, "since": utc_iso()})
     _write_record(ctx, action.node, pin.record, record)
     return f"{pin.revision} = {pin.commit[:12]}"
 
 
-def _link(ctx: ApplyContext, action: Action) -> str:
-    link = payload_of(action, Link)
+def _link(ctx: ApplyContext, action: Action, link: Link) -> str:
     linked = ctx.ops(action.node).link_files(link.target_dir, dict(link.files))
     return f"linked {linked} files into {link.target_dir}"
 
@@ -102,8 +99,7 @@ def _room_for(ctx: ApplyContext, node: str, directory: str, needed: int) -> None
         )
 
 
-def _download(ctx: ApplyContext, action: Action) -> str:
-    download = payload_of(action, Download)
+def _download(ctx: ApplyContext, action: Action, download: Download) -> str:
     _room_for(ctx, action.node, download.model_dir, sum(item.size or 0 for item in download.files))
     if download.on_node:
         fetched = fetch_on_node(ctx, action.node, download.model_dir, download.files, download.commit, download.refetch)
@@ -232,10 +228,9 @@ def _manifest_hashes(ctx: ApplyContext, node: str, model_dir: str, manifest: str
     return parse_manifest(text)
 
 
-def _reassemble(ctx: ApplyContext, action: Action) -> str:
+def _reassemble(ctx: ApplyContext, action: Action, reassemble: Reassemble) -> str:
     """Each shard once its parts have landed (at once unless pipelined behind their download),
     published on the node's board when built and its sha256 matched."""
-    reassemble = payload_of(action, Reassemble)
     node = action.node
     wanted = {part: 0 for shard in reassemble.shards for part in shard.parts}
     expected = {shard.name: shard.sha256 for shard in reassemble.shards if shard.sha256}
@@ -273,13 +268,13 @@ def _differing(expected: dict[str, str], actual: dict[str, str | None]) -> tuple
     return missing, wrong
 
 
-def _verify(ctx: ApplyContext, action: Action) -> str:
+def _verify(ctx: ApplyContext, action: Action, verify: Verify) -> str:
     """Hash what changed (or everything, deep), then re-fetch exactly the files that differ.
 
     The hashes are the plan's (the Hub's sha256 and the manifest's) plus the manifest's entries
     as the file is on the node now: a fresh node gets the manifest with the download before.
     """
-    node, verify = action.node, payload_of(action, Verify)
+    node = action.node
     manifest = _manifest_hashes(ctx, node, verify.model_dir, verify.manifest)
     expected = {**{name: digest for name, digest in verify.files.items() if digest}, **manifest}
     missing, wrong = _differing(expected, _hash(ctx, node, verify, sorted(expected), verify.deep))
@@ -326,8 +321,7 @@ def _refetch(ctx: ApplyContext, node: str, verify: Verify, names: list[str]) -> 
         ctx.ops(node).reassemble(ReassembleArgs(model_dir=verify.model_dir, shards=parted))
 
 
-def _copy(ctx: ApplyContext, action: Action) -> str:
-    copy = payload_of(action, Copy)
+def _copy(ctx: ApplyContext, action: Action, copy: Copy) -> str:
     _room_for(ctx, action.node, copy.destination_dir, copy.bytes)
     names = copy.files if copy.files is not None else sorted(copy.sizes)
     sizes = {name: copy.sizes.get(name, 0) for name in names}
@@ -589,8 +583,7 @@ def rsync_argv(
     return [*argv, "-R", *again, *(f"{source}./{name}" for name in only), remote]
 
 
-def _stage_plan(ctx: ApplyContext, action: Action) -> str:
-    stage = payload_of(action, StagePlan)
+def _stage_plan(ctx: ApplyContext, action: Action, stage: StagePlan) -> str:
     content = stage.content
     if content is None:
         text = ctx.ops(action.node).read_text(stage.source)["text"]
@@ -611,13 +604,12 @@ def _stage_plan(ctx: ApplyContext, action: Action) -> str:
     return f"staged {stage.target}"
 
 
-def _prune(ctx: ApplyContext, action: Action) -> str:
-    removed = ctx.ops(action.node).prune_parts(payload_of(action, Prune).model_dir)
+def _prune(ctx: ApplyContext, action: Action, prune: Prune) -> str:
+    removed = ctx.ops(action.node).prune_parts(prune.model_dir)
     return f"deleted {len(removed)} part files"
 
 
-def _switch(ctx: ApplyContext, action: Action) -> str:
-    switch = payload_of(action, Switch)
+def _switch(ctx: ApplyContext, action: Action, switch: Switch) -> str:
     args = SwitchArgs(model_dir=switch.model_dir, target=switch.target, legacy_to=switch.legacy_to)
     ctx.ops(action.node).switch_model_dir(args)
     record = _read_record(ctx, action.node, switch.record)
@@ -626,8 +618,7 @@ def _switch(ctx: ApplyContext, action: Action) -> str:
     return f"{switch.model_dir} -> {switch.target}"
 
 
-def _prune_revisions(ctx: ApplyContext, action: Action) -> str:
-    prune = payload_of(action, PruneRevisions)
+def _prune_revisions(ctx: ApplyContext, action: Action, prune: PruneRevisions) -> str:
     args = RemoveRevisionsArgs(
         model_dir=prune.model_dir, remove=list(prune.remove), shared_only=list(prune.shared_only)
     )
@@ -637,15 +628,15 @@ def _prune_revisions(ctx: ApplyContext, action: Action) -> str:
     return f"removed {len(result['removed'])} revision directories{note}"
 
 
-EXECUTORS: dict[Step, Executor] = {
-    Step.PIN: _pin,
-    Step.LINK: _link,
-    Step.DOWNLOAD: _download,
-    Step.REASSEMBLE: _reassemble,
-    Step.VERIFY: _verify,
-    Step.COPY: _copy,
-    Step.STAGE_PLAN: _stage_plan,
-    Step.PRUNE: _prune,
-    Step.SWITCH: _switch,
-    Step.PRUNE_REVISIONS: _prune_revisions,
-}
+EXECUTORS = (
+    runs(Pin, _pin),
+    runs(Link, _link),
+    runs(Download, _download),
+    runs(Reassemble, _reassemble),
+    runs(Verify, _verify),
+    runs(Copy, _copy),
+    runs(StagePlan, _stage_plan),
+    runs(Prune, _prune),
+    runs(Switch, _switch),
+    runs(PruneRevisions, _prune_revisions),
+)

@@ -8,13 +8,13 @@ observation and lives in facts/fabric.py; this is the policy the rank component 
 
 from __future__ import annotations
 
-from reconciler.actions import Blocker
+from reconciler.actions import Blocker, Component
 from reconciler.facts.fabric import subnet_mismatches
 from reconciler.facts.node import Facts
 from reconciler.serving import NodeContext, ResolvedFabric
 from reconciler.spec import Deployment, Node
 
-COMPONENT = "ranks"
+COMPONENT = Component.RANKS
 
 
 def resolve_fabric(node: Node, facts: Facts) -> ResolvedFabric | Blocker:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from reconciler.actions import Action, InSync, Outcome, Pull, Step, action, payload_of
+from reconciler.actions import Action, Component, InSync, Outcome, Pull, action, runs
 from reconciler.errors import NodeCommandError
 from reconciler.facts.node import Facts
 from reconciler.spec import Deployment
 
 if TYPE_CHECKING:
-    from reconciler.execution import ApplyContext, Executor
+    from reconciler.execution import ApplyContext
     from reconciler.progress import Counter
 
-COMPONENT = "image"
+COMPONENT = Component.IMAGE
 
 
 def plan_image(deployment: Deployment, facts: Facts) -> Outcome:
@@ -27,9 +27,7 @@ def plan_image(deployment: Deployment, facts: Facts) -> Outcome:
             outcome.in_sync.append(InSync(node.name, COMPONENT, f"{short_ref(ref)} present"))
             continue
         outcome.actions.append(
-            action(
-                Step.PULL, node.name, "create", f"pull {short_ref(ref)}", "image not present on the node", Pull(ref=ref)
-            )
+            action(Pull(ref=ref), node.name, "create", f"pull {short_ref(ref)}", "image not present on the node")
         )
     return outcome
 
@@ -40,8 +38,8 @@ def short_ref(ref: str) -> str:
     return f"{name}@sha256:{digest[:12]}" if at else ref
 
 
-def _pull(ctx: ApplyContext, action: Action) -> str:
-    ref = payload_of(action, Pull).ref
+def _pull(ctx: ApplyContext, action: Action, pull: Pull) -> str:
+    ref = pull.ref
     client = ctx.transport(action.node).docker()
     if _present(client, ref):
         return "already present"
@@ -110,4 +108,4 @@ def _present(client: Any, ref: str) -> bool:
     return True
 
 
-EXECUTORS: dict[Step, Executor] = {Step.PULL: _pull}
+EXECUTORS = (runs(Pull, _pull),)

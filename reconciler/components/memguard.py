@@ -13,8 +13,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reconciler import nodeside
-from reconciler.actions import Action, Guard, GuardConfig, InSync, Outcome, Step, action, payload_data, payload_of
-from reconciler.errors import ReconcilerError
+from reconciler.actions import (
+    Action,
+    Component,
+    GuardConfig,
+    InSync,
+    Outcome,
+    RestartGuard,
+    StartGuard,
+    StopGuard,
+    action,
+    payload_data,
+    runs,
+)
 from reconciler.facts.memory import GuardTrip
 from reconciler.facts.node import Facts
 from reconciler.nodeside.ops import GuardStartArgs
@@ -22,9 +33,9 @@ from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, expand_home
 
 if TYPE_CHECKING:
-    from reconciler.execution import ApplyContext, Executor
+    from reconciler.execution import ApplyContext
 
-COMPONENT = "memguard"
+COMPONENT = Component.MEMGUARD
 # Part of the guard's config hash: a new guard program replaces the running one.
 GUARD_VERSION = 1
 
@@ -53,20 +64,20 @@ def plan_memguard(deployment: Deployment, facts: Facts) -> Outcome:
         running = observed.guard.running
         if not guard.enabled:
             if running:
-                payload = Guard(state_dir=state_dir, config=None)
-                stop = action(
-                    Step.STOP_GUARD, node.name, "remove", "stop the memory guard", "memguard.enabled is false", payload
-                )
+                payload = StopGuard(state_dir=state_dir)
+                stop = action(payload, node.name, "remove", "stop the memory guard", "memguard.enabled is false")
                 outcome.actions.append(stop)
             continue
         floor = f"floor {guard.floor_gib:g} GiB, every {guard.interval_s:g} s"
-        payload = Guard(state_dir=state_dir, config=guard_config(deployment))
+        config = guard_config(deployment)
         if not running:
             summary = f"start the memory guard ({floor})"
-            outcome.actions.append(action(Step.START_GUARD, node.name, "create", summary, "guard not running", payload))
+            start = StartGuard(state_dir=state_dir, config=config)
+            outcome.actions.append(action(start, node.name, "create", summary, "guard not running"))
         elif observed.guard.config_hash != wanted:
             summary, cause = f"restart the memory guard ({floor})", "guard settings or program changed"
-            outcome.actions.append(action(Step.RESTART_GUARD, node.name, "update", summary, cause, payload))
+            restart = RestartGuard(state_dir=state_dir, config=config)
+            outcome.actions.append(action(restart, node.name, "update", summary, cause))
         else:
             outcome.in_sync.append(InSync(node.name, COMPONENT, f"running ({floor})"))
     return outcome
@@ -99,21 +110,19 @@ def guard_config(deployment: Deployment) -> GuardConfig:
     )
 
 
-def _start(ctx: ApplyContext, action: Action) -> str:
-    guard = payload_of(action, Guard)
-    if guard.config is None:
-        raise ReconcilerError(f"{action.id}: a guard start without its settings", "plan again: `reconciler plan`")
+def _start(ctx: ApplyContext, action: Action, guard: StartGuard | RestartGuard) -> str:
+    """Start the guard with the planned settings; the node side stops a running one first."""
     program = (Path(nodeside.__file__).parent / "memguard.py").read_text(encoding="utf-8")
     args = GuardStartArgs(state_dir=guard.state_dir, program=program, config=payload_data(guard.config))
     return f"running as pid {ctx.ops(action.node).guard_start(args)}"
 
 
-def _stop(ctx: ApplyContext, action: Action) -> str:
-    stopped = ctx.ops(action.node).guard_stop(payload_of(action, Guard).state_dir)
+def _stop(ctx: ApplyContext, action: Action, guard: StopGuard) -> str:
+    stopped = ctx.ops(action.node).guard_stop(guard.state_dir)
     return "stopped" if stopped else "was not running"
 
 
 TRIP_FILE = "memguard.trip.json"
 
 
-EXECUTORS: dict[Step, Executor] = {Step.START_GUARD: _start, Step.RESTART_GUARD: _start, Step.STOP_GUARD: _stop}
+EXECUTORS = (runs(StartGuard, _start), runs(RestartGuard, _start), runs(StopGuard, _stop))

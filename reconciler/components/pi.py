@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from reconciler.actions import Action, ConfigurePi, InSync, Outcome, PiTarget, Step, Verb, action, payload_of
+from reconciler.actions import Action, Component, ConfigurePi, InSync, Outcome, PiTarget, Verb, action, runs
 from reconciler.facts.node import Facts
 from reconciler.facts.pi import PiFacts
 from reconciler.pi import config as picfg
@@ -24,9 +24,9 @@ from reconciler.serving import api_base
 from reconciler.spec import Deployment, Serving
 
 if TYPE_CHECKING:
-    from reconciler.execution import ApplyContext, Executor
+    from reconciler.execution import ApplyContext
 
-COMPONENT = "pi"
+COMPONENT = Component.PI
 MODEL_NAME = "DeepSeek-V4.1-Flash"
 LOCAL = "local"
 
@@ -84,9 +84,7 @@ def plan_pi(deployment: Deployment, facts: Facts) -> Outcome:
         return _in_sync(node, f"provider {target.provider} in {observed.directory} points at {target.base_url}")
     summary = f"configure Pi in {observed.directory}: provider {target.provider} -> {target.base_url}"
     verb: Verb = "create" if observed.provider is None else "update"
-    return Outcome(
-        actions=[action(Step.CONFIGURE_PI, node, verb, summary, "; ".join(causes), ConfigurePi(target=target))]
-    )
+    return Outcome(actions=[action(ConfigurePi(target=target), node, verb, summary, "; ".join(causes))])
 
 
 def differences(observed: PiFacts, target: PiTarget) -> list[str]:
@@ -114,15 +112,15 @@ def _in_sync(node: str, reason: str) -> Outcome:
     return Outcome(in_sync=[InSync(node, COMPONENT, reason)])
 
 
-def _configure(ctx: ApplyContext, action: Action) -> str:
+def _configure(ctx: ApplyContext, action: Action, configure: ConfigurePi) -> str:
     """Re-read the files now (facts may be stale) and write only what differs from the planned
     target, backups first."""
-    del ctx
-    target = payload_of(action, ConfigurePi).target
+    del ctx, action
+    target = configure.target
     directory = picfg.agent_dir()
     changes = picfg.install_changes(picfg.read_files(directory, target.provider), target)
     picfg.write_changes(directory, changes, target.provider)
     return "; ".join(changes.messages) or "unchanged"
 
 
-EXECUTORS: dict[Step, Executor] = {Step.CONFIGURE_PI: _configure}
+EXECUTORS = (runs(ConfigurePi, _configure),)

@@ -17,16 +17,19 @@ from typing import TYPE_CHECKING, Any, Literal
 from reconciler.actions import (
     Action,
     Blocker,
+    Component,
+    HaltRank,
     InSync,
     Outcome,
+    RemoveContainer,
     Smoke,
     StartRank,
-    Step,
     StopContainer,
+    StopRank,
     Verb,
     WaitReady,
     action,
-    payload_of,
+    runs,
     shorten,
 )
 from reconciler.clock import utc_iso
@@ -52,9 +55,9 @@ from reconciler.serving import (
 from reconciler.spec import Deployment
 
 if TYPE_CHECKING:
-    from reconciler.execution import ApplyContext, Executor
+    from reconciler.execution import ApplyContext
 
-COMPONENT = "ranks"
+COMPONENT = Component.RANKS
 _SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
@@ -254,18 +257,14 @@ def _stop_running(deployment: Deployment, facts: Facts, cause: str) -> list[Acti
         for container in owned_containers(deployment, facts, node.name):
             if container.status == "running":
                 summary = f"stop {container.name} (kept for `reconciler logs`)"
-                payload = _stop_payload(deployment, container, remove=False, intent=None)
-                actions.append(
-                    action(Step.HALT_RANK, node.name, "stop", summary, cause, payload, _last(actions), container.name)
-                )
+                payload = HaltRank(**_stopping(deployment, container))
+                actions.append(action(payload, node.name, "stop", summary, cause, _last(actions), container.name))
     return actions
 
 
-def _stop_payload(
-    deployment: Deployment, container: ContainerFacts, *, remove: bool, intent: str | None
-) -> StopContainer:
-    grace = deployment.serving.stop_timeout_s
-    return StopContainer(name=container.name, container_id=container.id, grace_s=grace, remove=remove, intent=intent)
+def _stopping(deployment: Deployment, container: ContainerFacts) -> dict[str, Any]:
+    """What every stop of a container names: the container seen when planning and its grace."""
+    return {"name": container.name, "container_id": container.id, "grace_s": deployment.serving.stop_timeout_s}
 
 
 def _match(
@@ -290,9 +289,9 @@ def _match(
 
 def _remove_stray(container: ContainerFacts, node: str, deployment: Deployment) -> Action:
     cause = f"owned by deployment {deployment.name} but not a rank of this spec on {node}"
-    payload = _stop_payload(deployment, container, remove=True, intent=None)
+    payload = RemoveContainer(**_stopping(deployment, container))
     summary = f"stop and remove {container.name}"
-    return action(Step.REMOVE_CONTAINER, node, "remove", summary, cause, payload, (), container.name)
+    return action(payload, node, "remove", summary, cause, (), container.name)
 
 
 def group_restart(
@@ -311,11 +310,9 @@ def group_restart(
             summary = f"stop {state.desired.name} (grace {deployment.serving.stop_timeout_s} s)"
             after = _last(actions) or tuple(earlier[-1:])
             # The first stop records the restart, so a reconciler that dies in the middle resumes it.
-            payload = _stop_payload(deployment, state.observed, remove=True, intent=None if actions else group_cause)
+            payload = StopRank(**_stopping(deployment, state.observed), intent=None if actions else group_cause)
             node, name = state.desired.node, state.desired.name
-            actions.append(
-                action(Step.STOP_RANK, node, "stop", summary, state.problem or group_cause, payload, after, name)
-            )
+            actions.append(action(payload, node, "stop", summary, state.problem or group_cause, after, name))
     stops = [item.id for item in actions]
     previous_start: list[str] = []
     for state in reversed(ordered):
@@ -338,9 +335,7 @@ def _start_action(deployment: Deployment, state: RankState, group_cause: str, de
     summary = f"start {state.desired.name} (rank {rank}, {role})"
     payload = StartRank(container=state.desired, intent=group_cause)
     node, name = state.desired.node, state.desired.name
-    return action(
-        Step.START_RANK, node, verb, summary, state.problem or group_cause, payload, tuple(dict.fromkeys(depends)), name
-    )
+    return action(payload, node, verb, summary, state.problem or group_cause, tuple(dict.fromkeys(depends)), name)
 
 
 def _wait_ready(deployment: Deployment, after: str) -> Action:
@@ -350,7 +345,7 @@ def _wait_ready(deployment: Deployment, after: str) -> Action:
         "any rank exit fails the group"
     )
     payload = WaitReady(timeout_s=startup.timeout_s, poll_s=startup.poll_s)
-    return action(Step.WAIT_READY, deployment.head.name, "run", summary, "the group was (re)started", payload, (after,))
+    return action(payload, deployment.head.name, "run", summary, "the group was (re)started", (after,))
 
 
 SMOKE_SCOPES = {
@@ -367,7 +362,7 @@ def _smoke(deployment: Deployment, after: str) -> Action:
         f"smoke-test the API: {SMOKE_SCOPES[checks]} (startup.smoke: {startup.smoke}); a failing check fails the apply"
     )
     payload = Smoke(checks=checks, timeout_s=startup.smoke_timeout_s)
-    return action(Step.SMOKE, deployment.head.name, "run", summary, "the group was (re)started", payload, (after,))
+    return action(payload, deployment.head.name, "run", summary, "the group was (re)started", (after,))
 
 
 def _last(actions: list[Action]) -> tuple[str, ...]:
@@ -397,27 +392,29 @@ def _clear_intent(ctx: ApplyContext) -> None:
     ctx.ops(head).remove_file(ctx.state_path(head, INTENT_FILE))
 
 
-def _stop(ctx: ApplyContext, action: Action) -> str:
-    """Stop the container the plan saw (and remove it unless kept for logs): if it is gone or
-    already stopped, there is nothing to do; if it is not ours, never touch it."""
-    stop = payload_of(action, StopContainer)
+def _stop_rank(ctx: ApplyContext, action: Action, stop: StopRank) -> str:
     if stop.intent is not None:
         record_intent(ctx, stop.intent)
+    return _stop(ctx, action, stop)
+
+
+def _stop(ctx: ApplyContext, action: Action, stop: StopContainer) -> str:
+    """Stop the container the plan saw (and remove it unless kept for logs): if it is gone or
+    already stopped, there is nothing to do; if it is not ours, never touch it."""
     container = _find(ctx.transport(action.node).docker(), stop.name)
     if container is None:
         return "already gone"
     if container.labels.get(LABEL_OWNER) != OWNER:
         raise ReconcilerError(f"{action.node}: {stop.name} is not ours; leaving it", "rename or remove it by hand")
     container.stop(timeout=stop.grace_s)
-    if not stop.remove:
+    if stop.KEEPS:
         return "stopped (kept for logs)"
     container.remove(force=True)
     return "stopped and removed"
 
 
-def _start(ctx: ApplyContext, action: Action) -> str:
+def _start(ctx: ApplyContext, action: Action, start: StartRank) -> str:
     """Create and start exactly the rendered container of the plan (replacing our old one)."""
-    start = payload_of(action, StartRank)
     desired = start.container
     record_intent(ctx, start.intent)
     client = ctx.transport(action.node).docker()
@@ -463,26 +460,27 @@ def create_container_args(api: Any, desired: RankContainer) -> dict[str, Any]:
     }
 
 
-def _await_ready(ctx: ApplyContext, action: Action) -> str:
+def _await_ready(ctx: ApplyContext, action: Action, wait: WaitReady) -> str:
     from reconciler import health  # the HTTP client, only when a rank is actually awaited
 
-    wait = payload_of(action, WaitReady)
+    del action
     result = health.wait_ready(ctx, timeout_s=wait.timeout_s, poll_s=wait.poll_s)
     _clear_intent(ctx)
     return result
 
 
-def _run_smoke(ctx: ApplyContext, action: Action) -> str:
+def _run_smoke(ctx: ApplyContext, action: Action, smoke: Smoke) -> str:
+    del action
     if ctx.smoke is None:
         return "skipped: nothing to run the smoke with here"
-    return ctx.smoke(ctx, payload_of(action, Smoke))
+    return ctx.smoke(ctx, smoke)
 
 
-EXECUTORS: dict[Step, Executor] = {
-    Step.STOP_RANK: _stop,
-    Step.REMOVE_CONTAINER: _stop,
-    Step.HALT_RANK: _stop,
-    Step.START_RANK: _start,
-    Step.WAIT_READY: _await_ready,
-    Step.SMOKE: _run_smoke,
-}
+EXECUTORS = (
+    runs(StopRank, _stop_rank),
+    runs(RemoveContainer, _stop),
+    runs(HaltRank, _stop),
+    runs(StartRank, _start),
+    runs(WaitReady, _await_ready),
+    runs(Smoke, _run_smoke),
+)

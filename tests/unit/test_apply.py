@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import io
 import threading
+from typing import get_args
 
 import pytest
 
 from reconciler import apply
-from reconciler.actions import Action, Guard, Payload, Pull, Step, action
+from reconciler.actions import Action, GuardConfig, Pull, StartGuard, Step, StepPayload, action
 from reconciler.errors import (
     ApplyError,
     JsoncError,
@@ -21,14 +22,22 @@ from reconciler.execution import ApplyContext, Progress
 from reconciler.plan import Plan, plan
 from tests.scenarios import empty_facts, reference_deployment
 
-PAYLOADS: dict[Step, Payload] = {
+PAYLOADS: dict[Step, StepPayload] = {
     Step.PULL: Pull(ref="img@sha256:1"),
-    Step.START_GUARD: Guard(state_dir="/s", config=None),
+    Step.START_GUARD: StartGuard(
+        state_dir="/s", config=GuardConfig(floor_gib=4, interval_s=1, labels=[], config_hash="")
+    ),
 }
 
 
 def step_on(step: Step, node: str, *after: str) -> Action:
-    return action(step, node, "create", f"{step.name_in_id} on {node}", "test", PAYLOADS[step], after)
+    return action(PAYLOADS[step], node, "create", f"{step.name_in_id} on {node}", "test", after)
+
+
+def test_each_step_has_one_payload_type_and_each_payload_type_one_executor() -> None:
+    payload_types = get_args(StepPayload)
+    assert sorted(kind.STEP for kind in payload_types) == sorted(Step)
+    assert set(apply.EXECUTORS) == set(payload_types)
 
 
 def test_neighbouring_pulls_on_distinct_nodes_form_one_batch_and_nothing_else_does() -> None:

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from reconciler import apply
 from reconciler.actions import Copy, Step, action
-from reconciler.components import checkpoint_run
 from reconciler.components.checkpoint_run import StreamMeter, daemon_argv, rsync_argv
 from reconciler.components.copystreams import CIPHER_OPTION, MAX_STREAMS, stream_count
 from reconciler.errors import NodeCommandError
@@ -208,7 +208,7 @@ def copy_action(
         sizes=sizes,
         fabric=fabric,
     )
-    return action(Step.COPY, "spark-worker", "create", "copy", "test", payload)
+    return action(payload, "spark-worker", "create", "copy", "test")
 
 
 def sources_of(argv: list[str]) -> list[str]:
@@ -225,7 +225,7 @@ def four_cores(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_fresh_copy_runs_one_rsync_per_core_each_file_once(tmp_path: Path) -> None:
     head = RecordingHead()
     ctx, out = copy_context(tmp_path, head)
-    message = checkpoint_run.EXECUTORS[Step.COPY](ctx, copy_action(tmp_path, None, CHECKPOINT))
+    message = apply.EXECUTORS[Copy](ctx, copy_action(tmp_path, None, CHECKPOINT))
     assert len(head.argvs) == 4
     copied = [name for argv in head.argvs for name in sources_of(argv)]
     assert sorted(copied) == sorted(CHECKPOINT)
@@ -241,7 +241,7 @@ def test_named_files_are_copied_again_even_if_size_and_time_match(tmp_path: Path
     head = RecordingHead()
     ctx, _ = copy_context(tmp_path, head)
     shard = "model-00002-of-00006.safetensors"
-    checkpoint_run.EXECUTORS[Step.COPY](ctx, copy_action(tmp_path, [shard], {shard: 45 * GB}))
+    apply.EXECUTORS[Copy](ctx, copy_action(tmp_path, [shard], {shard: 45 * GB}))
     assert [sources_of(argv) for argv in head.argvs] == [[shard]]
     assert "--ignore-times" in head.argvs[0]
 
@@ -250,7 +250,7 @@ def test_named_files_are_copied_again_even_if_size_and_time_match(tmp_path: Path
 def test_a_failed_stream_fails_the_copy_naming_the_worker(tmp_path: Path) -> None:
     ctx, _ = copy_context(tmp_path, RecordingHead(fail=True))
     with pytest.raises(NodeCommandError, match="rsync to spark-worker"):
-        checkpoint_run.EXECUTORS[Step.COPY](ctx, copy_action(tmp_path, None, CHECKPOINT))
+        apply.EXECUTORS[Copy](ctx, copy_action(tmp_path, None, CHECKPOINT))
 
 
 class DaemonWorker:
@@ -310,7 +310,7 @@ def test_with_fabric_addresses_the_streams_go_to_a_daemon_on_the_workers_fabric_
     ctx, out = copy_context(tmp_path, head)
     ctx.transports["spark-worker"] = worker
     copy = copy_action(tmp_path, None, CHECKPOINT, ("10.0.0.1", "10.0.0.2"))
-    checkpoint_run.EXECUTORS[Step.COPY](ctx, copy)
+    apply.EXECUTORS[Copy](ctx, copy)
     (start, started), (stop, stopped) = worker.calls
     assert (start, stop) == ("start", "stop"), "the daemon lives for this copy only"
     assert started["address"] == "10.0.0.2"
@@ -335,7 +335,7 @@ def test_the_daemon_is_stopped_when_a_stream_fails(tmp_path: Path) -> None:
     ctx.transports["spark-worker"] = worker
     copy = copy_action(tmp_path, None, CHECKPOINT, ("10.0.0.1", "10.0.0.2"))
     with pytest.raises(NodeCommandError, match="rsync to spark-worker"):
-        checkpoint_run.EXECUTORS[Step.COPY](ctx, copy)
+        apply.EXECUTORS[Copy](ctx, copy)
     assert [call for call, _ in worker.calls] == ["start", "stop"]
 
 
@@ -415,7 +415,7 @@ def test_three_nodes_copy_in_a_chain_so_the_head_uploads_once() -> None:
     assert "from spark-worker into" in second.summary
     assert "spark-worker holds the verified revision by then" in second.cause
     verify = next(item for item in actions if item.step is Step.VERIFY and item.node == "spark-third")
-    assert verify.payload.peer_dir == first.payload.source_dir, "damaged files come again from the head"  # type: ignore[attr-defined]
+    assert verify.payload.peer_dir == first.payload.source_dir, "damaged files come again from the head"  # type: ignore[union-attr]
 
 
 def test_a_worker_the_fabric_cannot_reach_from_the_one_before_copies_from_the_head() -> None:
@@ -426,8 +426,8 @@ def test_a_worker_the_fabric_cannot_reach_from_the_one_before_copies_from_the_he
     facts = with_node(facts, "spark-worker", fabric=FabricFacts())
     actions = plan(deployment.model_copy(update={"nodes": nodes}), facts).actions
     copies = {item.node: item for item in actions if item.step is Step.COPY}
-    assert copies["spark-third"].payload.source_node == "spark-head"  # type: ignore[attr-defined]
-    assert copies["spark-third"].payload.fabric == ("10.10.10.13", "10.10.10.12")  # type: ignore[attr-defined]
+    assert copies["spark-third"].payload.source_node == "spark-head"  # type: ignore[union-attr]
+    assert copies["spark-third"].payload.fabric == ("10.10.10.13", "10.10.10.12")  # type: ignore[union-attr]
 
 
 def test_copy_transport_ssh_sends_every_copy_from_the_head_over_ssh() -> None:
@@ -454,7 +454,7 @@ def test_a_copy_from_a_worker_runs_its_streams_there(tmp_path: Path) -> None:
     ctx.transports["spark-worker"] = worker
     ctx.transports["spark-relay"] = relay
     copy = copy_action(tmp_path, None, CHECKPOINT, ("10.0.0.3", "10.0.0.2"), origin="spark-relay")
-    message = checkpoint_run.EXECUTORS[Step.COPY](ctx, copy)
+    message = apply.EXECUTORS[Copy](ctx, copy)
     assert len(relay.argvs) == 4
     assert worker.calls[0][1]["allow"] == "10.0.0.3"
     assert "from spark-relay" in message
@@ -465,7 +465,7 @@ def test_a_copy_from_a_worker_without_fabric_addresses_is_refused(tmp_path: Path
     ctx, _ = copy_context(tmp_path, RecordingHead())
     copy = copy_action(tmp_path, None, {"a": 1}, origin="spark-relay")
     with pytest.raises(NodeCommandError, match="goes over the fabric"):
-        checkpoint_run.EXECUTORS[Step.COPY](ctx, copy)
+        apply.EXECUTORS[Copy](ctx, copy)
 
 
 def test_a_daemon_address_the_node_does_not_have_is_refused_saying_so(

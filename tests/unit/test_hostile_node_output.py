@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from reconciler import notify, redact
-from reconciler.actions import Pull, Step, action
+from reconciler.actions import Pull, action
 from reconciler.errors import NodeCommandError
 from reconciler.execution import Progress
 from reconciler.health import _log_tails
@@ -124,7 +124,7 @@ def test_the_largest_count_is_accepted_and_renders() -> None:
 
 def test_a_counter_out_of_range_from_another_source_is_ignored() -> None:
     progress = Progress(io.StringIO(), tty=False)
-    pull = action(Step.PULL, "spark-head", "create", "pull img", "test", Pull(ref="img@sha256:1"))
+    pull = action(Pull(ref="img@sha256:1"), "spark-head", "create", "pull img", "test")
     with progress.step(1, 1, pull) as step:
         report = progress.reporter("spark-worker")
         report(Counter("pull", 10**400, 10**401))

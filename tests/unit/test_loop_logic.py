@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from reconciler.actions import Blocker
+from reconciler.actions import Blocker, Component
 from reconciler.clock import utc_iso
 from reconciler.facts.memory import GuardFacts, GuardTrip
 from reconciler.facts.node import load_facts
@@ -132,8 +132,8 @@ def test_a_held_group_is_not_probed_and_says_why() -> None:
 
 def test_a_blocker_that_leaves_the_ranks_alone_keeps_the_probes_running() -> None:
     converged = converged_plan()
-    soft = Blocker("spark-head", "checkpoint", "cannot check the checkpoint against the Hub: down", "", False)
-    hard = Blocker("spark-worker", "ranks", "node unreachable", "")
+    soft = Blocker("spark-head", Component.CHECKPOINT, "cannot check the checkpoint against the Hub: down", "", False)
+    hard = Blocker("spark-worker", Component.RANKS, "node unreachable", "")
     brain = logic(FakeClock())
     brain.pass_succeeded(applied=False, after=Plan(converged.deployment, converged.nodes, blockers=[soft]))
     assert brain.serving

@@ -28,14 +28,14 @@ PARTS = [f"{SHARD}.part00", f"{SHARD}.part01"]
 
 def download_on(node: str = "spark-head") -> Action:
     payload = Download(repo="r", commit="c" * 40, model_dir="/m", files=[HubFile(path="a", size=1)])
-    return action(Step.DOWNLOAD, node, "create", "download", "test", payload)
+    return action(payload, node, "create", "download", "test")
 
 
 def verify_on(node: str, after: str) -> Action:
     payload = Verify(
         model_dir="/m", files={}, manifest="m", cache="/c", deep=False, refetch_from="hub", repo="r", commit="c"
     )
-    return action(Step.VERIFY, node, "run", "verify", "test", payload, (after,))
+    return action(payload, node, "run", "verify", "test", (after,))
 
 
 def copy_to(node: str, source: str, after: str, sizes: dict[str, int], destination: str = "/w") -> Action:
@@ -49,7 +49,7 @@ def copy_to(node: str, source: str, after: str, sizes: dict[str, int], destinati
         fabric=None,
         pipelined=True,
     )
-    return action(Step.COPY, node, "create", "copy", "test", payload, (after,))
+    return action(payload, node, "create", "copy", "test", (after,))
 
 
 # ---- feeds --------------------------------------------------------------------------------------
@@ -240,7 +240,7 @@ def test_the_reassembly_runs_alongside_the_download_and_the_verify_after_both() 
         cache="/c",
         pipelined=True,
     )
-    reassemble = action(Step.REASSEMBLE, "spark-head", "create", "reassemble", "test", payload, (download.id,))
+    reassemble = action(payload, "spark-head", "create", "reassemble", "test", (download.id,))
     verify = verify_on("spark-head", reassemble.id)
     order: list[str] = []
     built = threading.Event()
@@ -289,7 +289,7 @@ def test_the_copy_never_sends_a_part_and_sends_a_shard_once_published(tmp_path: 
     def run(act: Action) -> Outcome:
         try:
             if act.step is Step.COPY:
-                return checkpoint_run.EXECUTORS[Step.COPY](ctx, act), 0.0, None
+                return apply.EXECUTORS[Copy](ctx, act), 0.0, None
             return downloading(act), 0.0, None
         except ReconcilerError as error:
             return "", 0.0, error
@@ -310,7 +310,7 @@ def test_a_failed_stream_stops_the_copy_behind_a_download_naming_the_worker(tmp_
     def run(act: Action) -> Outcome:
         try:
             if act.step is Step.COPY:
-                return checkpoint_run.EXECUTORS[Step.COPY](ctx, act), 0.0, None
+                return apply.EXECUTORS[Copy](ctx, act), 0.0, None
             ctx.boards.board("spark-head").publish(["a", "b", "c"])
             return "ok", 0.0, None
         except ReconcilerError as error:

@@ -299,7 +299,7 @@ def test_a_corrupt_shard_is_restored_atomically_and_the_group_restarts() -> None
     download = by_id(result, "checkpoint.download@spark-head")
     assert "sha256 mismatch" in download.cause
     assert "model-00003-of-00006.safetensors" in download.cause
-    assert [item.path for item in download.payload.files] == ["model-00003-of-00006.safetensors"]  # type: ignore[attr-defined]
+    assert [item.path for item in download.payload.files] == ["model-00003-of-00006.safetensors"]  # type: ignore[union-attr]
     assert ids(result)[:3] == [
         "checkpoint.download@spark-head",
         "checkpoint.verify@spark-head",

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from reconciler import commands, redact
-from reconciler.actions import Action, Pull, Step, action
+from reconciler.actions import Action, Pull, action
 from reconciler.components.checkpoint_run import rsync_counter
 from reconciler.components.image import Layers
 from reconciler.execution import PUBLISH_INTERVAL_S, Progress
@@ -51,7 +51,7 @@ class Clock:
 
 
 def download_action() -> Action:
-    return action(Step.PULL, "spark-head", "create", "pull img", "test", Pull(ref="img@sha256:1"))
+    return action(Pull(ref="img@sha256:1"), "spark-head", "create", "pull img", "test")
 
 
 # ---- counters and their structured lines -------------------------------------------------------

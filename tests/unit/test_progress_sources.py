@@ -12,7 +12,7 @@ import pytest
 from huggingface_hub._local_folder import _short_hash
 
 from reconciler import hub, redact
-from reconciler.actions import Step, WaitReady, action
+from reconciler.actions import WaitReady, action
 from reconciler.execution import ApplyContext, Progress
 from reconciler.health import RankLines
 from reconciler.hub import HubFile, downloaded, list_files
@@ -134,7 +134,7 @@ def test_the_readiness_wait_shows_each_ranks_last_line_redacted_and_once_in_the_
         "dsv41-r1": Container(f"connected (key {SECRET})\r\n".encode()),
     }
     shown = RankLines(ctx, clock=lambda: clock[0])
-    wait = action(Step.WAIT_READY, "spark-head", "run", "wait", "test", WaitReady(timeout_s=60, poll_s=1))
+    wait = action(WaitReady(timeout_s=60, poll_s=1), "spark-head", "run", "wait", "test")
     with progress.step(1, 1, wait) as step:
         for second in range(0, 16):
             clock[0] = float(second)

@@ -7,6 +7,7 @@ import io
 import json
 from pathlib import Path
 
+from reconciler import apply
 from reconciler.actions import Link, Pin, PruneRevisions, Step, Switch, action
 from reconciler.facts.files import CheckpointRecord, Resolved
 from reconciler.facts.node import Facts, NodeFacts, load_facts
@@ -62,7 +63,7 @@ def test_a_revision_change_stages_only_what_changed_then_restarts_then_switches(
     assert len(link.payload.files) == 39
     assert all(source.endswith(name) and f"@{COMMIT}/" in source for name, source in link.payload.files.items())
     copy = next(a for a in result.actions if a.step is Step.COPY)
-    assert copy.payload.files == ["config.json", "model-00003-of-00006.safetensors"]  # type: ignore[attr-defined]
+    assert copy.payload.files == ["config.json", "model-00003-of-00006.safetensors"]  # type: ignore[union-attr]
     order = ids(result)
     assert order.index("checkpoint.stage-plan@spark-worker") < order.index("ranks.stop-dsv41-r0@spark-head")
     assert order.index("ranks.smoke@spark-head") < order.index("checkpoint.switch@spark-head")
@@ -149,7 +150,6 @@ def test_a_pin_for_another_repo_or_revision_is_not_used() -> None:
 def test_the_record_the_executors_write_reads_back_as_facts(tmp_path: Path) -> None:
     """Pin and switch write STATE_DIR/checkpoint.json; the probe must read it back, or the pin
     is planned again on every pass."""
-    from reconciler.components import checkpoint_run
     from reconciler.execution import ApplyContext, Progress
     from reconciler.transport.local import LocalTransport
 
@@ -158,7 +158,7 @@ def test_the_record_the_executors_write_reads_back_as_facts(tmp_path: Path) -> N
     ctx = ApplyContext(deployment, facts, {HEAD: LocalTransport(HEAD)}, Progress(io.StringIO()))
     record = str(tmp_path / "checkpoint.json")
     pin = Pin(record=record, repo=deployment.model.repo, revision="main", commit=COMMIT)
-    checkpoint_run.EXECUTORS[Step.PIN](ctx, action(Step.PIN, HEAD, "create", "pin", "test", pin))
+    apply.EXECUTORS[Pin](ctx, action(pin, HEAD, "create", "pin", "test"))
     read = CheckpointRecord.model_validate(json.loads((tmp_path / "checkpoint.json").read_text()))
     assert read.resolved is not None
     assert read.resolved.commit == COMMIT

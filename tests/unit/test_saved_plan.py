@@ -53,7 +53,7 @@ def test_every_action_carries_the_payload_its_executor_runs() -> None:
     assert start.payload.container.command[:2] == ("vllm", "serve")
     assert "--headless" in start.payload.container.command
     download = next(a for a in result.actions if a.step is Step.DOWNLOAD)
-    sizes = {item.path: item.size for item in download.payload.files}  # type: ignore[attr-defined]
+    sizes = {item.path: item.size for item in download.payload.files}  # type: ignore[union-attr]
     assert "model-00005-of-00006.safetensors.part01" in sizes
     assert all(size is not None and size > 0 for size in sizes.values())
 
@@ -158,6 +158,18 @@ def test_an_action_with_an_unknown_verb_or_step_is_refused(tmp_path: Path, field
     savedplan.write(path, saved_empty())
     data = json.loads(path.read_text(encoding="utf-8"))
     data["plan"]["actions"][0][field] = "destroy"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ReconcilerError, match="not a valid saved plan"):
+        savedplan.read(path)
+
+
+def test_a_step_edited_to_another_steps_name_is_refused(tmp_path: Path) -> None:
+    """The step follows from the payload: a file naming another step for it was edited."""
+    path = tmp_path / "plan.json"
+    savedplan.write(path, saved_empty())
+    data = json.loads(path.read_text(encoding="utf-8"))
+    pull = next(a for a in data["plan"]["actions"] if a["step"] == "image.pull")
+    pull["step"] = "memguard.start"
     path.write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(ReconcilerError, match="not a valid saved plan"):
         savedplan.read(path)

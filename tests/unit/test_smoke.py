@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from reconciler import commands
-from reconciler.actions import Action, Step
+from reconciler import apply, commands
+from reconciler.actions import Action, Smoke
 from reconciler.cli import main
-from reconciler.components import ranks
 from reconciler.errors import CheckFailedError, SmokeFailedError
 from reconciler.execution import ApplyContext
 from reconciler.plan import plan
@@ -473,7 +472,7 @@ def executor_context(group: Group, monkeypatch: pytest.MonkeyPatch, **serving: o
 def test_the_smoke_executor_passes_on_a_working_group(group: Group, monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = executor_context(group, monkeypatch)
     action = rank_actions(ctx.deployment)[-1]
-    assert ranks.EXECUTORS[Step.SMOKE](ctx, action) == f"7/7 checks passed against {group.url} (model {MODEL})"
+    assert apply.EXECUTORS[Smoke](ctx, action) == f"7/7 checks passed against {group.url} (model {MODEL})"
 
 
 def test_the_smoke_executor_fails_the_apply_with_the_failing_checks(
@@ -482,7 +481,7 @@ def test_the_smoke_executor_fails_the_apply_with_the_failing_checks(
     ctx = executor_context(group, monkeypatch, served_model_name="other-model")
     action = rank_actions(ctx.deployment)[-1]
     with pytest.raises(SmokeFailedError) as failed:
-        ranks.EXECUTORS[Step.SMOKE](ctx, action)
+        apply.EXECUTORS[Smoke](ctx, action)
     assert failed.value.message.startswith(f"smoke failed: models: lists {MODEL}, not other-model; stream: ")
     assert "startup.smoke: protocol" in failed.value.hint
     assert KEY not in failed.value.message
@@ -506,7 +505,7 @@ def test_a_hanging_engine_fails_the_smoke_step_within_its_timeout(
     )
     try:
         with pytest.raises(SmokeFailedError) as failed:
-            ranks.EXECUTORS[Step.SMOKE](ctx, rank_actions(ctx.deployment)[-1])
+            apply.EXECUTORS[Smoke](ctx, rank_actions(ctx.deployment)[-1])
     finally:
         thawed.set()
     # Each check gave up after the spec's 1 s, not after an answer or the reference's 3600 s.
