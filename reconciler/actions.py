@@ -351,10 +351,15 @@ class StartRank(Payload):
 
 
 class WaitReady(Payload):
+    """Poll the keyed `{url}/models` until it answers 200 while watching every rank's container
+    (node, name; rank 0 first): any exit fails the group at once."""
+
     STEP = Step.WAIT_READY
     kind: Literal["wait-ready"] = "wait-ready"
     timeout_s: int
     poll_s: int
+    url: str
+    ranks: list[tuple[str, str]]
 
 
 class Smoke(Payload):

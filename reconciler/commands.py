@@ -16,13 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import docker
-
 from reconciler import notify, savedplan
 from reconciler.actions import Action, Smoke
 from reconciler.apply import ApplyResult, apply_plan
 from reconciler.clock import utc_iso
-from reconciler.components.memguard import TRIP_FILE
 from reconciler.errors import NodeCommandError, NodeUnreachableError, ReconcilerError, SmokeFailedError
 from reconciler.execution import ApplyContext, Progress, Publisher
 from reconciler.facts.gather import gather
@@ -31,11 +28,13 @@ from reconciler.health import health_code, probe_liveness, read_key
 from reconciler.lock import deployment_lock
 from reconciler.loopstatus import read_status, write_pass
 from reconciler.nodeops import NodeOps
+from reconciler.nodeside.statedir import StateDir
 from reconciler.plan import Plan, plan
 from reconciler.progress import PassState
 from reconciler.serving import api_base, container_name
 from reconciler.spec import Deployment
 from reconciler.transport import Transport
+from reconciler.transport.base import find_container
 from reconciler.transport.connect import close_all, connect_all
 from reconciler.verify import smoke
 from reconciler.verify.apiclient import ApiTarget
@@ -207,29 +206,26 @@ def ranks_still_running(deployment: Deployment, facts: Facts) -> list[str]:
     return found
 
 
-HOLD_FILE = "hold.json"
-
-
 def hold(ctx: ApplyContext) -> None:
     """`stop`: persist the hold on the head (one small write); every converge then keeps the
     group down until `start`."""
     deployment = ctx.deployment
     content = f'{{"since": "{utc_iso()}", "reason": "reconciler stop"}}\n'
-    path = f"{deployment.state_dir.rstrip('/')}/{HOLD_FILE}"
+    path = StateDir(deployment.state_dir).hold
     ctx.ops(deployment.head.name).write_file(path, content)
 
 
 def release(ctx: ApplyContext) -> None:
     """`start`: clear the hold, and every recorded guard trip on the nodes that answer."""
     deployment = ctx.deployment
-    ctx.ops(deployment.head.name).remove_file(f"{deployment.state_dir.rstrip('/')}/{HOLD_FILE}")
+    ctx.ops(deployment.head.name).remove_file(StateDir(deployment.state_dir).hold)
     clear_trips(ctx)
 
 
 def clear_trips(ctx: ApplyContext) -> None:
     """A guard trip holds the group until the spec changes or `start`; an unreachable node keeps
     its trip (and holds the group) until it answers again."""
-    path = f"{ctx.deployment.state_dir.rstrip('/')}/{TRIP_FILE}"
+    path = StateDir(ctx.deployment.state_dir).guard_trip
     for node in ctx.deployment.nodes:
         with contextlib.suppress(NodeUnreachableError, NodeCommandError):
             ctx.ops(node.name).remove_file(path)
@@ -305,10 +301,9 @@ def container_logs(
 ) -> Iterator[bytes]:
     node = dict(deployment.ranked_nodes)[rank]
     name = container_name(deployment, rank)
-    try:
-        container = transports[node.name].docker().containers.get(name)
-    except docker.errors.NotFound:
-        raise ReconcilerError(f"{node.name}: no container {name}", "run `reconciler status`") from None
+    container = find_container(transports[node.name].docker(), name)
+    if container is None:
+        raise ReconcilerError(f"{node.name}: no container {name}", "run `reconciler status`")
     if follow:
         yield from container.logs(stream=True, follow=True, tail=tail)
     else:
@@ -319,7 +314,7 @@ def guard_log(
     deployment: Deployment, transports: dict[str, Transport], node: str, *, tail: int, follow: bool
 ) -> Iterator[str]:
     """The guard's log on a node; with `follow`, new lines as they are written (polled)."""
-    path = f"{deployment.state_dir.rstrip('/')}/memguard.log"  # the node expands `~` itself
+    path = StateDir(deployment.state_dir).guard_log  # the node expands `~` itself
     seen = 0
     while True:
         text = NodeOps(transports[node], None).read_text(path)["text"]

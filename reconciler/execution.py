@@ -23,6 +23,7 @@ from reconciler.clock import utc_iso
 from reconciler.errors import FactsError
 from reconciler.facts.node import Facts
 from reconciler.nodeops import NodeOps
+from reconciler.nodeside.statedir import StateDir
 from reconciler.pipeline import Boards
 from reconciler.progress import Counter, PassState, StepState, Throttle, bar, parse_line, plausible, printable
 from reconciler.spec import Deployment, Node, expand_home
@@ -265,8 +266,9 @@ class ApplyContext:
         """A spec path as it is on that node."""
         return expand_home(path, self.home(name))
 
-    def state_path(self, name: str, *parts: str) -> str:
-        return "/".join([self.path(name, self.deployment.state_dir).rstrip("/"), *parts])
+    def state_dir(self, name: str) -> StateDir:
+        """The node's state dir, `~` expanded as it is there."""
+        return StateDir(self.path(name, self.deployment.state_dir))
 
     def ops(self, name: str) -> NodeOps:
         """The node's file operations; their progress lines appear as they are written."""

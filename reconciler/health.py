@@ -14,12 +14,14 @@ from typing import Any
 import docker
 import httpx
 
+from reconciler.actions import WaitReady
 from reconciler.errors import GroupFailedError, ReconcilerError
 from reconciler.execution import ApplyContext
 from reconciler.progress import Throttle, printable, printable_line
 from reconciler.redact import checked_secret
-from reconciler.serving import api_base, container_name
+from reconciler.serving import api_base
 from reconciler.spec import Deployment
+from reconciler.transport.base import find_container
 
 LOG_TAIL = 40
 
@@ -32,10 +34,11 @@ def health_code(deployment: Deployment, timeout: float = 5.0) -> int | None:
         return None
 
 
-def models_code(deployment: Deployment, key: str, timeout: float = 5.0) -> int | None:
+def models_code(url: str, key: str, timeout: float = 5.0) -> int | None:
+    """The keyed `GET {url}/models`'s status; None when nothing answers."""
     try:
         headers = {"Authorization": f"Bearer {key}"}
-        return httpx.get(f"{api_base(deployment)}/v1/models", headers=headers, timeout=timeout).status_code
+        return httpx.get(f"{url}/models", headers=headers, timeout=timeout).status_code
     except httpx.HTTPError:
         return None
 
@@ -91,14 +94,9 @@ def probe_liveness(ctx: ApplyContext) -> str | None:
     return liveness_problem(ctx.deployment, key)
 
 
-def rank_states(ctx: ApplyContext) -> dict[str, Any]:
-    """Each rank container's Docker object (None when missing)."""
-    states: dict[str, Any] = {}
-    for rank, node in ctx.deployment.ranked_nodes:
-        name = container_name(ctx.deployment, rank)
-        found = ctx.transport(node.name).docker().containers.list(all=True, filters={"name": f"^/{name}$"})
-        states[name] = found[0] if found else None
-    return states
+def rank_states(ctx: ApplyContext, ranks: list[tuple[str, str]]) -> dict[str, Any]:
+    """Each rank container's Docker object (None when missing), by name."""
+    return {name: find_container(ctx.transport(node).docker(), name) for node, name in ranks}
 
 
 def _exited(states: dict[str, Any]) -> list[str]:
@@ -149,11 +147,11 @@ class RankLines:
         self.throttle = Throttle(RANK_LOG_EVERY_S)
         self.printed: dict[str, str] = {}
 
-    def show(self, states: dict[str, Any], waited_s: float) -> None:
+    def show(self, states: dict[str, Any], url: str, waited_s: float) -> None:
         if not self.throttle.due("ranks", self.clock()):
             return
         lines = last_log_lines(states)
-        self.ctx.progress.line(f"    waiting for {api_base(self.ctx.deployment)}/v1/models ({waited_s:.0f} s)")
+        self.ctx.progress.line(f"    waiting for {url}/models ({waited_s:.0f} s)")
         for rank, text in lines.items():
             if self.printed.get(rank) != text:
                 self.printed[rank] = text
@@ -162,16 +160,15 @@ class RankLines:
         self.ctx.progress.note(f"waiting {waited_s:.0f} s for /v1/models; {ranks}")
 
 
-def wait_ready(ctx: ApplyContext, *, timeout_s: int, poll_s: int) -> str:
+def wait_ready(ctx: ApplyContext, wait: WaitReady) -> str:
     """Poll the keyed /v1/models every `poll_s` until 200, watching every rank; fail at once
     when one exits, and after `timeout_s`. Meanwhile the ranks' last log lines are shown."""
-    deployment = ctx.deployment
     key = read_key(ctx)
     started = time.monotonic()
-    deadline = started + timeout_s
+    deadline = started + wait.timeout_s
     shown = RankLines(ctx)
     while True:
-        states = rank_states(ctx)
+        states = rank_states(ctx, wait.ranks)
         for container in states.values():
             if container is not None:
                 container.reload()
@@ -182,9 +179,11 @@ def wait_ready(ctx: ApplyContext, *, timeout_s: int, poll_s: int) -> str:
                 f"a rank exited ({summary})\n{_log_tails(states)}",
                 "read the rank logs above; the group is restarted as a whole on the next apply",
             )
-        if models_code(deployment, key) == 200:
-            return f"ready after {time.monotonic() - started:.0f} s: {api_base(deployment)}/v1"
+        if models_code(wait.url, key) == 200:
+            return f"ready after {time.monotonic() - started:.0f} s: {wait.url}"
         if time.monotonic() >= deadline:
-            raise GroupFailedError(f"not ready after {timeout_s // 60} min", "check `reconciler logs r0` and `logs r1`")
-        shown.show(states, time.monotonic() - started)
-        time.sleep(poll_s)
+            raise GroupFailedError(
+                f"not ready after {wait.timeout_s // 60} min", "check `reconciler logs r0` and `logs r1`"
+            )
+        shown.show(states, wait.url, time.monotonic() - started)
+        time.sleep(wait.poll_s)

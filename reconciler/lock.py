@@ -16,11 +16,12 @@ from pathlib import Path
 
 from reconciler.errors import LockBusyError
 from reconciler.fsutil import private_dir
+from reconciler.nodeside.statedir import StateDir
 from reconciler.spec import Deployment
 
 
 def lock_path(deployment: Deployment) -> Path:
-    return Path(os.path.expanduser(deployment.state_dir)) / "reconciler.lock"
+    return Path(StateDir(deployment.state_dir).expanded().lock)
 
 
 def _holder(path: Path) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from reconciler.errors import UntrustedFileError
 from reconciler.fsutil import read_bounded, write_private
+from reconciler.nodeside.statedir import StateDir
 from reconciler.progress import printable
 from reconciler.redact import redact
 from reconciler.spec import Deployment
@@ -40,7 +41,7 @@ class LoopStatus:
 
 
 def status_path(deployment: Deployment) -> Path:
-    return Path(os.path.expanduser(deployment.state_dir)) / "loop-status.json"
+    return Path(StateDir(deployment.state_dir).expanded().loop_status)
 
 
 def write_status(deployment: Deployment, status: LoopStatus) -> None:

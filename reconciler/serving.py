@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record, field, replace
 from reconciler.spec import Deployment, Node, Serving, expand_home
 
@@ -279,11 +280,11 @@ def rank_mounts(deployment: Deployment, rank: int, context: NodeContext, head_ho
     """The revision directory read-only at /model (never model_dir's link: a later switch of the
     link must not change what a running rank sees), its staged plans, the kernel caches, the key."""
     node = _node_of_rank(deployment, rank)
-    state_dir = expand_home(deployment.state_dir, context.home).rstrip("/")
+    layout = StateDir(expand_home(deployment.state_dir, context.home))
     mounts = [
         Mount(context.model_path or expand_home(node.model_dir, context.home), "/model", read_only=True),
-        Mount(context.plans_path or f"{state_dir}/plans", "/plans", read_only=True),
-        Mount(f"{state_dir}/cache", "/cache", read_only=False),
+        Mount(context.plans_path or layout.plans, "/plans", read_only=True),
+        Mount(layout.engine_cache, "/cache", read_only=False),
     ]
     if rank == 0:
         mounts.append(Mount(expand_home(deployment.key_file(), head_home), KEY_MOUNT, read_only=True))

@@ -46,6 +46,7 @@ from reconciler.actions import (
 from reconciler.components.fabric import resolve_fabric
 from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
+from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record, field, replace
 from reconciler.revisions import desired_commit, is_commit, pinned, pre_revisions_dir, revision_dir, short
 from reconciler.serving import rewrite_exl3_plan
@@ -208,7 +209,7 @@ class NodeView(Record):
     node: Node
     observed: CheckpointFacts
     model_dir: str
-    state_dir: str
+    layout: StateDir
 
     def tree(self, commit: str) -> RevisionFacts | None:
         """Where the node has `commit`: its revision directory, or a pre-revisions model_dir."""
@@ -225,7 +226,7 @@ class NodeView(Record):
         return observed.legacy_commit, observed.legacy
 
     def staged_path(self, commit: str, plan_name: str) -> str:
-        return f"{self.state_dir}/plans/{commit}/{plan_name}"
+        return self.layout.staged_plan(commit, plan_name)
 
 
 def view_of(deployment: Deployment, facts: Facts, node: Node) -> NodeView | None:
@@ -234,7 +235,7 @@ def view_of(deployment: Deployment, facts: Facts, node: Node) -> NodeView | None
         return None
     home = observed.home
     model_dir = expand_home(node.model_dir, home).rstrip("/")
-    return NodeView(node, observed.checkpoint, model_dir, expand_home(deployment.state_dir, home).rstrip("/"))
+    return NodeView(node, observed.checkpoint, model_dir, StateDir(expand_home(deployment.state_dir, home)))
 
 
 class Placement(Record):
@@ -253,17 +254,13 @@ def placements(deployment: Deployment, facts: Facts, commit: str | None) -> dict
         if view is None:
             continue
         if commit is not None:
-            found[node.name] = Placement(
-                revision_dir(view.model_dir, commit), f"{view.state_dir}/plans/{commit}", commit
-            )
+            found[node.name] = Placement(revision_dir(view.model_dir, commit), view.layout.plans_of(commit), commit)
             continue
         serving, _ = view.serving()
         if view.observed.link is not None and serving is not None:
-            found[node.name] = Placement(
-                revision_dir(view.model_dir, serving), f"{view.state_dir}/plans/{serving}", serving
-            )
+            found[node.name] = Placement(revision_dir(view.model_dir, serving), view.layout.plans_of(serving), serving)
         else:
-            found[node.name] = Placement(view.model_dir, f"{view.state_dir}/plans", serving)
+            found[node.name] = Placement(view.model_dir, view.layout.plans, serving)
     return found
 
 
@@ -344,7 +341,7 @@ def _pin(deployment: Deployment, head: NodeView, commit: str) -> list[Action]:
 
 
 def _record_path(view: NodeView) -> str:
-    return f"{view.state_dir}/{RECORD_FILE}"
+    return view.layout.checkpoint_record
 
 
 class _PeerSource(Record):
@@ -464,7 +461,7 @@ def _plan_node(
             ],
             keep_parts=deployment.model.keep_parts,
             manifest=deployment.model.manifest,
-            cache=f"{view.state_dir}/{HASH_CACHE}",
+            cache=view.layout.hash_cache,
             pipelined=pipelined,
         )
         actions.append(_action(payload_assemble, "create", node, summary, cause, actions))
@@ -607,7 +604,7 @@ def _fetch_action(
             fabric=source.fabric,
             pipelined=pipelined,
             hashes={name: expect.hashes[name] for name in sorted(fetch) if name in expect.hashes},
-            cache=f"{view.state_dir}/{HASH_CACHE}",
+            cache=view.layout.hash_cache,
         )
         return _action(payload_copy, "create", node, summary, cause, earlier, after=after)
     where = _shown(node, listing.commit)
@@ -620,7 +617,7 @@ def _fetch_action(
         whole_repo=nothing_here,
         refetch=state.corrupt,
         on_node=node.ssh is not None,
-        cache=f"{view.state_dir}/{HASH_CACHE}",
+        cache=view.layout.hash_cache,
     )
     return _action(payload, "create", node, summary, cause, earlier)
 
@@ -707,7 +704,7 @@ def _verify_and_prune(
             model_dir=target,
             files=dict(sorted(expect.hashes.items())),
             manifest=deployment.model.manifest,
-            cache=f"{view.state_dir}/{HASH_CACHE}",
+            cache=view.layout.hash_cache,
             deep=deep_verify,
             refetch_from="peer" if source is not None else ("node-hub" if node.ssh is not None else "hub"),
             repo=deployment.model.repo,
@@ -741,7 +738,8 @@ def _with_plan_staging(
         else "the checkpoint changes, so the staged plan is rewritten from it"
     )
     plan_name = deployment.model.exl3_plan
-    summary = f"stage {deployment.state_dir}/plans/{short(commit)}/{plan_name} with banks under /model/exl3"
+    shown = StateDir(deployment.state_dir).staged_plan(short(commit), plan_name)
+    summary = f"stage {shown} with banks under /model/exl3"
     payload = StagePlan(
         source=f"{revision_dir(view.model_dir, commit)}/exl3/plan/{plan_name}",
         target=view.staged_path(commit, plan_name),
@@ -842,8 +840,3 @@ def _files_cause(state: CheckpointState, total: int) -> str:
 def patterns_for(names: list[str]) -> list[str]:
     """Repo paths to fetch for these model files: a parted shard comes as its parts."""
     return [f"{name}.part[0-9][0-9]" if name in PARTED_SHARDS else name for name in names]
-
-
-HASH_CACHE = "hashcache.json"
-RECORD_FILE = "checkpoint.json"
-INTENT_FILE = "restart-intent.json"

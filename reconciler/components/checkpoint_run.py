@@ -54,6 +54,7 @@ from reconciler.facts.files import parse_manifest
 from reconciler.nodeside.copydaemon import MODULE as DAEMON_MODULE
 from reconciler.nodeside.copydaemon import USER as DAEMON_USER
 from reconciler.nodeside.ops import ReassembleArgs, RemoveRevisionsArgs, SwitchArgs
+from reconciler.nodeside.statedir import StateDir
 from reconciler.pipeline import Feed, split_streams
 from reconciler.progress import Counter
 from reconciler.serving import rewrite_exl3_plan
@@ -450,7 +451,7 @@ def _channel(
         return
     origin_ip, worker_ip = fabric
     secret = secrets.token_hex(24)
-    directory = f"{ctx.deployment.state_dir.rstrip('/')}/{DAEMON_DIR}"
+    directory = StateDir(ctx.deployment.state_dir).copy_daemon
     args = {"dir": directory, "path": destination, "address": worker_ip, "allow": origin_ip, "secret": secret}
     daemon = ctx.transport(node)
     lines = ctx.node_lines(node)
@@ -465,7 +466,6 @@ def _channel(
         run_program(daemon, "copydaemon", "stop", {"dir": directory}, on_line=lines)
 
 
-DAEMON_DIR = "copy-daemon"
 _EXCLUDES = ["--exclude", "*.safetensors.part[0-9][0-9]", "--exclude", ".cache/"]
 
 
@@ -598,7 +598,7 @@ def _stage_plan(ctx: ApplyContext, action: Action, stage: StagePlan) -> str:
             ) from None
     directory = stage.target.rsplit("/", 1)[0]
     node = ctx.ops(action.node)
-    node.mkdirs(directory, ctx.state_path(action.node, "cache"))
+    node.mkdirs(directory, ctx.state_dir(action.node).engine_cache)
     # World-readable like the checkpoint it comes from: the engine in the container reads it.
     node.write_file(stage.target, content, mode=0o644)
     return f"staged {stage.target}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reconciler import nodeside
@@ -112,7 +111,7 @@ def guard_config(deployment: Deployment) -> GuardConfig:
 
 def _start(ctx: ApplyContext, action: Action, guard: StartGuard | RestartGuard) -> str:
     """Start the guard with the planned settings; the node side stops a running one first."""
-    program = (Path(nodeside.__file__).parent / "memguard.py").read_text(encoding="utf-8")
+    program = nodeside.source("memguard")
     args = GuardStartArgs(state_dir=guard.state_dir, program=program, config=payload_data(guard.config))
     return f"running as pid {ctx.ops(action.node).guard_start(args)}"
 
@@ -120,9 +119,6 @@ def _start(ctx: ApplyContext, action: Action, guard: StartGuard | RestartGuard) 
 def _stop(ctx: ApplyContext, action: Action, guard: StopGuard) -> str:
     stopped = ctx.ops(action.node).guard_stop(guard.state_dir)
     return "stopped" if stopped else "was not running"
-
-
-TRIP_FILE = "memguard.trip.json"
 
 
 EXECUTORS = (runs(StartGuard, _start), runs(RestartGuard, _start), runs(StopGuard, _stop))

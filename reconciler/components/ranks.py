@@ -33,7 +33,7 @@ from reconciler.actions import (
     shorten,
 )
 from reconciler.clock import utc_iso
-from reconciler.components.checkpoint import INTENT_FILE, Placement
+from reconciler.components.checkpoint import Placement
 from reconciler.components.fabric import node_contexts
 from reconciler.components.memguard import trip_advice, trips
 from reconciler.errors import ReconcilerError
@@ -49,6 +49,7 @@ from reconciler.serving import (
     LABEL_RANK,
     OWNER,
     RankContainer,
+    api_base,
     container_name,
     render_group,
 )
@@ -319,7 +320,8 @@ def group_restart(
         waits_for = [*stops, *prerequisites.get(state.desired.node, []), *previous_start]
         actions.append(_start_action(deployment, state, group_cause, waits_for))
         previous_start = [actions[-1].id]
-    actions.append(_wait_ready(deployment, actions[-1].id))
+    group = [(state.desired.node, state.desired.name) for state in ordered]
+    actions.append(_wait_ready(deployment, group, actions[-1].id))
     if deployment.startup.smoke != "off":
         actions.append(_smoke(deployment, actions[-1].id))
     return actions
@@ -338,13 +340,14 @@ def _start_action(deployment: Deployment, state: RankState, group_cause: str, de
     return action(payload, node, verb, summary, state.problem or group_cause, tuple(dict.fromkeys(depends)), name)
 
 
-def _wait_ready(deployment: Deployment, after: str) -> Action:
+def _wait_ready(deployment: Deployment, group: list[tuple[str, str]], after: str) -> Action:
     startup = deployment.startup
     summary = (
         f"wait until GET /v1/models answers 200 with the key (up to {startup.timeout_s // 60} min); "
         "any rank exit fails the group"
     )
-    payload = WaitReady(timeout_s=startup.timeout_s, poll_s=startup.poll_s)
+    url = f"{api_base(deployment)}/v1"
+    payload = WaitReady(timeout_s=startup.timeout_s, poll_s=startup.poll_s, url=url, ranks=group)
     return action(payload, deployment.head.name, "run", summary, "the group was (re)started", (after,))
 
 
@@ -369,13 +372,6 @@ def _last(actions: list[Action]) -> tuple[str, ...]:
     return tuple(item.id for item in actions[-1:])
 
 
-def _find(client: Any, name: str) -> Any:
-    """The container of that exact name, or None (a listing, because docker-py leaves the
-    connection of a 404 open)."""
-    found = client.containers.list(all=True, filters={"name": f"^/{name}$"})
-    return found[0] if found else None
-
-
 def record_intent(ctx: ApplyContext, cause: str) -> None:
     """The one writer of the head's restart intent: written before the group's first stop or
     start (and when a repaired file the engine reads asks for a restart), so a reconciler that
@@ -383,13 +379,13 @@ def record_intent(ctx: ApplyContext, cause: str) -> None:
     The cause is redacted: it may quote a node's words."""
     head = ctx.deployment.head.name
     content = json.dumps({"since": utc_iso(), "cause": redact(cause)}) + "\n"
-    path = ctx.state_path(head, INTENT_FILE)
+    path = ctx.state_dir(head).restart_intent
     ctx.ops(head).write_file(path, content, keep_existing=True)
 
 
 def _clear_intent(ctx: ApplyContext) -> None:
     head = ctx.deployment.head.name
-    ctx.ops(head).remove_file(ctx.state_path(head, INTENT_FILE))
+    ctx.ops(head).remove_file(ctx.state_dir(head).restart_intent)
 
 
 def _stop_rank(ctx: ApplyContext, action: Action, stop: StopRank) -> str:
@@ -401,7 +397,9 @@ def _stop_rank(ctx: ApplyContext, action: Action, stop: StopRank) -> str:
 def _stop(ctx: ApplyContext, action: Action, stop: StopContainer) -> str:
     """Stop the container the plan saw (and remove it unless kept for logs): if it is gone or
     already stopped, there is nothing to do; if it is not ours, never touch it."""
-    container = _find(ctx.transport(action.node).docker(), stop.name)
+    from reconciler.transport.base import find_container  # executors only: planning loads no transport
+
+    container = find_container(ctx.transport(action.node).docker(), stop.name)
     if container is None:
         return "already gone"
     if container.labels.get(LABEL_OWNER) != OWNER:
@@ -418,7 +416,9 @@ def _start(ctx: ApplyContext, action: Action, start: StartRank) -> str:
     desired = start.container
     record_intent(ctx, start.intent)
     client = ctx.transport(action.node).docker()
-    old = _find(client, desired.name)
+    from reconciler.transport.base import find_container
+
+    old = find_container(client, desired.name)
     if old is not None:
         if old.labels.get(LABEL_OWNER) != OWNER:
             raise ReconcilerError(
@@ -464,7 +464,7 @@ def _await_ready(ctx: ApplyContext, action: Action, wait: WaitReady) -> str:
     from reconciler import health  # the HTTP client, only when a rank is actually awaited
 
     del action
-    result = health.wait_ready(ctx, timeout_s=wait.timeout_s, poll_s=wait.poll_s)
+    result = health.wait_ready(ctx, wait)
     _clear_intent(ctx)
     return result
 

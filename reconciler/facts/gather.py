@@ -32,6 +32,7 @@ from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, parse_me
 from reconciler.facts.node import Facts, Hold, NodeFacts, RestartIntent
 from reconciler.facts.pi import gather_pi
 from reconciler.nodeops import NodeOps
+from reconciler.nodeside.statedir import StateDir
 from reconciler.revisions import desired_commit, is_commit
 from reconciler.serving import LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, Node, expand_home
@@ -279,7 +280,7 @@ def with_hub_listing(
 
 
 def listing_path(deployment: Deployment, commit: str) -> str:
-    return f"{deployment.state_dir.rstrip('/')}/hub/{deployment.model.repo.replace('/', '--')}@{commit}.json"
+    return StateDir(deployment.state_dir).hub_listing(deployment.model.repo, commit)
 
 
 def _cache_listing(deployment: Deployment, transport: Transport | None, listing: HubFacts) -> None:

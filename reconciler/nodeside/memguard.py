@@ -21,6 +21,8 @@ import time
 import urllib.parse
 from typing import Any
 
+from reconciler.nodeside.statedir import StateDir
+
 KIB_PER_GIB = 1024 * 1024
 LOW_WATER_GIB = 10.0
 
@@ -86,10 +88,10 @@ def kill_ranks(labels: list[str]) -> list[str]:
 
 class Guard:
     def __init__(self, state_dir: str) -> None:
-        self.state_dir = state_dir
-        with open(os.path.join(state_dir, "memguard.json"), encoding="utf-8") as handle:
+        self.layout = StateDir(state_dir)
+        with open(self.layout.guard_config, encoding="utf-8") as handle:
             self.config: dict[str, Any] = json.load(handle)
-        self.log_path = os.path.join(state_dir, "memguard.log")
+        self.log_path = self.layout.guard_log
 
     def log(self, message: str) -> None:
         # Private, and never through a symlink someone placed at the log's name.
@@ -99,11 +101,11 @@ class Guard:
 
     def record_trip(self, available: float, floor: float, killed: list[str]) -> None:
         trip = {"at": now(), "mem_available_gib": round(available, 3), "floor_gib": floor, "killed": killed}
-        temporary = os.path.join(self.state_dir, f"memguard.trip.json.tmp-{os.getpid()}-{time.monotonic_ns()}")
+        temporary = f"{self.layout.guard_trip}.tmp-{os.getpid()}-{time.monotonic_ns()}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         with os.fdopen(os.open(temporary, flags, 0o600), "w", encoding="utf-8") as handle:
             json.dump(trip, handle)
-        os.replace(temporary, os.path.join(self.state_dir, "memguard.trip.json"))
+        os.replace(temporary, self.layout.guard_trip)
 
     def tick(self, count: int) -> None:
         floor = float(self.config["floor_gib"])

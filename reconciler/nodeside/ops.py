@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypedDict
 
+from reconciler.nodeside.statedir import StateDir
+
 # Hashing, thread pools, processes and rmtree import their modules where they are used: the head
 # imports this module for atomic_write on every command, and every call on a node pays for what
 # its program imports, while most calls need none of them.
@@ -502,30 +504,31 @@ def guard_start(args: GuardStartArgs) -> GuardStarted:
     import subprocess
 
     state_dir = os.path.expanduser(args["state_dir"])
+    layout = StateDir(state_dir)
     private_dir(state_dir)
-    _stop_pid(os.path.join(state_dir, "memguard.pid"))
-    atomic_write(os.path.join(state_dir, "memguard.py"), args["program"].encode())
-    atomic_write(os.path.join(state_dir, "memguard.json"), json.dumps(args["config"]).encode())
+    _stop_pid(layout.guard_pid)
+    atomic_write(layout.guard_program, args["program"].encode())
+    atomic_write(layout.guard_config, json.dumps(args["config"]).encode())
     if args.get("clear_trip"):
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(state_dir, "memguard.trip.json"))
+            os.unlink(layout.guard_trip)
     process = subprocess.Popen(
-        [sys.executable, os.path.join(state_dir, "memguard.py"), state_dir],
+        [sys.executable, layout.guard_program, state_dir],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
         close_fds=True,
     )
-    atomic_write(os.path.join(state_dir, "memguard.pid"), f"{process.pid}\n".encode())
+    atomic_write(layout.guard_pid, f"{process.pid}\n".encode())
     return {"pid": process.pid}
 
 
 def guard_stop(args: StateDirArgs) -> GuardStopped:
-    state_dir = os.path.expanduser(args["state_dir"])
-    stopped = _stop_pid(os.path.join(state_dir, "memguard.pid"))
+    pid_file = StateDir(os.path.expanduser(args["state_dir"])).guard_pid
+    stopped = _stop_pid(pid_file)
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(state_dir, "memguard.pid"))
+        os.unlink(pid_file)
     return {"stopped": stopped}
 
 

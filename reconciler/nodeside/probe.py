@@ -21,6 +21,8 @@ import time
 import urllib.parse
 from typing import Any
 
+from reconciler.nodeside.statedir import StateDir
+
 DOCKER_SOCKET = "/var/run/docker.sock"
 MAX_PLAN_BYTES = 4 * 1024 * 1024
 # The testbed has no RDMA devices (and no Soft-RoCE): it points this at a Spark-shaped fixture
@@ -266,7 +268,7 @@ def tree(path: str, manifest: str, plan: str, staged: str | None) -> dict[str, A
 def legacy_commit(model_dir: str, state_dir: str) -> str | None:
     """The commit a pre-revisions model dir holds: the old cached listing says, or the Hub
     client's download metadata (its first line is the commit)."""
-    listing = read_json(os.path.join(state_dir, "hub-files.json"))
+    listing = read_json(StateDir(state_dir).legacy_listing)
     if isinstance(listing, dict) and isinstance(listing.get("commit"), str) and is_commit(listing["commit"]):
         return str(listing["commit"])
     metadata = read_text(os.path.join(model_dir, ".cache", "huggingface", "download", "config.json.metadata"))
@@ -284,7 +286,7 @@ def checkpoint_state(model_dir: str, state_dir: str, manifest: str, plan: str) -
         head, at, commit = entry.partition("@")
         path = os.path.join(parent, entry)
         if head == name and at and is_commit(commit) and os.path.isdir(path) and not os.path.islink(path):
-            revisions[commit] = tree(path, manifest, plan, os.path.join(state_dir, "plans", commit, plan))
+            revisions[commit] = tree(path, manifest, plan, StateDir(state_dir).staged_plan(commit, plan))
     link = os.readlink(base) if os.path.islink(base) else None
     legacy = os.path.isdir(base) and link is None
     return {
@@ -292,33 +294,34 @@ def checkpoint_state(model_dir: str, state_dir: str, manifest: str, plan: str) -
         "legacy": tree(base, manifest, plan, None) if legacy else None,
         "legacy_commit": legacy_commit(base, state_dir) if legacy else None,
         "revisions": revisions,
-        "record": read_json(os.path.join(state_dir, "checkpoint.json")),
+        "record": read_json(StateDir(state_dir).checkpoint_record),
     }
 
 
 def hub_listings(state_dir: str) -> list[Any]:
     """The head's cached Hub listings, one file per commit (STATE_DIR/hub/)."""
-    directory = os.path.join(state_dir, "hub")
+    directory = StateDir(state_dir).hub_listings
     return [read_json(os.path.join(directory, name)) for name in list_dir(directory) if name.endswith(".json")]
 
 
 def probe(args: dict[str, Any]) -> dict[str, Any]:
     state_dir = expand(args["state_dir"])
+    layout = StateDir(state_dir)
     model_dir = expand(args["model_dir"])
     return {
         "hostname": socket.gethostname(),
         "home": os.path.expanduser("~"),
         "meminfo": meminfo(),
         "checkpoint": checkpoint_state(model_dir, state_dir, args["manifest"], args["exl3_plan"]),
-        "hash_cache": read_json(os.path.join(state_dir, "hashcache.json")) or {},
+        "hash_cache": read_json(layout.hash_cache) or {},
         "hub_listings": hub_listings(state_dir) if args.get("head") else [],
         "disk_free": disk_free(model_dir),
         "key_file": stat_key_file(expand(args["key_file"])) if args.get("key_file") else None,
-        "guard_running": process_alive(os.path.join(state_dir, "memguard.pid")),
-        "guard_config": read_json(os.path.join(state_dir, "memguard.json")),
-        "guard_trip": read_json(os.path.join(state_dir, "memguard.trip.json")),
-        "hold": read_json(os.path.join(state_dir, "hold.json")),
-        "restart_intent": read_json(os.path.join(state_dir, "restart-intent.json")),
+        "guard_running": process_alive(layout.guard_pid),
+        "guard_config": read_json(layout.guard_config),
+        "guard_trip": read_json(layout.guard_trip),
+        "hold": read_json(layout.hold),
+        "restart_intent": read_json(layout.restart_intent),
         "docker": docker_state(args["label"]),
         "fabric": fabric_state(int(args.get("gid_index", 3))),
         "host": host_state() if args.get("doctor") else None,

@@ -47,6 +47,13 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+def find_container(client: Any, name: str) -> Any:
+    """The container of that exact name, or None (a listing, because docker-py leaves the
+    connection of a 404 open)."""
+    found = client.containers.list(all=True, filters={"name": f"^/{name}$"})
+    return found[0] if found else None
+
+
 def run_program(
     transport: Transport, module: str, call: str, args: Any, *, timeout: float = 600.0, on_line: LineSink | None = None
 ) -> Any:

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from reconciler import nodeside
 from reconciler.nodeside import ops as node_ops
 from reconciler.transport.base import run_program
 from reconciler.transport.local import LocalTransport
@@ -109,3 +113,29 @@ def test_the_hash_cache_is_private(tmp_path: Path) -> None:
     cache = tmp_path / "state" / "hashcache.json"
     run("hash_files", tmp_path / "state", model_dir=str(model), files=["a.bin"], cache=str(cache))
     assert mode_of(cache) == 0o600
+
+
+@pytest.mark.parametrize("module", ["probe", "ops"])
+def test_a_shipped_program_names_state_files_without_the_package(tmp_path: Path, module: str) -> None:
+    """A node has python3 and nothing of ours: the state-dir layout travels inside the program."""
+    shipped = nodeside.source(module) + "\nprint(StateDir('/s/').hold)\n"
+    result = subprocess.run(
+        [sys.executable, "-I", "-"], input=shipped, capture_output=True, text=True, cwd=tmp_path, check=False
+    )
+    assert (result.returncode, result.stdout) == (0, "/s/hold.json\n"), result.stderr
+
+
+def test_the_shipped_memory_guard_runs_from_its_state_dir_alone(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 131072000 kB\nMemAvailable: 104857600 kB\n", encoding="utf-8")
+    config = {"floor_gib": 1, "interval_s": 0.05, "labels": ["x=y"], "config_hash": "h", "meminfo": str(meminfo)}
+    run("guard_start", state, state_dir=str(state), program=nodeside.source("memguard"), config=config)
+    try:
+        log = state / "memguard.log"
+        deadline = time.monotonic() + 30
+        while not (log.exists() and "memguard start" in log.read_text(encoding="utf-8")):
+            assert time.monotonic() < deadline, "the guard never logged its start"
+            time.sleep(0.05)
+    finally:
+        assert run("guard_stop", state, state_dir=str(state)) == {"stopped": True}

@@ -134,11 +134,13 @@ def test_the_readiness_wait_shows_each_ranks_last_line_redacted_and_once_in_the_
         "dsv41-r1": Container(f"connected (key {SECRET})\r\n".encode()),
     }
     shown = RankLines(ctx, clock=lambda: clock[0])
-    wait = action(WaitReady(timeout_s=60, poll_s=1), "spark-head", "run", "wait", "test")
+    url = "http://127.0.0.1:8000/v1"
+    group = [("spark-head", "dsv41-r0"), ("spark-worker", "dsv41-r1")]
+    wait = action(WaitReady(timeout_s=60, poll_s=1, url=url, ranks=group), "spark-head", "run", "wait", "test")
     with progress.step(1, 1, wait) as step:
         for second in range(0, 16):
             clock[0] = float(second)
-            shown.show(states, float(second))
+            shown.show(states, url, float(second))
     assert step.detail == "waiting 15 s for /v1/models; r0| INFO Starting API | r1| connected (key (redacted))"
     text = out.getvalue()
     assert SECRET[:8] not in text

@@ -1,0 +1,113 @@
+"""Every file and directory under a node's state dir (the spec's `state_dir`), named once.
+
+The node-side programs, the facts, the executors and the commands all reach these files; each
+asks this layout for a path instead of spelling the name. It is stdlib only and has no
+`from __future__` line, because `nodeside.source` ships it inside the node-side programs that
+use it (a node has python3 and nothing of ours).
+
+Which node holds what: the head keeps the checkpoint record, the Hub listings, the restart
+intent, the hold, the loop's status and lock; every node keeps its hash cache, memory guard,
+staged EXL3 plans, the engine's compile cache and the copy daemon's files.
+"""
+
+import os
+
+
+class StateDir:
+    """The paths under one state dir, as the node (or the head, for its own) names them."""
+
+    def __init__(self, root: str) -> None:
+        # `~` stays as written when the head names a path on a node: the node expands it.
+        self.root = root.rstrip("/") or "/"
+
+    def _at(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+    def expanded(self) -> "StateDir":
+        """The same layout with `~` expanded on the machine this runs on."""
+        return StateDir(os.path.expanduser(self.root))
+
+    # The checkpoint: which commits the node served, and what a branch or tag resolved to.
+    @property
+    def checkpoint_record(self) -> str:
+        return self._at("checkpoint.json")
+
+    # name -> size, mtime and sha256 of each model file hashed: a verify hashes only what changed.
+    @property
+    def hash_cache(self) -> str:
+        return self._at("hashcache.json")
+
+    # The Hub's file listings the head cached, one file per commit: later passes need no Hub.
+    @property
+    def hub_listings(self) -> str:
+        return self._at("hub")
+
+    def hub_listing(self, repo: str, commit: str) -> str:
+        return f"{self.hub_listings}/{repo.replace('/', '--')}@{commit}.json"
+
+    # The listing a model dir from before revisions was downloaded with: tells its commit.
+    @property
+    def legacy_listing(self) -> str:
+        return self._at("hub-files.json")
+
+    # The EXL3 plan each revision's ranks read, rewritten for the mount (mounted at /plans).
+    @property
+    def plans(self) -> str:
+        return self._at("plans")
+
+    def plans_of(self, commit: str) -> str:
+        return f"{self.plans}/{commit}"
+
+    def staged_plan(self, commit: str, name: str) -> str:
+        return f"{self.plans_of(commit)}/{name}"
+
+    # The engine's compile and RoCE caches (mounted at /cache), kept across restarts.
+    @property
+    def engine_cache(self) -> str:
+        return self._at("cache")
+
+    # The rsync daemon a copy over the fabric starts on the destination, with its secrets.
+    @property
+    def copy_daemon(self) -> str:
+        return self._at("copy-daemon")
+
+    # A group restart begun and not yet ready: a reconciler that dies mid-restart resumes it.
+    @property
+    def restart_intent(self) -> str:
+        return self._at("restart-intent.json")
+
+    # `reconciler stop`: the ranks stay down until `reconciler start`.
+    @property
+    def hold(self) -> str:
+        return self._at("hold.json")
+
+    # What the loop is doing, for `reconciler status` and `systemctl status`.
+    @property
+    def loop_status(self) -> str:
+        return self._at("loop-status.json")
+
+    # One converge at a time on the head.
+    @property
+    def lock(self) -> str:
+        return self._at("reconciler.lock")
+
+    # The memory guard: its program, settings, pid, log and the trip it records.
+    @property
+    def guard_program(self) -> str:
+        return self._at("memguard.py")
+
+    @property
+    def guard_config(self) -> str:
+        return self._at("memguard.json")
+
+    @property
+    def guard_pid(self) -> str:
+        return self._at("memguard.pid")
+
+    @property
+    def guard_log(self) -> str:
+        return self._at("memguard.log")
+
+    @property
+    def guard_trip(self) -> str:
+        return self._at("memguard.trip.json")
