@@ -389,9 +389,14 @@ class PiTarget(Record):
 
 
 class ConfigurePi(Payload):
+    """Write `target` into the Pi config in `directory`, if what the plan was decided on is still
+    there (`seen`: the digest of the Pi facts, which hold no secret); else nothing is written."""
+
     STEP = Step.CONFIGURE_PI
     kind: Literal["configure-pi"] = "configure-pi"
     target: PiTarget
+    directory: str
+    seen: str
 
 
 StepPayload = (

@@ -580,6 +580,8 @@ def _add_pi(commands: SubParsers) -> None:
         ["reconciler pi status --json"],
         "pi:status",
     )
+    for action in (install, uninstall):
+        _wait_option(action)
     for action in (install, uninstall, status):
         spec_option(action)
         json_option(action)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,12 +32,26 @@ def _pi_provider(args: argparse.Namespace) -> str:
     return deployment.pi.provider if deployment is not None else PI_PROVIDER
 
 
+def _holding(deployment: Deployment | None, args: argparse.Namespace) -> Callable[[], AbstractContextManager[object]]:
+    """The deployment's lock, which a converge holds while it configures Pi; none without a spec."""
+    if deployment is None:
+        return contextlib.nullcontext
+    from reconciler.lock import deployment_lock
+
+    doing = f"pi {args.pi_action}"
+    return lambda: deployment_lock(deployment, doing, wait_s=args.wait, on_wait=_say)
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"{line}\n")
+
+
 def install(args: argparse.Namespace) -> int:
     from reconciler.pi import agent
 
     deployment = _pi_spec(args)
     target = agent.install_target(deployment, args.base_url, args.key_env, args.set_default)
-    report = agent.install(target)
+    report = agent.install(target, _holding(deployment, args))
     if args.json:
         emit_json(report)
         return EXIT_OK
@@ -65,7 +82,9 @@ def _changes(report: dict[str, Any], unchanged: str) -> list[str]:
 def uninstall(args: argparse.Namespace) -> int:
     from reconciler.pi import agent
 
-    report = agent.uninstall(_pi_provider(args))
+    deployment = _pi_spec(args)
+    provider = deployment.pi.provider if deployment is not None else PI_PROVIDER
+    report = agent.uninstall(provider, _holding(deployment, args))
     if args.json:
         emit_json(report)
     else:

@@ -14,11 +14,13 @@ never a prerequisite of it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler.actions import Action, Component, ConfigurePi, InSync, Outcome, PiTarget, Verb, action, runs
+from reconciler.errors import PiConfigError
 from reconciler.facts.node import Facts
-from reconciler.facts.pi import PiFacts
+from reconciler.facts.pi import PiFacts, pi_facts_from_files
 from reconciler.pi import config as picfg
 from reconciler.serving import api_base
 from reconciler.spec import Deployment, Serving
@@ -84,7 +86,8 @@ def plan_pi(deployment: Deployment, facts: Facts) -> Outcome:
         return _in_sync(node, f"provider {target.provider} in {observed.directory} points at {target.base_url}")
     summary = f"configure Pi in {observed.directory}: provider {target.provider} -> {target.base_url}"
     verb: Verb = "create" if observed.provider is None else "update"
-    return Outcome(actions=[action(ConfigurePi(target=target), node, verb, summary, "; ".join(causes))])
+    payload = ConfigurePi(target=target, directory=observed.directory, seen=observed.digest())
+    return Outcome(actions=[action(payload, node, verb, summary, "; ".join(causes))])
 
 
 def differences(observed: PiFacts, target: PiTarget) -> list[str]:
@@ -113,12 +116,19 @@ def _in_sync(node: str, reason: str) -> Outcome:
 
 
 def _configure(ctx: ApplyContext, action: Action, configure: ConfigurePi) -> str:
-    """Re-read the files now (facts may be stale) and write only what differs from the planned
-    target, backups first."""
+    """Write the planned target, backups first, into files that still say what the plan was
+    decided on; a config changed since (by hand, by `pi install`) is reported and left alone,
+    and the next plan decides again."""
     del ctx, action
-    target = configure.target
-    directory = picfg.agent_dir()
-    changes = picfg.install_changes(picfg.read_files(directory, target.provider), target)
+    target, directory = configure.target, Path(configure.directory)
+    files = picfg.read_files(directory, target.provider)
+    now = pi_facts_from_files(files, target.provider)
+    if now.error is not None or now.digest() != configure.seen:
+        raise PiConfigError(
+            f"Pi's config in {directory} changed since the plan was made: nothing was written",
+            "plan again (`reconciler plan`, or the loop's next pass) to see what it needs now",
+        )
+    changes = picfg.install_changes(files, target)
     picfg.write_changes(directory, changes, target.provider)
     return "; ".join(changes.messages) or "unchanged"
 

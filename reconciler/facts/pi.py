@@ -9,6 +9,7 @@ value is redacted. Reading the files is the gatherer; turning them into facts is
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -36,6 +37,14 @@ class PiFacts(FactsModel):
     default_model: str | None = None
     extension_sha256: str | None = None
     manifest: dict[str, Any] | None = None
+
+    def digest(self) -> str:
+        """What a plan for Pi is decided on, as one value: our provider entry, the enabled models,
+        the defaults, our extension and install record (all as the facts hold them: no secret)."""
+        decided_on = self.model_dump(
+            include={"provider", "enabled_models", "default_provider", "default_model", "extension_sha256", "manifest"}
+        )
+        return hashlib.sha256(json.dumps(decided_on, sort_keys=True).encode()).hexdigest()
 
 
 def locate_pi(search_path: str | None = None) -> tuple[str | None, str | None]:

@@ -13,10 +13,13 @@ Every flow returns data; cli.py renders it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,13 +188,20 @@ def install_target(
     )
 
 
-def install(target: PiTarget) -> dict[str, Any]:
+# What `install` and `uninstall` hold while they read and write Pi's config: the deployment's lock
+# when there is a deployment, so a converge configuring Pi never writes the same files meanwhile.
+Holding = Callable[[], AbstractContextManager[object]]
+
+
+def install(target: PiTarget, holding: Holding = contextlib.nullcontext) -> dict[str, Any]:
     """Check the config can be edited, make sure Pi is there, then write what differs."""
     directory = config.agent_dir()
     changes = config.install_changes(config.read_files(directory, target.provider), target)
     config.check_writable(directory, changes)  # before npm: a refusal then leaves the machine as it was
     agent = ensure_pi()
-    backups = config.write_changes(directory, changes, target.provider)
+    with holding():  # read again under the lock: a converge may have written meanwhile
+        changes = config.install_changes(config.read_files(directory, target.provider), target)
+        backups = config.write_changes(directory, changes, target.provider)
     return {
         "ok": True,
         "dir": str(directory),
@@ -207,10 +217,11 @@ def install(target: PiTarget) -> dict[str, Any]:
     }
 
 
-def uninstall(provider: str) -> dict[str, Any]:
+def uninstall(provider: str, holding: Holding = contextlib.nullcontext) -> dict[str, Any]:
     directory = config.agent_dir()
-    changes = config.uninstall_changes(config.read_files(directory, provider), provider)
-    backups = config.write_changes(directory, changes, provider)
+    with holding():
+        changes = config.uninstall_changes(config.read_files(directory, provider), provider)
+        backups = config.write_changes(directory, changes, provider)
     return {
         "ok": True,
         "dir": str(directory),

@@ -11,7 +11,8 @@ import pytest
 from reconciler.apply import executor_for
 from reconciler.cli import main
 from reconciler.components.pi import desired_target, differences, plan_pi
-from reconciler.errors import PiInstallError
+from reconciler.errors import PiConfigError, PiInstallError
+from reconciler.lock import deployment_lock
 from reconciler.execution import ApplyContext
 from reconciler.facts.node import Facts
 from reconciler.facts.pi import REDACTED, gather_pi, locate_pi, pi_facts_from_files
@@ -134,6 +135,31 @@ def test_apply_configures_pi_and_the_next_plan_is_in_sync(agent: Path) -> None:
     assert pi_plan() == ([], [f"provider {PROVIDER} in {agent} points at http://127.0.0.1:8000/v1"])
 
 
+def test_a_config_changed_since_the_plan_is_left_alone_and_the_next_plan_decides(agent: Path) -> None:
+    deployment = reference_deployment()
+    facts = facts_with_pi()
+    (action,) = plan_pi(deployment, facts).actions
+    agent.mkdir()
+    (agent / "settings.json").write_text('{"enabledModels": ["other/model"]}\n')
+    with pytest.raises(PiConfigError, match="changed since the plan was made: nothing was written"):
+        executor_for(action)(ApplyContext(deployment, facts, {}), action)
+    assert sorted(path.name for path in agent.iterdir()) == ["settings.json"]
+    (cause,), _ = pi_plan(deployment)
+    assert f"{PROVIDER}/deepseek-v4.1-flash not in enabledModels (Pi would start on other/model)" in cause
+
+
+def test_other_providers_changed_since_the_plan_do_not_stop_it(agent: Path) -> None:
+    """The plan is decided on our provider and the settings we touch, not on the user's others."""
+    agent.mkdir()
+    (agent / "models.json").write_text('{"providers": {"theirs": {"baseUrl": "http://a/v1"}}}\n')
+    deployment = reference_deployment()
+    (action,) = plan_pi(deployment, facts_with_pi()).actions
+    (agent / "models.json").write_text('{"providers": {"theirs": {"baseUrl": "http://b/v1"}}}\n')
+    executor_for(action)(ApplyContext(deployment, facts_with_pi(), {}), action)
+    assert '"baseUrl": "http://b/v1"' in (agent / "models.json").read_text()
+    assert pi_plan(deployment)[0] == []
+
+
 @pytest.mark.usefixtures("agent")
 def test_a_changed_port_updates_only_the_base_url() -> None:
     deployment = reference_deployment()
@@ -189,6 +215,19 @@ def test_install_twice_then_uninstall(agent: Path, capsys: pytest.CaptureFixture
     ]
     # Only the backup of the models.json install had created is left (backups are never removed).
     assert [path.name for path in agent.iterdir()] == [Path(report["backups"][0]).name]
+
+
+@pytest.mark.parametrize("pi_action", ["install", "uninstall"])
+def test_install_and_uninstall_hold_the_deployments_lock(
+    agent: Path, capsys: pytest.CaptureFixture[str], pi_action: str
+) -> None:
+    """A converge configuring Pi holds the lock: install and uninstall never write beside it."""
+    deployment = reference_deployment()
+    with deployment_lock(deployment, "a loop pass"):
+        code, _, err = run(capsys, "pi", pi_action, "--wait", "0", "--spec", str(SPEC_PATH))
+    assert code == 1
+    assert "the deployment is busy: pid" in err and "a loop pass" in err
+    assert not agent.exists(), "nothing was written"
 
 
 def test_install_json_and_options(agent: Path, capsys: pytest.CaptureFixture[str]) -> None:
