@@ -195,7 +195,8 @@ class Reassemble(Payload):
 
 
 class Verify(Payload):
-    """Hash the files (from the cache unless deep) and re-fetch exactly those that differ."""
+    """Hash the files (from the cache unless deep) and report those that differ: the next plan
+    fetches them again."""
 
     STEP = Step.VERIFY
     kind: Literal["verify"] = "verify"
@@ -206,13 +207,6 @@ class Verify(Payload):
     manifest: str
     cache: str
     deep: bool
-    refetch_from: Literal["hub", "peer", "node-hub"]
-    repo: str
-    commit: str
-    peer_dir: str | None = None
-    # When this revision is being served: a file restored here may have been read with its bad
-    # bytes, so a repair records a group restart (this cause) on the head.
-    restart_on_repair: str | None = None
 
 
 class Copy(Payload):

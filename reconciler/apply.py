@@ -132,8 +132,9 @@ def _joins(batch: list[Action], action: Action) -> bool:
     )
 
 
-def apply_plan(ctx: ApplyContext, plan: Plan) -> ApplyResult:
-    result = ApplyResult()
+def apply_plan(ctx: ApplyContext, plan: Plan, result: ApplyResult | None = None) -> ApplyResult:
+    """Run the plan's actions in order; `result` (kept when an action fails) gets each one done."""
+    result = result if result is not None else ApplyResult()
     total = len(plan.actions)
     numbers = {action.id: number for number, action in enumerate(plan.actions, start=1)}
     for batch in batches(list(plan.actions)):
@@ -144,7 +145,7 @@ def apply_plan(ctx: ApplyContext, plan: Plan) -> ApplyResult:
         for action, (message, elapsed, error) in zip(batch, outcomes, strict=True):
             if error is not None:
                 where = f"[{numbers[action.id]}/{total}] {action.component} on {action.node}: {action.summary}"
-                raise ApplyError(f"{where}: failed: {error.message}", error.hint)
+                raise ApplyError(f"{where}: failed: {error.message}", error.hint, cause=error)
             prefix = "        done" if len(batch) == 1 else f"        [{numbers[action.id]}/{total}] done"
             ctx.progress.line(f"{prefix} in {elapsed:.1f} s: {message}")
             result.done.append((action, message, elapsed))

@@ -20,7 +20,14 @@ from reconciler import notify, savedplan
 from reconciler.actions import Action, Smoke
 from reconciler.apply import ApplyResult, apply_plan
 from reconciler.clock import utc_iso
-from reconciler.errors import NodeCommandError, NodeUnreachableError, ReconcilerError, SmokeFailedError
+from reconciler.errors import (
+    ApplyError,
+    FactsChangedError,
+    NodeCommandError,
+    NodeUnreachableError,
+    ReconcilerError,
+    SmokeFailedError,
+)
 from reconciler.execution import ApplyContext, Progress, Publisher
 from reconciler.facts.gather import gather
 from reconciler.facts.node import Facts, Liveness
@@ -90,6 +97,8 @@ class ApplyOutcome:
     after: Plan
     facts: Facts
     declined: bool = False
+    # The plan made when an executor found the world other than the first plan's facts.
+    replanned: Plan | None = None
 
 
 def converge(
@@ -119,24 +128,48 @@ def _converge_locked(
         return ApplyOutcome(before, ApplyResult(), before, facts)
     if request.confirm is not None and not request.confirm(before):
         return ApplyOutcome(before, ApplyResult(), before, facts, declined=True)
-    context.facts = facts
-    progress.phase(f"applying {len(before.actions)} actions")
-    result = apply_plan(context, before)
+    result = ApplyResult()
+    changed = _apply_round(context, before, facts, result, last=request.saved is not None)
     progress.phase("gathering facts again")
     after_facts = observe(deployment, transports, None)
     after = plan(deployment, after_facts)
-    if request.saved is None and _restart_recorded(deployment, facts, after_facts) and after.has_changes:
-        # A verify restored a file the serving group may have read: restart it now, as a
-        # plan of its own (shown, and asked for on a terminal like the first).
-        progress.line("a file the serving group mounts was restored: the group restarts")
+    replanned = None
+    if changed is not None and after.has_changes:
+        replanned = after
+        # An executor found the world other than the facts (a file whose bytes differ): a plan
+        # made from the world as it is now decides what follows, shown and asked for like the first.
+        progress.line(f"{changed.message}: planned again from the facts as they are now")
         if request.show is not None:
             request.show(after)
         if request.confirm is None or request.confirm(after):
-            context.facts = after_facts
-            result.done += apply_plan(context, after).done
+            _apply_round(context, after, after_facts, result, last=True)
             after_facts = observe(deployment, transports, None)
             after = plan(deployment, after_facts)
-    return ApplyOutcome(before, result, after, after_facts)
+    return ApplyOutcome(before, result, after, after_facts, replanned=replanned)
+
+
+def _apply_round(
+    context: ApplyContext, current: Plan, facts: Facts, result: ApplyResult, *, last: bool
+) -> FactsChangedError | None:
+    """Apply one plan; what an executor found changed ends the round, for a new plan (unless
+    this is the `last` round: a saved plan, or the round after such a finding)."""
+    context.facts = facts
+    context.progress.phase(f"applying {len(current.actions)} actions")
+    try:
+        apply_plan(context, current, result)
+    except ApplyError as exc:
+        if not isinstance(exc.cause, FactsChangedError):
+            raise
+        if last:
+            raise ApplyError(exc.message, _STILL_DIFFERS_HINT, cause=exc.cause) from None
+        return exc.cause
+    return None
+
+
+_STILL_DIFFERS_HINT = (
+    "the new plan fetched them again and they still differ: check the node's disk and the source "
+    "(the Hub, or the head's copy); run `reconciler apply` again to retry"
+)
 
 
 def pass_publisher(deployment: Deployment) -> Publisher:
@@ -151,12 +184,6 @@ def pass_publisher(deployment: Deployment) -> Publisher:
             write_pass(deployment, None if state is None else state.to_dict(utc_iso()))
 
     return publish
-
-
-def _restart_recorded(deployment: Deployment, before: Facts, after: Facts) -> bool:
-    """Whether this apply recorded a group restart on the head that was not there before."""
-    head = deployment.head.name
-    return before.nodes[head].restart_intent is None and after.nodes[head].restart_intent is not None
 
 
 def observe(

@@ -5,6 +5,8 @@ module can import it.
     ├── ReconcilerError                what a user sees, rendered without a traceback
     │   ├── TransientError             the same call may succeed when made again: retried with
     │   │   └── NodeUnreachableError   backoff where it is made (apply retries an action)
+    │   ├── FactsChangedError          the world is not what the plan was made from: the action
+    │   │                              stops, and a new plan decides (converge makes one)
     │   └── every other named error    permanent: reported as it is, never retried
     └── ReadError                      internal: a reader's or parser's finding, located by its caller
 
@@ -148,8 +150,21 @@ class StalePlanError(ReconcilerError):
     """The facts or the spec changed since the saved plan was made."""
 
 
+class FactsChangedError(ReconcilerError):
+    """An executor found the world other than the facts its plan was made from (a file whose
+    bytes differ from their sha256); it did nothing more, and the next plan decides."""
+
+    def __init__(self, message: str, hint: str, *, files: list[str]) -> None:
+        super().__init__(message, hint)
+        self.files = files
+
+
 class ApplyError(ReconcilerError):
-    """An action failed; the message names it, its node and its cause."""
+    """An action failed; the message names it, its node and its cause (`cause`, the error)."""
+
+    def __init__(self, message: str, hint: str, *, cause: ReconcilerError) -> None:
+        super().__init__(message, hint)
+        self.cause = cause
 
 
 # --- internal: raised by readers and parsers, turned into located problems by their callers ---

@@ -146,6 +146,7 @@ def apply(args: argparse.Namespace) -> int:
                 "ok": not outcome.after.has_changes and not outcome.declined,
                 "declined": outcome.declined,
                 "plan": outcome.before.to_dict(),
+                "replanned": outcome.replanned.to_dict() if outcome.replanned is not None else None,
                 "applied": outcome.result.to_dict(),
                 "remaining": outcome.after.to_dict(),
             }

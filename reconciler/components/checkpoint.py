@@ -467,9 +467,7 @@ def _plan_node(
         actions.append(_action(payload_assemble, "create", node, summary, cause, actions))
     restart = _restart_cause(state.corrupt) if serving_here and state.corrupt else None
     fetched_state = replace(state, missing=fetch_state.missing, corrupt=fetch_state.corrupt)
-    actions += _verify_and_prune(
-        deployment, view, target, fetched_state, expect, commit, actions, source, deep_verify, restart
-    )
+    actions += _verify_and_prune(deployment, view, target, fetched_state, expect, actions, source, deep_verify)
     staging = Staging(actions=actions, restart=[restart] if restart else [])
     staging.extend(_with_plan_staging(deployment, view, commit, tree, actions))
     if not staging.actions:
@@ -680,11 +678,9 @@ def _verify_and_prune(
     target: str,
     state: CheckpointState,
     expect: Expectation,
-    commit: str,
     earlier: list[Action],
     source: _PeerSource | None,
     deep_verify: bool,
-    restart: str | None,
 ) -> list[Action]:
     node = view.node
     actions: list[Action] = []
@@ -696,21 +692,15 @@ def _verify_and_prune(
         else:
             cause = "deep verify requested: every file is read again"
         summary = (
-            f"verify files against {deployment.model.manifest} and the Hub's sha256; re-fetch only those that differ"
+            f"verify files against {deployment.model.manifest} and the Hub's sha256; "
+            "the next plan re-fetches any that differ"
         )
-        serving = view.observed.link == commit
-        peer_dir = revision_dir(source.head.model_dir, commit) if source is not None else None
         payload = Verify(
             model_dir=target,
             files=dict(sorted(expect.hashes.items())),
             manifest=deployment.model.manifest,
             cache=view.layout.hash_cache,
             deep=deep_verify,
-            refetch_from="peer" if source is not None else ("node-hub" if node.ssh is not None else "hub"),
-            repo=deployment.model.repo,
-            commit=commit,
-            peer_dir=peer_dir,
-            restart_on_repair=_restart_rule_text() if serving and restart is None else None,
         )
         actions.append(_action(payload, "run", node, summary, cause, [*earlier, *actions]))
     parted = any(name in PARTED_SHARDS for name in state.missing + state.corrupt)
@@ -720,10 +710,6 @@ def _verify_and_prune(
         prune = Prune(model_dir=target)
         actions.append(_action(prune, "remove", node, summary, cause, [*earlier, *actions]))
     return actions
-
-
-def _restart_rule_text() -> str:
-    return "a file the serving group mounts was found corrupt and restored; the engine may have read the bad bytes"
 
 
 def _with_plan_staging(

@@ -40,15 +40,11 @@ from reconciler.actions import (
 )
 from reconciler.clock import utc_iso
 from reconciler.components.checkpoint import (
-    _NOT_READ_BY_THE_ENGINE,
-    PARTED_SHARDS,
     human_bytes,
-    patterns_for,
     shard_of,
 )
 from reconciler.components.copystreams import CIPHER_OPTION, stream_count
-from reconciler.components.ranks import record_intent
-from reconciler.errors import NodeCommandError, PipelineStoppedError, ReconcilerError
+from reconciler.errors import FactsChangedError, NodeCommandError, PipelineStoppedError, ReconcilerError
 from reconciler.execution import ApplyContext
 from reconciler.facts.files import parse_manifest
 from reconciler.nodeside.copydaemon import MODULE as DAEMON_MODULE
@@ -270,10 +266,13 @@ def _differing(expected: dict[str, str], actual: dict[str, str | None]) -> tuple
 
 
 def _verify(ctx: ApplyContext, action: Action, verify: Verify) -> str:
-    """Hash what changed (or everything, deep), then re-fetch exactly the files that differ.
+    """Hash what changed (or everything, deep) against the plan's hashes and the manifest's.
 
     The hashes are the plan's (the Hub's sha256 and the manifest's) plus the manifest's entries
-    as the file is on the node now: a fresh node gets the manifest with the download before.
+    as the file is on the node now: a fresh node gets the manifest with the download before. A
+    file that differs is the world differing from the facts the plan was made from: its hash
+    is in the node's hash cache now, the verify reports it, and the next plan re-fetches it
+    (and restarts a group that may have read it).
     """
     node = action.node
     manifest = _manifest_hashes(ctx, node, verify.model_dir, verify.manifest)
@@ -281,45 +280,13 @@ def _verify(ctx: ApplyContext, action: Action, verify: Verify) -> str:
     missing, wrong = _differing(expected, _hash(ctx, node, verify, sorted(expected), verify.deep))
     if missing:
         raise NodeCommandError(f"{node}: files missing after the transfer: {shorten(missing)}", _INCOMPLETE_HINT)
-    if not wrong:
-        return f"{len(expected)} files match their sha256"
-    ctx.progress.line(f"    {node}: sha256 mismatch, re-fetching only: {shorten(wrong)}")
-    _refetch(ctx, node, verify, wrong)
-    missing, still_wrong = _differing({n: expected[n] for n in wrong}, _hash(ctx, node, verify, wrong, True))
-    if missing or still_wrong:
-        bad = shorten(missing + still_wrong)
-        raise NodeCommandError(f"{node}: still differs after re-fetching: {bad}", "check the disk and the source")
-    _restart_if_read(ctx, node, verify, wrong)
-    return f"{len(expected)} files verified; re-fetched {len(wrong)}: {shorten(wrong)}"
-
-
-def _restart_if_read(ctx: ApplyContext, node: str, verify: Verify, repaired: list[str]) -> None:
-    """A repaired file of a served revision that the engine reads: record a group restart."""
-    read = [name for name in repaired if not any(fnmatch.fnmatchcase(name, p) for p in _NOT_READ_BY_THE_ENGINE)]
-    if not read or verify.restart_on_repair is None:
-        return
-    record_intent(ctx, f"{verify.restart_on_repair} ({shorten(read)} on {node})")
-
-
-def _refetch(ctx: ApplyContext, node: str, verify: Verify, names: list[str]) -> None:
-    """Fetch again exactly the named files, from where the plan said this node's files come."""
-    parted = [name for name in names if name in PARTED_SHARDS]
-    if verify.refetch_from == "peer":
-        if verify.peer_dir is None:
-            raise NodeCommandError(f"{node}: a peer verify without the head's revision dir", "plan again")
-        _rsync(ctx, node, verify.peer_dir, verify.model_dir, dict.fromkeys(names, 0), recopy=True)
-        return
-    if verify.refetch_from == "node-hub":
-        patterns = [HubFile(path=p, size=None) for p in patterns_for(names)]
-        fetch_on_node(ctx, node, verify.model_dir, patterns, verify.commit, names)
-    else:
-        forget(verify.model_dir, names)
-        model = ctx.deployment.model
-        only = patterns_for(names)
-        report, on_bytes = ctx.progress.line, ctx.progress.reporter()
-        hub.fetch(model, verify.model_dir, commit=verify.commit, report=report, only=only, on_bytes=on_bytes)
-    if parted:
-        ctx.ops(node).reassemble(ReassembleArgs(model_dir=verify.model_dir, shards=parted))
+    if wrong:
+        raise FactsChangedError(
+            f"{node}: sha256 differs from the manifest's and the Hub's: {shorten(wrong)}",
+            "the next plan fetches exactly these files again: `reconciler apply` (it plans again by itself)",
+            files=wrong,
+        )
+    return f"{len(expected)} files match their sha256"
 
 
 def _copy(ctx: ApplyContext, action: Action, copy: Copy) -> str:

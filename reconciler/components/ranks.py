@@ -374,8 +374,8 @@ def _last(actions: list[Action]) -> tuple[str, ...]:
 
 def record_intent(ctx: ApplyContext, cause: str) -> None:
     """The one writer of the head's restart intent: written before the group's first stop or
-    start (and when a repaired file the engine reads asks for a restart), so a reconciler that
-    dies mid-restart resumes it; an intent already there (the restart being resumed) is kept.
+    start, so a reconciler that dies mid-restart resumes it; an intent already there (the
+    restart being resumed) is kept.
     The cause is redacted: it may quote a node's words."""
     head = ctx.deployment.head.name
     content = json.dumps({"since": utc_iso(), "cause": redact(cause)}) + "\n"

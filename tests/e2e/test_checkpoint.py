@@ -1,8 +1,9 @@
 """The checkpoint on the testbed: corruption and loss are found and repaired file by file.
 
-After a converge, each test damages one thing on one node and shows that the plan names it,
-that apply re-fetches exactly that file (the Hub stand-in's request log, inode checks), and
-that the plan is empty again. Each test converges first (`converged`), so they run in any order.
+After a converge, each test damages one thing on one node and shows that the plan names it (or
+the verify finds it and a new plan does), that apply re-fetches exactly that file (the Hub
+stand-in's request log, inode checks), and that the plan is empty again. Each test converges
+first (`converged`), so they run in any order.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def test_a_flipped_byte_on_the_worker_is_found_by_deep_verify_and_only_that_file
     assert bed.plan_exit() == 0, "size, mtime and inode unchanged: the hash cache cannot see it"
     before = stat(bed, WORKER)
     result = bed.reconciler("apply", "--deep-verify")
-    assert f"re-fetched 1: {SHARD}" in result.stderr
+    assert f"sha256 differs from the manifest's and the Hub's: {SHARD}: planned again" in result.stderr
+    assert "copy 1 files" in result.stdout, "the new plan, shown like the first, copies that file alone"
     after = stat(bed, WORKER)
     changed = sorted(name for name in before if before[name] != after.get(name))
     assert changed == [SHARD]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import pytest
 from reconciler.cli import main
 from reconciler.pi import agent as pi_agent
 from tests.integration.realpi import PiRuntime, ensure_runtimes, missing_tools
+from tests.ports import free_port
 from tests.scenarios import ROOT, SPEC_PATH
 
 KEY = "pi-real-test-key-4f1c9a0e7d"
@@ -101,13 +101,6 @@ class PiHome:
             cwd=self.home,
             check=False,
         )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,8 @@ from reconciler.errors import BenchError, StreamError
 from reconciler.verify import benchmark
 from reconciler.verify.apiclient import ApiTarget
 from reconciler.verify.benchrun import BenchRun, BenchSettings
-from tests.unit.test_engine_standin import KEY, MODEL, Launcher, free_port, single_argv, wait_healthy
+from tests.ports import free_port
+from tests.unit.test_engine_standin import KEY, MODEL, Launcher, single_argv, wait_healthy
 
 TOKEN_DELAY_S = 0.02  # the stand-in's seconds per generated token: 50 tok/s per stream
 PREFILL_DELAY_S = 0.0001  # seconds per prompt token: 10 000 tok/s of prefill

@@ -12,20 +12,22 @@ from pathlib import Path
 import pytest
 
 from reconciler import apply, commands, savedplan
-from reconciler.actions import Action
-from reconciler.errors import LockBusyError, ReconcilerError, StalePlanError
+from reconciler.actions import Action, Copy, Step
+from reconciler.errors import ApplyError, FactsChangedError, LockBusyError, ReconcilerError, StalePlanError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.node import Facts, load_facts
 from reconciler.lock import deployment_lock
-from reconciler.plan import needs_confirmation, plan
+from reconciler.plan import Plan, needs_confirmation, plan
 from reconciler.spec import Deployment
 from tests.scenarios import (
+    COMMIT,
     CONVERGED_FACTS,
     converged_facts,
     empty_facts,
     reference_deployment,
     with_container,
     with_serving,
+    with_tree_files,
 )
 
 
@@ -198,3 +200,69 @@ def test_stop_never_acts_while_an_apply_does(deployment: Deployment, monkeypatch
     assert "reconciler apply" in waited[0]
     assert held_at
     assert held_at[0] >= racing.finished["apply"]
+
+
+SHARD = "model-00002-of-00006.safetensors"
+
+
+class FindsOneCorruptShard(Nodes):
+    """The worker's verify finds SHARD's bytes wrong `times` times; everything else succeeds."""
+
+    def __init__(self, *facts: Facts, times: int) -> None:
+        super().__init__(*facts)
+        self.times = times
+
+    def executor(self, action: Action) -> object:
+        recorded = super().executor(action)
+
+        def run(ctx: ApplyContext, current: Action) -> str:
+            if current.id == "checkpoint.verify@spark-worker" and self.times > 0:
+                self.times -= 1
+                raise FactsChangedError(f"spark-worker: sha256 differs: {SHARD}", "plan again", files=[SHARD])
+            return recorded(ctx, current)  # type: ignore[operator, no-any-return]
+
+        return run
+
+
+def corrupt_on_worker(deployment: Deployment) -> Facts:
+    """The converged deployment with SHARD's hash on the worker found other than the Hub's."""
+    converged = converged_facts(deployment)
+    tree = converged.nodes["spark-worker"].checkpoint.revisions[COMMIT].files[SHARD]
+    return with_tree_files(converged, "spark-worker", {SHARD: tree.model_copy(update={"sha256": "0" * 64})})
+
+
+def test_a_verify_that_finds_bytes_wrong_ends_the_round_and_a_new_plan_repairs_them(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The executor only reports; the next plan (shown like the first) re-copies exactly that
+    file and restarts the group that may have read it."""
+    fake = FindsOneCorruptShard(
+        empty_facts(), corrupt_on_worker(deployment), converged_facts(deployment), converged_facts(deployment), times=1
+    )
+    monkeypatch.setattr(commands, "observe", fake.observe)
+    monkeypatch.setattr(apply, "executor_for", fake.executor)
+    shown: list[Plan] = []
+    outcome = converge(deployment, commands.Converge(doing="test", show=shown.append))
+    first, second = shown
+    round_one, round_two = fake.executed[: -len(second.actions)], fake.executed[-len(second.actions) :]
+    assert "checkpoint.verify@spark-worker" not in round_one, "the failed verify is not done"
+    assert not [step for step in round_one if step.startswith("ranks.")], "nothing after it ran"
+    assert set(round_one) < {action.id for action in first.actions}
+    assert sorted(round_two) == sorted(action.id for action in second.actions)
+    copy = next(action for action in second.actions if action.step is Step.COPY)
+    assert isinstance(copy.payload, Copy)
+    assert (copy.node, copy.payload.files) == ("spark-worker", [SHARD])
+    assert any(action.step is Step.STOP_RANK for action in second.actions), "the group may have read it"
+    assert outcome.replanned is second
+    assert not outcome.after.has_changes
+
+
+def test_bytes_still_wrong_after_the_new_plan_fetched_them_again_fail_the_apply(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FindsOneCorruptShard(empty_facts(), corrupt_on_worker(deployment), times=2)
+    monkeypatch.setattr(commands, "observe", fake.observe)
+    monkeypatch.setattr(apply, "executor_for", fake.executor)
+    with pytest.raises(ApplyError, match=f"sha256 differs: {SHARD}") as failed:
+        converge(deployment, commands.Converge(doing="test"))
+    assert "fetched them again and they still differ" in failed.value.hint

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,19 +12,13 @@ from pathlib import Path
 
 import httpx
 
+from tests.ports import free_port
 from tests.scenarios import ROOT
 
 BOOT = (
     f"import sys; sys.path.insert(0, {str(ROOT / 'tests/testbed/engine')!r}); "
     "from engine import main; raise SystemExit(main(sys.argv[1:]))"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def test_every_request_is_logged_with_its_key_and_body(tmp_path: Path) -> None:

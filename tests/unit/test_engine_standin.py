@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from reconciler.serving import vllm_argv
+from tests.ports import free_port
 from tests.scenarios import ROOT, reference_deployment, with_serving
 
 ENGINE_DIR = ROOT / "tests/testbed/engine"
@@ -48,13 +49,6 @@ WEATHER_TOOL = {
     },
 }
 Pixel = Callable[[int, int], tuple[int, int, int]]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def refuses(port: int) -> bool:

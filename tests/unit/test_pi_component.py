@@ -12,10 +12,10 @@ from reconciler.apply import executor_for
 from reconciler.cli import main
 from reconciler.components.pi import desired_target, differences, plan_pi
 from reconciler.errors import PiConfigError, PiInstallError
-from reconciler.lock import deployment_lock
 from reconciler.execution import ApplyContext
 from reconciler.facts.node import Facts
 from reconciler.facts.pi import REDACTED, gather_pi, locate_pi, pi_facts_from_files
+from reconciler.lock import deployment_lock
 from reconciler.pi import agent as pi_agent
 from reconciler.pi import config as pi_config
 from reconciler.plan import plan
@@ -226,7 +226,8 @@ def test_install_and_uninstall_hold_the_deployments_lock(
     with deployment_lock(deployment, "a loop pass"):
         code, _, err = run(capsys, "pi", pi_action, "--wait", "0", "--spec", str(SPEC_PATH))
     assert code == 1
-    assert "the deployment is busy: pid" in err and "a loop pass" in err
+    assert "the deployment is busy: pid" in err
+    assert "a loop pass" in err
     assert not agent.exists(), "nothing was written"
 
 

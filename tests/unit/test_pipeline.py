@@ -32,9 +32,7 @@ def download_on(node: str = "spark-head") -> Action:
 
 
 def verify_on(node: str, after: str) -> Action:
-    payload = Verify(
-        model_dir="/m", files={}, manifest="m", cache="/c", deep=False, refetch_from="hub", repo="r", commit="c"
-    )
+    payload = Verify(model_dir="/m", files={}, manifest="m", cache="/c", deep=False)
     return action(payload, node, "run", "verify", "test", (after,))
 
 

@@ -325,31 +325,19 @@ def test_the_watchdog_stops_pinging_when_a_trigger_thread_is_gone(
     assert stopping.timeouts == [0.05] * 3, "half of WatchdogSec=, as systemd advises"
 
 
-def test_a_repair_of_a_served_file_records_the_restart_through_the_one_intent_writer(tmp_path: Path) -> None:
+def test_the_restart_intent_is_written_redacted_and_a_resumed_one_is_kept(tmp_path: Path) -> None:
     """The cause (which may quote what a node said) is redacted, and an intent already there
     (a restart being resumed) is kept rather than replaced."""
-    from reconciler.actions import Verify
-    from reconciler.components import checkpoint_run
+    from reconciler.components.ranks import record_intent
     from reconciler.redact import register
 
     context = head_context(tmp_path, b"k\n")
     secret = "hf_" + "Q" * 34
     register(secret)
-    verify = Verify(
-        model_dir=str(tmp_path / "model"),
-        files={},
-        manifest="manifest.sha256",
-        cache=str(tmp_path / "state" / "hashcache.json"),
-        deep=False,
-        refetch_from="hub",
-        repo="org/model",
-        commit="0" * 40,
-        restart_on_repair=f"a served file was repaired ({secret})",
-    )
-    checkpoint_run._restart_if_read(context, "spark-worker", verify, ["model-00001-of-00002.safetensors"])
+    record_intent(context, f"group restart: dsv41-r1 on spark-worker: exited 1 ({secret})")
     intent = tmp_path / "state" / "restart-intent.json"
     recorded = json.loads(intent.read_text(encoding="utf-8"))
-    assert "model-00001-of-00002.safetensors on spark-worker" in recorded["cause"]
+    assert "dsv41-r1 on spark-worker: exited 1" in recorded["cause"]
     assert secret not in intent.read_text(encoding="utf-8")
-    checkpoint_run._restart_if_read(context, "spark-head", verify, ["config.json"])
+    record_intent(context, "group restart: another cause")
     assert json.loads(intent.read_text(encoding="utf-8")) == recorded

@@ -26,13 +26,13 @@ from reconciler.spec import Deployment
 from reconciler.verify import smoke
 from reconciler.verify.apiclient import ApiTarget
 from reconciler.verify.smoke import run_smoke
+from tests.ports import free_port
 from tests.scenarios import empty_facts, reference_deployment, with_serving
 from tests.unit.test_engine_standin import (
     KEY,
     MODEL,
     Group,
     Launcher,
-    free_port,
     single_argv,
     wait_healthy,
 )
