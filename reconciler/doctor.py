@@ -10,13 +10,10 @@ passes by default. Fabric checks use the plan's own resolution, so doctor and pl
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from reconciler.actions import Blocker
 from reconciler.clock import utc_iso
@@ -31,14 +28,15 @@ from reconciler.components.checkpoint import (
 )
 from reconciler.components.fabric import resolve_fabric
 from reconciler.components.ranks import owned_containers
-from reconciler.errors import NodeUnreachableError, ReconcilerError, SshConfigError
+from reconciler.errors import SshConfigError
 from reconciler.facts.fabric import subnet_mismatches
-from reconciler.facts.gather import node_facts_from_probe, probe_args, with_hub_listing
+from reconciler.facts.gather import NodeProbe, node_facts_from_probe, probe_every_node, with_hub_listing
 from reconciler.facts.memory import KIB_PER_GIB
 from reconciler.facts.node import Facts, NodeFacts
+from reconciler.record import replace
 from reconciler.serving import ResolvedFabric
 from reconciler.spec import Deployment, Node
-from reconciler.transport.base import Transport, run_program
+from reconciler.transport.base import Transport
 from reconciler.transport.sshroute import SshRoute, route_for
 
 Status = Literal["PASS", "WARN", "FAIL"]
@@ -65,28 +63,6 @@ class Check:
 
     def to_dict(self) -> dict[str, str]:
         return {"node": self.node, "check": self.name, "status": self.status, "message": self.message, "fix": self.fix}
-
-
-@dataclass(frozen=True)
-class NodeProbe:
-    """What one node answered, or why it did not; the send/receive times bound its clock."""
-
-    raw: dict[str, Any] | None = None
-    error: str | None = None
-    hint: str = ""
-    ssh_failed: bool = False
-    sent_at: float = 0.0
-    received_at: float = 0.0
-    route: SshRoute | None = None  # how the ssh config routed the connection
-
-    @property
-    def host(self) -> dict[str, Any]:
-        return (self.raw or {}).get("host") or {}
-
-    @property
-    def docker_error(self) -> str | None:
-        docker = (self.raw or {}).get("docker") or {}
-        return str(docker["error"]) if "error" in docker else None
 
 
 @dataclass(frozen=True)
@@ -127,9 +103,11 @@ def run(deployment: Deployment, transports: dict[str, Transport]) -> Report:
 
 def gather_doctor(deployment: Deployment, transports: dict[str, Transport]) -> DoctorInput:
     """One doctor probe per node, in parallel; then the Hub listing, as a plan pass does."""
-    with ThreadPoolExecutor(max_workers=max(1, len(deployment.nodes))) as pool:
-        futures = {node.name: pool.submit(_probe, deployment, node, transports[node.name]) for node in deployment.nodes}
-        probes = {name: future.result() for name, future in futures.items()}
+    answers = probe_every_node(deployment, transports, doctor=True)
+    probes = {
+        name: replace(probe, route=_route(deployment.node(name))) if probe.raw is not None else probe
+        for name, probe in answers.items()
+    }
     data = doctor_input(deployment, probes)
     head = deployment.head.name
     nodes = {**data.facts.nodes, head: with_hub_listing(deployment, data.facts.nodes[head])}
@@ -140,19 +118,6 @@ def doctor_input(deployment: Deployment, probes: dict[str, NodeProbe]) -> Doctor
     """Facts from each node's probe output (pure)."""
     nodes = {node.name: _node_facts(node, probes[node.name]) for node in deployment.nodes}
     return DoctorInput(probes, Facts(taken_at=utc_iso(), nodes=nodes))
-
-
-def _probe(deployment: Deployment, node: Node, transport: Transport) -> NodeProbe:
-    sent = time.time()
-    try:
-        raw = run_program(transport, "probe", "print_probe", {**probe_args(deployment, node), "doctor": True})
-    except (NodeUnreachableError, SshConfigError) as exc:
-        return NodeProbe(error=exc.message, hint=exc.hint, ssh_failed=True)
-    except ReconcilerError as exc:
-        return NodeProbe(error=exc.message, hint=exc.hint)
-    except (OSError, json.JSONDecodeError) as exc:
-        return NodeProbe(error=f"{type(exc).__name__}: {exc}", hint="install python3 on the node")
-    return NodeProbe(raw=raw, sent_at=sent, received_at=time.time(), route=_route(node))
 
 
 def _route(node: Node) -> SshRoute | None:

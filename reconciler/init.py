@@ -26,7 +26,6 @@ import re
 import shlex
 import textwrap
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -34,10 +33,10 @@ import paramiko
 from pydantic import TypeAdapter, ValidationError
 
 from reconciler.components.checkpoint import FULL_SIZE_HEAD, FULL_SIZE_WORKER, human_bytes
-from reconciler.doctor import NodeProbe, doctor_input
+from reconciler.doctor import doctor_input
 from reconciler.errors import NodeUnreachableError, ReconcilerError, SpecError, SshConfigError, YamlError
 from reconciler.facts.fabric import FabricFacts, subnet_mismatches
-from reconciler.facts.gather import probe_args
+from reconciler.facts.gather import NodeProbe, probe_every_node
 from reconciler.facts.memory import KIB_PER_GIB
 from reconciler.facts.node import NodeFacts
 from reconciler.spec import (
@@ -53,7 +52,7 @@ from reconciler.spec import (
     expand_home,
     parse_spec,
 )
-from reconciler.transport.base import Transport, run_program
+from reconciler.transport.base import Transport
 from reconciler.transport.connect import transport_for
 from reconciler.transport.sshconnect import known_host_keys
 from reconciler.transport.sshroute import SshRoute, openssh_command, route_for
@@ -623,36 +622,30 @@ def probe_nodes(request: InitRequest, transport_of: Callable[[Node], Transport] 
     deployment = provisional(request)
     transports = {node.name: transport_of(node) for node in deployment.nodes}
     try:
-        with ThreadPoolExecutor(max_workers=len(deployment.nodes)) as pool:
-            futures = {
-                node.name: pool.submit(_probe, deployment, node, transports[node.name]) for node in deployment.nodes
-            }
-            answers = {name: future.result() for name, future in futures.items()}
+        answers = probe_every_node(deployment, transports, doctor=True)
     finally:
         for transport in transports.values():
             transport.close()
     given = [target for _, target in request.targets]
-    failed = [(target, answer) for target, answer in zip(given, answers.values(), strict=True) if answer.raw is None]
+    failed = [
+        (target, name, answer)
+        for target, (name, answer) in zip(given, answers.items(), strict=True)
+        if answer.raw is None
+    ]
     if failed:
+        # The probe's error names the node as init named it; the message names the login.
+        errors = [
+            f"{_where(target)}: {(answer.error or '').removeprefix(f'{name}: ')}" for target, name, answer in failed
+        ]
         raise NodeUnreachableError(
-            "; ".join(f"{_where(target)}: {answer.error}" for target, answer in failed),
-            "; ".join(dict.fromkeys(answer.hint for _, answer in failed if answer.hint)) or "check the nodes",
+            "; ".join(errors),
+            "; ".join(dict.fromkeys(answer.hint for _, _, answer in failed if answer.hint)) or "check the nodes",
         )
     return probed_from_answers(request, answers, routes)
 
 
 def _where(target: SshTarget | None) -> str:
     return "this machine" if target is None else login(target)
-
-
-def _probe(deployment: Deployment, node: Node, transport: Transport) -> NodeProbe:
-    try:
-        raw = run_program(transport, "probe", "print_probe", {**probe_args(deployment, node), "doctor": True})
-    except ReconcilerError as exc:
-        return NodeProbe(error=exc.message.removeprefix(f"{node.name}: "), hint=exc.hint)
-    if not isinstance(raw, dict):
-        return NodeProbe(error="the probe's answer is not a JSON object", hint="check python3 on the node")
-    return NodeProbe(raw=raw)
 
 
 def routes_for(request: InitRequest) -> list[SshRoute | None]:

@@ -7,8 +7,8 @@ is tested on recorded probe output; only `gather` touches the network.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeGuard, TypeVar
 
@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from reconciler import hub
 from reconciler.clock import utc_iso
-from reconciler.errors import ReconcilerError
+from reconciler.errors import NodeUnreachableError, ReconcilerError, SshConfigError
 from reconciler.facts.containers import container_from_inspect
 from reconciler.facts.fabric import fabric_from_probe
 from reconciler.facts.files import (
@@ -33,10 +33,12 @@ from reconciler.facts.node import Facts, Hold, NodeFacts, RestartIntent
 from reconciler.facts.pi import gather_pi
 from reconciler.nodeops import NodeOps
 from reconciler.nodeside.statedir import StateDir
+from reconciler.record import Record
 from reconciler.revisions import desired_commit, is_commit
 from reconciler.serving import LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, Node, expand_home
 from reconciler.transport.base import Transport, run_program
+from reconciler.transport.sshroute import SshRoute
 
 
 def probe_args(deployment: Deployment, node: Node) -> dict[str, Any]:
@@ -214,23 +216,65 @@ def _key_file(raw: dict[str, Any]) -> KeyFileFacts:
     return KeyFileFacts(present=True, empty=raw.get("size", 0) == 0, mode=mode if isinstance(mode, int) else None)
 
 
-def probe_node(deployment: Deployment, node: Node, transport: Transport) -> NodeFacts:
+class NodeProbe(Record):
+    """What one node's probe answered, or why it did not; the send/receive times bound its clock."""
+
+    raw: dict[str, Any] | None = None
+    error: str | None = None
+    hint: str = ""
+    # The login itself failed (the node, its address or the ssh config), not the probe.
+    ssh_failed: bool = False
+    sent_at: float = 0.0
+    received_at: float = 0.0
+    route: SshRoute | None = None  # how the ssh config routed the connection (set by doctor)
+
+    @property
+    def host(self) -> dict[str, Any]:
+        return (self.raw or {}).get("host") or {}
+
+    @property
+    def docker_error(self) -> str | None:
+        docker = (self.raw or {}).get("docker") or {}
+        return str(docker["error"]) if "error" in docker else None
+
+
+def probe_every_node(
+    deployment: Deployment, transports: dict[str, Transport], *, doctor: bool = False
+) -> dict[str, NodeProbe]:
+    """The probe on every node at once (with the doctor's extra checks when asked): what each
+    answered, or why it did not; never an exception for one node that fails."""
+    with ThreadPoolExecutor(max_workers=max(1, len(deployment.nodes))) as pool:
+        futures = {
+            node.name: pool.submit(_probe, deployment, node, transports[node.name], doctor=doctor)
+            for node in deployment.nodes
+        }
+        return {name: future.result() for name, future in futures.items()}
+
+
+def _probe(deployment: Deployment, node: Node, transport: Transport, *, doctor: bool) -> NodeProbe:
+    sent = time.time()
+    args = {**probe_args(deployment, node), "doctor": True} if doctor else probe_args(deployment, node)
     try:
-        raw = run_program(transport, "probe", "print_probe", probe_args(deployment, node), timeout=120)
+        raw = run_program(transport, "probe", "print_probe", args, timeout=600 if doctor else 120)
+    except (NodeUnreachableError, SshConfigError) as exc:
+        return NodeProbe(error=exc.message, hint=exc.hint, ssh_failed=True)
     except ReconcilerError as exc:
-        return NodeFacts(reachable=False, error=exc.message)
-    except (OSError, json.JSONDecodeError) as exc:
-        return NodeFacts(reachable=False, error=f"{type(exc).__name__}: {exc}")
-    return node_facts_from_probe(node, raw)
+        return NodeProbe(error=exc.message, hint=exc.hint)
+    except OSError as exc:
+        return NodeProbe(error=f"{type(exc).__name__}: {exc}", hint="install python3 on the node")
+    if not isinstance(raw, dict):
+        return NodeProbe(error="the probe's answer is not a JSON object", hint="check python3 on the node")
+    return NodeProbe(raw=raw, sent_at=sent, received_at=time.time())
 
 
 def gather(deployment: Deployment, transports: dict[str, Transport], *, update_revision: bool = False) -> Facts:
     """Probe all nodes at once; an unreachable node becomes facts saying so, not an exception."""
-    with ThreadPoolExecutor(max_workers=max(1, len(deployment.nodes))) as pool:
-        futures = {
-            node.name: pool.submit(probe_node, deployment, node, transports[node.name]) for node in deployment.nodes
-        }
-        nodes = {name: future.result() for name, future in futures.items()}
+    nodes = {
+        name: node_facts_from_probe(deployment.node(name), probe.raw)
+        if probe.raw is not None
+        else NodeFacts(reachable=False, error=probe.error)
+        for name, probe in probe_every_node(deployment, transports).items()
+    }
     head = deployment.head.name
     nodes[head] = with_hub_listing(deployment, nodes[head], transports[head], update_revision=update_revision)
     pi = gather_pi(deployment.pi.provider) if deployment.pi.enabled else None  # this machine's Pi, local files

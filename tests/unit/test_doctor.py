@@ -9,7 +9,8 @@ import pytest
 
 from reconciler import doctor
 from reconciler.cli import main
-from reconciler.doctor import Check, DoctorInput, NodeProbe, Report, checkpoint_weight_bytes, doctor_input
+from reconciler.doctor import Check, DoctorInput, Report, checkpoint_weight_bytes, doctor_input
+from reconciler.facts.gather import NodeProbe
 from reconciler.facts.node import load_facts
 from reconciler.spec import Deployment, SshTarget
 from reconciler.transport.sshroute import SshConfigText, resolve_route

@@ -16,8 +16,8 @@ import yaml
 from reconciler import init
 from reconciler.cli.init import cmd_init
 from reconciler.cli.parser import build_parser
-from reconciler.doctor import NodeProbe
 from reconciler.errors import NodeUnreachableError, ReconcilerError
+from reconciler.facts.gather import NodeProbe
 from reconciler.nodeside import probe as node_probe
 from reconciler.spec import REFERENCE_IMAGE, Deployment, Node, SshTarget, parse_spec
 from reconciler.transport.base import CommandResult, LineSink
