@@ -821,8 +821,3 @@ def _files_cause(state: CheckpointState, total: int) -> str:
             f"sha256 mismatch (restored by atomic replacement, nothing else deleted): {shorten(state.corrupt)}"
         )
     return "; ".join(parts)
-
-
-def patterns_for(names: list[str]) -> list[str]:
-    """Repo paths to fetch for these model files: a parted shard comes as its parts."""
-    return [f"{name}.part[0-9][0-9]" if name in PARTED_SHARDS else name for name in names]
