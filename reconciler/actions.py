@@ -345,7 +345,7 @@ class StartRank(Payload):
 
 
 class WaitReady(Payload):
-    """Poll the keyed `{url}/models` until it answers 200 while watching every rank's container
+    """Poll the keyed `{url}/v1/models` until it answers 200 while watching every rank's container
     (node, name; rank 0 first): any exit fails the group at once."""
 
     STEP = Step.WAIT_READY

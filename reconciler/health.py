@@ -22,23 +22,25 @@ from reconciler.redact import checked_secret
 from reconciler.serving import api_base
 from reconciler.spec import Deployment
 from reconciler.transport.base import find_container
+from reconciler.verify.apiclient import ApiTarget, client
 
 LOG_TAIL = 40
 
 
 def health_code(deployment: Deployment, timeout: float = 5.0) -> int | None:
-    """Keyless GET /health, like the reference `status`; None when nothing answers."""
+    """Keyless GET /health (open without the key, for health checks); None when nothing answers."""
     try:
-        return httpx.get(f"{api_base(deployment)}/health", timeout=timeout).status_code
+        with client(ApiTarget(api_base(deployment), ""), keyed=False, timeout=timeout) as http:
+            return http.get("/health").status_code
     except httpx.HTTPError:
         return None
 
 
 def models_code(url: str, key: str, timeout: float = 5.0) -> int | None:
-    """The keyed `GET {url}/models`'s status; None when nothing answers."""
+    """The keyed `GET {url}/v1/models`'s status; None when nothing answers."""
     try:
-        headers = {"Authorization": f"Bearer {key}"}
-        return httpx.get(f"{url}/models", headers=headers, timeout=timeout).status_code
+        with client(ApiTarget(url, key), timeout=timeout) as http:
+            return http.get("/v1/models").status_code
     except httpx.HTTPError:
         return None
 
@@ -49,15 +51,14 @@ def liveness_problem(deployment: Deployment, key: str) -> str | None:
     /health answers 200 while the engine is dead; only a request that needs
     every rank proves the group alive.
     """
-    headers = {"Authorization": f"Bearer {key}"}
-    base = api_base(deployment)
     timeout = deployment.loop.liveness_timeout_s
     body: dict[str, Any] = {"model": deployment.serving.served_model_name, "prompt": "ping", "max_tokens": 1}
     try:
-        models = httpx.get(f"{base}/v1/models", headers=headers, timeout=10)
-        if models.status_code != 200:
-            return f"GET /v1/models answered {models.status_code}"
-        answer = httpx.post(f"{base}/v1/completions", headers=headers, json=body, timeout=timeout)
+        with client(ApiTarget(api_base(deployment), key), timeout=timeout) as http:
+            models = http.get("/v1/models", timeout=10)
+            if models.status_code != 200:
+                return f"GET /v1/models answered {models.status_code}"
+            answer = http.post("/v1/completions", json=body)
     except httpx.TimeoutException:
         return f"no completion within {timeout} s (engine hung?)"
     except httpx.HTTPError as exc:
@@ -151,7 +152,7 @@ class RankLines:
         if not self.throttle.due("ranks", self.clock()):
             return
         lines = last_log_lines(states)
-        self.ctx.progress.line(f"    waiting for {url}/models ({waited_s:.0f} s)")
+        self.ctx.progress.line(f"    waiting for {url}/v1/models ({waited_s:.0f} s)")
         for rank, text in lines.items():
             if self.printed.get(rank) != text:
                 self.printed[rank] = text
@@ -180,7 +181,7 @@ def wait_ready(ctx: ApplyContext, wait: WaitReady) -> str:
                 "read the rank logs above; the group is restarted as a whole on the next apply",
             )
         if models_code(wait.url, key) == 200:
-            return f"ready after {time.monotonic() - started:.0f} s: {wait.url}"
+            return f"ready after {time.monotonic() - started:.0f} s: {wait.url}/v1"
         if time.monotonic() >= deadline:
             raise GroupFailedError(
                 f"not ready after {wait.timeout_s // 60} min", "check `reconciler logs r0` and `logs r1`"

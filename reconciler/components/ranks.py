@@ -346,8 +346,7 @@ def _wait_ready(deployment: Deployment, group: list[tuple[str, str]], after: str
         f"wait until GET /v1/models answers 200 with the key (up to {startup.timeout_s // 60} min); "
         "any rank exit fails the group"
     )
-    url = f"{api_base(deployment)}/v1"
-    payload = WaitReady(timeout_s=startup.timeout_s, poll_s=startup.poll_s, url=url, ranks=group)
+    payload = WaitReady(timeout_s=startup.timeout_s, poll_s=startup.poll_s, url=api_base(deployment), ranks=group)
     return action(payload, deployment.head.name, "run", summary, "the group was (re)started", (after,))
 
 

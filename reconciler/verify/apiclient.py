@@ -116,7 +116,8 @@ def local_key_file(deployment: Deployment) -> str:
 
 def client(target: ApiTarget, *, keyed: bool = True, timeout: float = REQUEST_TIMEOUT_S) -> httpx.Client:
     headers = {"Authorization": f"Bearer {target.key}"} if keyed else {}
-    return httpx.Client(base_url=target.url, headers=headers, timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S))
+    limits = httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
+    return httpx.Client(base_url=target.url, headers=headers, timeout=limits)
 
 
 def async_client(target: ApiTarget, *, connections: int, timeout: float = REQUEST_TIMEOUT_S) -> httpx.AsyncClient:

@@ -134,7 +134,7 @@ def test_the_readiness_wait_shows_each_ranks_last_line_redacted_and_once_in_the_
         "dsv41-r1": Container(f"connected (key {SECRET})\r\n".encode()),
     }
     shown = RankLines(ctx, clock=lambda: clock[0])
-    url = "http://127.0.0.1:8000/v1"
+    url = "http://127.0.0.1:8000"
     group = [("spark-head", "dsv41-r0"), ("spark-worker", "dsv41-r1")]
     wait = action(WaitReady(timeout_s=60, poll_s=1, url=url, ranks=group), "spark-head", "run", "wait", "test")
     with progress.step(1, 1, wait) as step:
