@@ -1,9 +1,8 @@
 """Execute a plan: each action's payload in order, after re-checking it; stop at the first failure.
 
 One exception to strict order: image pulls that follow each other in the plan, each on a
-different node and none waiting for another, run at the same time (the reference pulls node
-by node; a 20 GB image twice in a row is the slowest step of a fresh bring-up after the
-checkpoint).
+different node and none waiting for another, run at the same time (pulled node by node, a
+20 GB image twice in a row is the slowest step of a fresh bring-up after the checkpoint).
 
 Each step has exactly one executor, which runs the action's payload. Executors re-check their
 precondition on the node (facts may be stale) and are idempotent, but never decide again what

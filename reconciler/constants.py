@@ -20,7 +20,7 @@ UNIT_NAME = "spark-reconciler.service"
 UNIT_DIR = "/etc/systemd/system"
 
 # The bench's decode prompts, by kind (the prompts themselves live in verify/benchmark.py):
-# the reference's two by default, and `random`, the workload of `vllm bench serve` (random
+# prose and code by default, and `random`, the workload of `vllm bench serve` (random
 # token ids of --input-len, exactly --max-tokens out), to set our figures next to its own.
 DECODE_KINDS = ("prose", "code")
 RANDOM_KIND = "random"

@@ -369,7 +369,7 @@ def _memory(subject: _Subject) -> Check:
 
 
 def checkpoint_weight_bytes(deployment: Deployment, facts: Facts) -> tuple[int, str]:
-    """Bytes of a complete checkpoint found on a node (its own files), else the reference figure."""
+    """Bytes of a complete checkpoint found on a node (its own files), else the Hub checkpoint's 462 GB."""
     for _, node in deployment.ranked_nodes:
         tree, expect = checkpoint_on(deployment, facts, node)
         if tree is not None and tree.files and assess(tree.files, expect).complete:

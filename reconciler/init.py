@@ -144,7 +144,7 @@ class Probed:
 
 
 def provisional(request: InitRequest) -> Deployment:
-    """A deployment to probe with: the nodes as given, the reference defaults for the rest.
+    """A deployment to probe with: the nodes as given, the spec's defaults for the rest.
     Names are placeholders; the drafted spec names each node after its hostname."""
     nodes: list[dict[str, Any]] = []
     for index, (role, target) in enumerate(request.targets):

@@ -1,7 +1,7 @@
 """`plan(spec, facts) -> Plan`: the pure diff between desired and observed state.
 
-Components each conclude on their own; this module composes them in the reference start
-order (checkpoint, image, key, memory guard, then the rank group), wires the rank group's
+Components each conclude on their own; this module composes them in the order a start needs
+them (checkpoint, image, key, memory guard, then the rank group), wires the rank group's
 prerequisites, and renders the result Terraform-style or as JSON.
 """
 

@@ -1,7 +1,7 @@
 """From spec and per-node facts to each rank's exact container: argv, environment, mounts.
 
-Pure: no I/O. The default spec renders the reference launcher's `vllm serve` arguments and
-environment flag for flag (a golden test holds it to that), except where README's
+Pure: no I/O. The default spec renders the `vllm serve` arguments and environment the default
+image is tuned with, flag for flag (a golden test holds it to that), except where README's
 "Deliberate differences" says otherwise — chiefly the API key, which reaches the engine
 from a read-only mounted file and never appears in argv or the container's environment.
 """
@@ -118,12 +118,12 @@ class RankContainer(Record):
 
 
 def container_name(deployment: Deployment, rank: int) -> str:
-    """Reference names: dsv41-r0 on the head, dsv41-r1 on the worker."""
+    """<name>-r<rank>: by default dsv41-r0 on the head, dsv41-r1 on the first worker."""
     return f"{deployment.name}-r{rank}"
 
 
 def capture_sizes(serving: Serving) -> list[int]:
-    """The reference rule: 1..d, every 4th from d up to max_num_seqs*d, and that maximum."""
+    """The spec's sizes, else 1..d, every 4th from d up to max_num_seqs*d, and that maximum (d = drafts + 1)."""
     if serving.cudagraph.capture_sizes is not None:
         return sorted(set(serving.cudagraph.capture_sizes))
     step = serving.speculative.num_speculative_tokens + 1
@@ -177,11 +177,11 @@ def group_args(deployment: Deployment, master_addr: str) -> list[str]:
 
 
 def upstream_group_args(deployment: Deployment, master_addr: str) -> list[str]:
-    """The reference's group arguments limited to flags stock vLLM accepts on any hardware.
+    """`profile: reference`'s group arguments limited to flags stock vLLM accepts on any hardware.
 
     Dropped: the fork's flags (--engram-config, --linear-backend, --moe-backend,
-    --swa-block-size, the dspark speculative config) and the GPU tuning that ties the
-    reference to GB10 (KV bytes and dtype, block size, CUDA graphs, attention backend).
+    --swa-block-size, the dspark speculative config) and the GPU tuning that ties that
+    profile to GB10 (KV bytes and dtype, block size, CUDA graphs, attention backend).
     """
     s = deployment.serving
     size = str(len(deployment.nodes))
@@ -202,7 +202,7 @@ def upstream_group_args(deployment: Deployment, master_addr: str) -> list[str]:
 
 
 def reference_group_args(deployment: Deployment, master_addr: str) -> list[str]:
-    """Arguments every rank gets, in the reference launcher's order."""
+    """Arguments every rank gets under `profile: reference`, in a fixed order (golden-tested)."""
     s = deployment.serving
     size = str(len(deployment.nodes))
     return [
@@ -256,7 +256,7 @@ def vllm_argv(deployment: Deployment, rank: int, master_addr: str) -> list[str]:
 
 
 def rank_env(deployment: Deployment, fabric: ResolvedFabric) -> dict[str, str]:
-    """The reference environment with this node's fabric pinned, then the user's extras."""
+    """serving.env with this node's fabric pinned, then the user's extras (serving.extra_env)."""
     env = dict(deployment.serving.env)
     env.update(
         {
@@ -335,7 +335,7 @@ def render_group(deployment: Deployment, contexts: dict[str, NodeContext]) -> li
 def rewrite_exl3_plan(plan_text: str) -> str:
     """The EXL3 plan as the ranks need it: bank dirs under the read-only /model mount.
 
-    Reference: p["qdir"] = ":".join("/model/exl3/" + d.split("/")[-1] for d in p["qdir"].split(":"));
+    Each bank dir in the ':'-separated "qdir" becomes /model/exl3/<its last path component>;
     nothing else changes. A trailing '/' is stripped first so ".../qn/" still names qn.
     """
     plan = json.loads(plan_text)

@@ -1,9 +1,9 @@
 """The desired state of a deployment, and how it is read from YAML.
 
-Every default here reproduces the reference deployment (0xSero/DeepSeek-V4.1-Flash-Two-Sparks,
-`scripts/launch.sh`), so an almost empty spec behaves like the reference scripts. The model is
-strict: an unknown key is an error, not a silently ignored typo, because a typo in a serving
-flag would otherwise cost a 12-minute restart to discover.
+Every default here is a value known to serve the model on two Sparks with the default image
+(docs/sources.md says where they come from), so a spec that names only the nodes is complete.
+The model is strict: an unknown key is an error, not a silently ignored typo, because a typo
+in a serving flag would otherwise cost a 12-minute restart to discover.
 
 Problems are reported with file:line:column, the field path and a hint, never a traceback.
 """
@@ -37,7 +37,7 @@ REFERENCE_IMAGE = (
     "ghcr.io/0xsero/deepseek-v4.1-flash-spark@sha256:5668e35e5ee021da4b9ce88a1964caf0e082e8ca01d81d1d64b6213a55c6add5"
 )
 
-# The container environment both ranks get in the reference launcher, minus the values that
+# The container environment both ranks get by default, minus the values that
 # are derived per node (fabric, GID index, EXL3 plan path): those are computed, never typed.
 REFERENCE_ENV: dict[str, str] = {
     "CUDA_VISIBLE_DEVICES": "0",
@@ -372,16 +372,18 @@ class SshTarget(StrictModel):
     known_hosts: HostPath = Field(
         default="~/.ssh/known_hosts", description="Host keys checked on connect; never auto-added."
     )
-    connect_timeout_s: float = Field(default=10.0, gt=0, le=600, description="Reference: ConnectTimeout=10.")
+    connect_timeout_s: float = Field(
+        default=10.0, gt=0, le=600, description="Seconds to connect, like ssh's ConnectTimeout."
+    )
 
 
 class Fabric(StrictModel):
     """Overrides for the RoCE fabric; empty fields are detected on the node."""
 
-    ip: FabricIPv4 | None = Field(default=None, description="Reference HEAD_IP / WORKER_IP.")
-    ifname: IfName | None = Field(default=None, description="Reference HEAD_IFNAME / WORKER_IFNAME.")
+    ip: FabricIPv4 | None = Field(default=None, description="The node's fabric IPv4 address, its rank's VLLM_HOST_IP.")
+    ifname: IfName | None = Field(default=None, description="The fabric's network interface (NCCL/GLOO_SOCKET_IFNAME).")
     hcas: list[HcaName] | None = Field(
-        default=None, min_length=1, max_length=16, description="Reference HEAD_HCAS / WORKER_HCAS."
+        default=None, min_length=1, max_length=16, description="RDMA devices carrying the fabric address (NCCL_IB_HCA)."
     )
     gid_index: int = Field(default=3, ge=0, le=255, description="RoCE v2 GID index (NCCL_IB_GID_INDEX).")
 
@@ -397,7 +399,7 @@ class Node(StrictModel):
     )
     model_dir: HostPath = Field(
         default="~/models/DeepSeek-V4.1-Flash-Spark",
-        description="Reference MODEL_DIR / WORKER_MODEL_DIR.",
+        description="The checkpoint on the node: a link to the served revision, <model_dir>@<commit>.",
     )
     model_source: Literal["peer", "hub"] | None = Field(
         default=None,
@@ -419,8 +421,12 @@ class Model(StrictModel):
         default=None, description="HF token file; default: $HF_TOKEN or the client's token."
     )
     manifest: FileName = Field(default="sha256-manifest.txt", description="In the model dir.")
-    keep_parts: bool = Field(default=False, description="Reference KEEP_PARTS: keep .partNN files after reassembly.")
-    exl3_plan: FileName = Field(default="J268-ho-v31-K5n.json", description="Reference PLAN_NAME, in exl3/plan/.")
+    keep_parts: bool = Field(
+        default=False, description="Keep the .partNN files after reassembly (else removed once the shards verify)."
+    )
+    exl3_plan: FileName = Field(
+        default="J268-ho-v31-K5n.json", description="The EXL3 plan in the checkpoint's exl3/plan/ (ST_EXL3_PLAN)."
+    )
     keep_revisions: int = Field(
         default=1,
         ge=0,
@@ -493,12 +499,12 @@ class Image(StrictModel):
 
 
 class Speculative(StrictModel):
-    """DSpark speculative decoding (reference: 7 draft tokens, adaptive verification)."""
+    """DSpark speculative decoding (default: 7 draft tokens, adaptive verification)."""
 
     method: ArgValue = "dspark"
     num_speculative_tokens: int = Field(default=7, ge=1, le=32)
     draft_tensor_parallel_size: int | None = Field(
-        default=None, ge=1, le=MAX_NODES, description="Default: the number of nodes (the reference's 2)."
+        default=None, ge=1, le=MAX_NODES, description="Default: the number of nodes (2 for a pair of Sparks)."
     )
     attention_backend: ArgValue = "B12X"
     draft_sample_method: ArgValue = "greedy"
@@ -507,7 +513,7 @@ class Speculative(StrictModel):
 
 
 class CudaGraph(StrictModel):
-    """CUDA graph capture; capture sizes default to the reference rule."""
+    """CUDA graph capture; capture sizes default to a rule from the draft tokens and max_num_seqs."""
 
     mode: Literal["FULL_DECODE_ONLY", "FULL", "PIECEWISE", "FULL_AND_PIECEWISE", "NONE"] = "FULL_DECODE_ONLY"
     custom_ops: list[ArgValue] = Field(default_factory=lambda: ["all"], max_length=64)
@@ -515,12 +521,12 @@ class CudaGraph(StrictModel):
         default=None,
         min_length=1,
         max_length=512,
-        description="Reference CAPS. Default: 1..d, then every 4th up to max_num_seqs*d, with d = draft tokens + 1.",
+        description="Batch sizes to capture. Default: 1..d, then every 4th up to max_num_seqs*d, d = draft tokens + 1.",
     )
 
 
 class Engram(StrictModel):
-    """Engram tables (reference: kept on disk)."""
+    """Engram tables (default: kept on disk)."""
 
     cpu_offload: bool = False
     table_memory: ArgValue = "disk"
@@ -537,9 +543,9 @@ class Backends(StrictModel):
     moe: ArgValue = "b12x"
 
 
-# Values that only the reference image's vLLM fork knows; stock vLLM refuses them.
+# Values that only the default image's vLLM fork knows; stock vLLM refuses them.
 REFERENCE_IMAGE_VALUES = {"deepseek_v41"}
-# Serving fields the upstream profile does not render: the reference image's GPU tuning and
+# Serving fields the upstream profile does not render: the default image's GPU tuning and
 # its fork-only features. Setting one under `profile: upstream` earns a warning.
 REFERENCE_PROFILE_ONLY_FIELDS = (
     "kv_cache_dtype",
@@ -566,8 +572,9 @@ class Serving(StrictModel):
     profile: Literal["reference", "upstream"] = Field(
         default="reference",
         description=(
-            "Which `vllm serve` flags are rendered. reference: the reference launcher's, flag for flag "
-            "(needs the reference image). upstream: only flags upstream vLLM accepts (any stock vLLM build)."
+            "Which `vllm serve` flags are rendered. reference: every flag of the GB10 tuning, fork-only ones "
+            "included (needs the default image's vLLM fork). upstream: only flags upstream vLLM accepts (any stock "
+            "vLLM build)."
         ),
     )
     served_model_name: ArgValue = "deepseek-v4.1-flash"
@@ -576,9 +583,14 @@ class Serving(StrictModel):
     block_size: int = Field(default=256, ge=1, le=4096)
     swa_block_size: int = Field(default=128, ge=1, le=4096)
     kv_bytes: int = Field(
-        default=2_700_000_000, ge=1, le=128 * GIB, description="Reference KV_BYTES (2,023,717 tokens)."
+        default=2_700_000_000,
+        ge=1,
+        le=128 * GIB,
+        description="--kv-cache-memory-bytes per rank (the default holds 2,023,717 tokens).",
     )
-    gpu_util: float = Field(default=0.88, gt=0, le=1, description="Reference GPU_UTIL.")
+    gpu_util: float = Field(
+        default=0.88, gt=0, le=1, description="--gpu-memory-utilization: the share of memory a rank may take."
+    )
     max_model_len: Tokens = 262_144
     max_num_seqs: int = Field(default=2, ge=1, le=1024)
     max_num_batched_tokens: Tokens = 2048
@@ -598,7 +610,8 @@ class Serving(StrictModel):
     master_port: Port = 29655
     shm_size: str = Field(default="32g", description="Docker --shm-size.")
     privileged: bool = Field(
-        default=True, description="Docker --privileged, as the reference; false needs RDMA devices passed explicitly."
+        default=True,
+        description="Docker --privileged, so the ranks reach the RDMA devices; false needs them passed explicitly.",
     )
     memlock: int = Field(
         default=-1, ge=-1, le=2**50, description="Docker --ulimit memlock in bytes; -1 = unlimited (RDMA needs it)."
@@ -614,7 +627,9 @@ class Serving(StrictModel):
         default_factory=dict, max_length=512, description="Added over env on both ranks."
     )
     extra_args: list[ExtraArg] = Field(
-        default_factory=lambda: [], max_length=256, description="Reference EXTRA: appended to rank 0's args."
+        default_factory=lambda: [],
+        max_length=256,
+        description="Extra `vllm serve` arguments, appended to rank 0's args.",
     )
 
     @field_validator("env", "extra_env")
@@ -672,7 +687,12 @@ class MemGuard(StrictModel):
     """Stops the ranks before the shared CPU/GPU memory pool runs dry and wedges the host."""
 
     enabled: bool = True
-    floor_gib: float = Field(default=1.0, gt=0, le=64, description="Reference MEMGUARD_GIB; fractions allowed.")
+    floor_gib: float = Field(
+        default=1.0,
+        gt=0,
+        le=64,
+        description="MemAvailable floor in GiB; below it the guard kills the ranks. Fractions allowed.",
+    )
     interval_s: float = Field(default=1.0, ge=0.1, le=60)
 
 
@@ -686,18 +706,18 @@ class Api(StrictModel):
 class Startup(StrictModel):
     """How long a group start may take, and what it must pass, before it counts as failed."""
 
-    timeout_s: Seconds = Field(default=2700, description="Reference: 45 minutes.")
-    poll_s: Seconds = Field(default=15, description="Reference: every 15 s.")
+    timeout_s: Seconds = Field(default=2700, description="45 minutes; a first start takes 11-13 min.")
+    poll_s: Seconds = Field(default=15, description="Seconds between readiness polls.")
     smoke: Literal["all", "protocol", "off"] = Field(
         default="all",
-        description="Smoke checks `apply` runs after (re)starting the group: all (the reference smoke plus the "
-        "protocol checks), protocol (models, 401, streaming only: for models that cannot answer, such as "
+        description="Smoke checks `apply` runs after (re)starting the group: all (a sum, a tool call and an image, "
+        "plus the protocol checks), protocol (models, 401, streaming only: for models that cannot answer, such as "
         "random weights), or off.",
     )
     smoke_timeout_s: Seconds = Field(
         default=600,
         description="Longest wait for one smoke request after a start: an engine that hangs then fails the "
-        "smoke instead of holding `apply` and the loop for the reference's 3600 s.",
+        "smoke instead of holding `apply` and the loop for the 3600 s a smoke request may take.",
     )
 
 
@@ -720,14 +740,18 @@ class Pi(StrictModel):
 
     enabled: bool = True
     provider: Name = "dsv41-sparks"
-    set_default: bool = Field(default=False, description="Reference SET_DEFAULT=1.")
+    set_default: bool = Field(
+        default=False, description="Make this model Pi's default (defaultProvider, defaultModel)."
+    )
 
 
 class Deployment(StrictModel):
     """A DeepSeek-V4.1-Flash deployment over DGX Spark nodes."""
 
     name: Name = Field(default="dsv41", description="Prefix of container names (<name>-r<rank>).")
-    state_dir: HostPath = Field(default="~/.dsv41-two-sparks", description="Reference STATE_DIR, on every node.")
+    state_dir: HostPath = Field(
+        default="~/.dsv41-two-sparks", description="The reconciler's files on every node (key, guard, plans, caches)."
+    )
     nodes: list[Node] = Field(
         min_length=2, max_length=MAX_NODES, description="Exactly one head; workers take ranks 1.. in order."
     )

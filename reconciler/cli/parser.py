@@ -454,8 +454,8 @@ def _add_smoke(commands: SubParsers) -> None:
     smoke = command(
         commands,
         "smoke",
-        "does it work? the reference checks plus the protocol, PASS/FAIL each",
-        "Ask the API the reference's questions (a sum, a tool call, an image) and check the protocol (models, "
+        "does it work? content checks plus the protocol, PASS/FAIL each",
+        "Ask the API what a working model answers (a sum, a tool call, an image) and check the protocol (models, "
         "401 without the key, streaming with usage). Exit 0 only if every check passes.",
         ["reconciler smoke", "reconciler smoke http://10.10.10.1:8000 --key-file ~/.config/dsv41/api_key"],
         "verify:smoke",
@@ -471,7 +471,8 @@ def _add_smoke(commands: SubParsers) -> None:
         "--max-tokens",
         type=positive,
         default=None,
-        help="cap each content answer; default none, as the reference (a model that never stops runs to max-model-len)",
+        help="cap each content answer; default none, so reasoning is never cut short (a model that never stops "
+        "runs to max-model-len)",
     )
 
 

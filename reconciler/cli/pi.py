@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 def _pi_spec(args: argparse.Namespace) -> Deployment | None:
-    """The spec when one is given or found; Pi on a machine without one uses the reference defaults."""
+    """The spec when one is given or found; Pi on a machine without one uses a two-node spec's defaults."""
     from reconciler.spec import load_spec
 
     path = args.spec or default_spec_path()

@@ -1,7 +1,7 @@
 """The API key file on the head: created once, never rotated silently, never printed.
 
-As the reference launcher does: `secrets.token_urlsafe(32)` (43 characters), mode 0600, written
-only when the file is missing or empty.
+The key is `secrets.token_urlsafe(32)` (43 characters, 256 random bits), mode 0600, written
+only when the file is missing or empty, so clients holding the key keep working.
 """
 
 from __future__ import annotations

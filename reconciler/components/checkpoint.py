@@ -60,7 +60,8 @@ _PART_RE = re.compile(r"^(?P<shard>.+\.safetensors)\.part(?P<index>[0-9]{2})$")
 
 
 GB = 1000**3
-# The reference README's figures for a full checkpoint, used when the Hub cannot say.
+# Free space a full checkpoint needs on the head (download and reassembly) and on a worker
+# (copy), used when the Hub cannot say.
 FULL_SIZE_HEAD = 700 * GB
 FULL_SIZE_WORKER = 470 * GB
 
@@ -82,7 +83,8 @@ class Expectation(Record):
 
 
 def expectation(deployment: Deployment, manifest: dict[str, str] | None, hub: HubFacts | None) -> Expectation:
-    """Reference preflight files, six native shards, the manifest's entries and every Hub file.
+    """Four fixed files (config, index, manifest, EXL3 plan), six native shards, the manifest's
+    entries and every Hub file.
 
     Shards 5 and 6 are on the Hub only as parts: their size is the sum of their parts, their
     hash comes from the manifest. Every other LFS file is checked against the Hub's sha256.

@@ -1,4 +1,4 @@
-"""The serving image, present on every node under the pinned reference."""
+"""The serving image, present on every node under its pinned ref (image.ref)."""
 
 from __future__ import annotations
 

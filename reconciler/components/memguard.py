@@ -54,7 +54,7 @@ def plan_memguard(deployment: Deployment, facts: Facts) -> Outcome:
     outcome = Outcome()
     guard = deployment.memguard
     wanted = guard_config_hash(deployment)
-    # The reference starts the worker's guard first, then the head's.
+    # Workers' guards start first and the head's last, the order the ranks start in.
     for _, node in [*deployment.ranked_nodes[1:], deployment.ranked_nodes[0]]:
         observed = facts.nodes[node.name]
         if not observed.reachable or observed.home is None:

@@ -431,7 +431,7 @@ def _start(ctx: ApplyContext, action: Action, start: StartRank) -> str:
 
 
 def create_container_args(api: Any, desired: RankContainer) -> dict[str, Any]:
-    """Low-level Docker API arguments of a rendered rank (the reference `docker run`, plus labels
+    """Low-level Docker API arguments of a rendered rank (its `docker run` options, plus labels
     and a stop timeout, which the high-level SDK call cannot set)."""
     import docker  # here, not at the top: planning imports this module and needs no Docker SDK
 

@@ -2,8 +2,8 @@
 
 A node keeps each checkpoint revision in a directory of its own beside the spec's model_dir,
 `<model_dir>@<commit>`, and model_dir itself is a symlink to the one the ranks serve. A model_dir
-that is a real directory is a checkpoint from before revisions were kept (or from the reference
-scripts): `legacy`, with the commit its download metadata names when it names one.
+that is a real directory is a checkpoint from before revisions were kept (or one another tool
+downloaded): `legacy`, with the commit its download metadata names when it names one.
 
 Hashes come from a hash cache keyed by (path, size, mtime_ns, inode), so `sha256` is None for a
 file whose content has not been verified since it last changed. A file hardlinked into another

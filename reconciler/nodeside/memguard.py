@@ -63,7 +63,7 @@ def mem_available_gib(meminfo_path: str) -> float:
 
 
 def top_rss(count: int = 3) -> list[str]:
-    """The largest resident processes, like `ps -eo rss,comm --sort=-rss` in the reference."""
+    """The largest resident processes, as `ps -eo rss,comm --sort=-rss` lists them, read from /proc."""
     found: list[tuple[int, str]] = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:

@@ -166,7 +166,7 @@ def install_target(
 ) -> PiTarget:
     """The command line over the spec: BASE_URL, --key-env and --set-default win when given.
 
-    Without a spec (Pi on a laptop, say) the model entry takes the reference defaults.
+    Without a spec (Pi on a laptop, say) the model entry takes the defaults of a two-node spec.
     """
     if deployment is not None:
         serving, pi, nodes = deployment.serving, deployment.pi, len(deployment.nodes)

@@ -1,6 +1,6 @@
 """The Pi coding agent's configuration for this deployment: what install adds, what uninstall removes.
 
-It follows the reference launcher's `pi/install.sh` and fixes its two weaknesses:
+It adds one provider and its model, and gets two things right that a naive install gets wrong:
 
 - apiKey is `!printenv DSV41_API_KEY`. It is the only value that Pi 0.73.1 and 1.6.0 both resolve from
   the environment on every request, and both refuse to send anything when the variable is unset
@@ -104,7 +104,7 @@ def key_env_of(api_key: object) -> str | None:
 
 
 def model_entry(target: PiTarget) -> dict[str, Any]:
-    """The reference installer's model fragment, sized from the spec."""
+    """Pi's entry for the served model (reasoning; images when the spec allows them), sized from the spec."""
     return {
         "id": target.model_id,
         "name": target.model_name,
@@ -231,7 +231,7 @@ def load_object(files: PiFiles, name: str) -> dict[str, Any] | None:
 
 
 def read_manifest(files: PiFiles, provider: str) -> dict[str, Any] | None:
-    """What an earlier install added; None when there is no record (never installed, or by the reference)."""
+    """What an earlier install added; None when there is no record (never installed, or by another tool)."""
     name = manifest_file(provider)
     hint = "it is spark-reconciler's install record: remove it, then run `reconciler pi install` again"
     try:

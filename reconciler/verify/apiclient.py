@@ -1,9 +1,9 @@
 """Reaching the OpenAI-compatible API for `smoke` and `bench`: target, key, errors, SSE.
 
-The key comes from `--key-file`, else `$DSV41_API_KEY` (the reference smoke's variable), else
-the spec's key file on the head. It lives only in memory: it is sent in the Authorization
-header and nowhere else, never printed, never put in a subprocess's argv, and any text a
-server echoes back is passed through `ApiTarget.redact` before it is shown.
+The key comes from `--key-file`, else `$DSV41_API_KEY` (the variable Pi's provider reads by
+default), else the spec's key file on the head. It lives only in memory: it is sent in the
+Authorization header and nowhere else, never printed, never put in a subprocess's argv, and any
+text a server echoes back is passed through `ApiTarget.redact` before it is shown.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from reconciler.serving import api_base
 from reconciler.spec import Deployment, expand_home
 
 KEY_ENV = "DSV41_API_KEY"
-# The reference smoke's timeout: without max_tokens a reasoning answer may take minutes.
+# An hour per request: without max_tokens a reasoning answer may take minutes.
 REQUEST_TIMEOUT_S = 3600.0
 CONNECT_TIMEOUT_S = 10.0
 SHOWN_BODY_CHARS = 200
@@ -141,7 +141,7 @@ def listed_models(body: object) -> list[str]:
 
 
 def discover_model(http: httpx.Client) -> str:
-    """The reference scripts' choice: the first model /v1/models lists."""
+    """The first model /v1/models lists: the served one, on a server that serves one model."""
     try:
         response = http.get("/v1/models")
     except httpx.HTTPError as exc:

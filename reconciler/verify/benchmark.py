@@ -2,7 +2,7 @@
 in reconciler/verify/plot.py).
 
 Definitions follow `vllm bench serve` (see docs/sources.md) so numbers can be compared
-with what users measure there, and the reference bench for decode rates:
+with what users measure there; decode rates are measured between output chunks:
 
 - TTFT: request sent -> first streamed chunk carrying output (content, reasoning or a tool
   call; for /v1/completions the first chunk with a choice, as vLLM counts it). A role-only
@@ -22,9 +22,9 @@ with what users measure there, and the reference bench for decode rates:
   output tokens every stream of the step delivered from the first output chunk of those C
   requests to the last of them, less one, over that span. The slots drift apart when answers
   differ in length, so the repetition's own requests may hardly overlap; counting every
-  stream's tokens in the span measures what the engine delivered then. The reference bench
-  counts all tokens; the first one arrives at the start of the span, not within it, and
-  without the -1 a single stream's aggregate would exceed its own rate by n/(n-1).
+  stream's tokens in the span measures what the engine delivered then. Not all n tokens
+  count: the first one arrives at the start of the span, not within it, and without the
+  -1 a single stream's aggregate would exceed its own rate by n/(n-1).
 - mean, median, p90 and p99 (linear interpolation, numpy's default) over the samples; the
   summary's `vllm` object has vLLM's `--save-result` keys (std as numpy's, the population's).
 - Every statistic counts every completed stream, as vLLM's bench counts every successful

@@ -42,8 +42,8 @@ from reconciler.verify import benchmark
 from reconciler.verify.apiclient import ApiTarget, JsonObject, async_client, client, discover_model, error_text
 
 WARM_UP_PROMPT = "Say hello."
-# The reference's warm-up has no cap; a model that never emits EOS (random weights, a broken
-# tokenizer) would then run to max-model-len before the first measurement.
+# The warm-up is capped: a model that never emits EOS (random weights, a broken tokenizer)
+# would otherwise run to max-model-len before the first measurement.
 WARM_UP_MAX_TOKENS = 32
 RANDOM_OUTPUT_TOKENS = 128  # vllm bench serve's --random-output-len default
 # Streams one decode step may hold (--conc x --reps): every read is kept, bytes and time, until

@@ -1,6 +1,6 @@
-"""`reconciler smoke`: does the deployment work? The reference checks plus the protocol.
+"""`reconciler smoke`: does the deployment work? Content checks plus the protocol.
 
-The reference smoke asks what a working DeepSeek-V4.1-Flash answers: 17 * 23
+The content checks ask what a working DeepSeek-V4.1-Flash answers: 17 * 23
 (391), a get_weather call for Warsaw, and the colours of a red-left/blue-right image. Users
 also meet the protocol: the served model listed, 401 without the key, reasoning split
 out by the reasoning parser, and streams framed as OpenAI clients parse them (role chunk, a
@@ -259,8 +259,8 @@ class _Probe:
     def chat(self, content: object, **extra: object) -> Any:
         body: JsonObject = {"messages": [{"role": "user", "content": content}], "temperature": 0, **extra}
         if self.max_tokens is not None:
-            # The reference sets no cap; a model that never emits EOS (random weights, a broken
-            # tokenizer) would then generate up to max-model-len tokens per content check.
+            # No cap unless asked; without one, a model that never emits EOS (random weights, a
+            # broken tokenizer) generates up to max-model-len tokens per content check.
             body["max_tokens"] = self.max_tokens
         if self.model is not None:
             body["model"] = self.model
@@ -322,7 +322,7 @@ def _check_tools(probe: _Probe) -> str:
 
 
 def vision_image() -> str:
-    """The reference image: 128x128, left half red, right half blue, as a data URL."""
+    """The vision check's image: 128x128, left half red, right half blue, as a data URL."""
     data = two_halves(IMAGE_SIZE, IMAGE_SIZE, RED, BLUE)
     return "data:image/png;base64," + base64.b64encode(data).decode()
 
