@@ -214,7 +214,7 @@ def smoke_after_start(ctx: ApplyContext, payload: Smoke) -> str:
     if not report.ok:
         raise SmokeFailedError(
             f"smoke failed: {smoke.failure_text(report)}",
-            "run `reconciler smoke` for every check; for a model that cannot answer the reference questions "
+            "run `reconciler smoke` for every check; for a model that cannot answer the smoke's questions "
             "set startup.smoke: protocol (or off)",
         )
     return report.summary()

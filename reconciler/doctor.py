@@ -375,7 +375,7 @@ def checkpoint_weight_bytes(deployment: Deployment, facts: Facts) -> tuple[int, 
         if tree is not None and tree.files and assess(tree.files, expect).complete:
             size = sum(info.size for name, info in tree.files.items() if not is_part(name))
             return size, f"the size of the checkpoint on {node.name}"
-    return REFERENCE_CHECKPOINT_BYTES, "the reference checkpoint size, assumed: no node holds a complete one yet"
+    return REFERENCE_CHECKPOINT_BYTES, "the published checkpoint's size, assumed: no node holds a complete one yet"
 
 
 def _image(subject: _Subject) -> Check:

@@ -287,7 +287,7 @@ def _header(out: _Lines, schema_ref: str | None, count: int) -> None:
         0,
         f"Written by `reconciler init` from what it found on the {count} nodes. Each value says why it was "
         f"chosen; lines marked {REVIEW} are what init could not decide: settle them, then run "
-        "`reconciler doctor`, `reconciler plan` and `reconciler apply`. Every key left out takes the reference "
+        "`reconciler doctor`, `reconciler plan` and `reconciler apply`. Every key left out takes its "
         "default (schemas/deployment.schema.json describes each). No secret is written here: the API key is "
         "created on the head (api.key_file), the Hub token comes from $HF_TOKEN or model.token_file.",
     )
@@ -582,7 +582,7 @@ def _rest(out: _Lines) -> None:
     out.key(2, "revision", model.revision)
     out.raw("")
     out.key(0, "image")
-    out.comment(2, "the reference image, pinned by digest so every rank runs the same bytes")
+    out.comment(2, "the default serving image, pinned by digest so every rank runs the same bytes")
     out.key(2, "ref", REFERENCE_IMAGE)
 
 

@@ -484,7 +484,7 @@ class Image(StrictModel):
             raise _problem(
                 "image_ref",
                 "'{value}' is not an image reference",
-                "write registry/name@sha256:<digest>, e.g. the reference's ghcr.io/0xsero/...@sha256:...",
+                "write registry/name@sha256:<digest>, e.g. the default ghcr.io/0xsero/...@sha256:...",
                 value=value,
             )
         if not info.data.get("allow_unpinned", False) and not re.search(_DIGEST_RE, value):
@@ -653,7 +653,7 @@ class Serving(StrictModel):
             field = info.field_name or ""
             raise _problem(
                 "reference_only_value",
-                "'{value}' exists only in the reference image's vLLM; upstream vLLM rejects it",
+                "'{value}' exists only in the default image's vLLM fork; upstream vLLM rejects it",
                 "with profile: upstream set {field} to {alternative}",
                 value=value,
                 field=field,
@@ -940,7 +940,7 @@ def _check_ports(deployment: Deployment) -> list[Located]:
             (
                 ("serving", "master_port"),
                 f"master_port equals the API port {serving.port}",
-                "use two different ports (reference: 8000 and 29655)",
+                "use two different ports (the defaults: 8000 and 29655)",
             )
         )
     sizes = serving.cudagraph.capture_sizes
@@ -982,7 +982,7 @@ def _profile_warnings(serving: Serving, document: LocatedDocument, filename: str
             filename,
             ("serving", name),
             f"serving.{name} has no effect with profile: upstream",
-            "remove it, or use profile: reference (the reference image) where it is rendered",
+            "remove it, or use profile: reference (with the default image's vLLM fork) where it is rendered",
         )
         for name in unused
     ]

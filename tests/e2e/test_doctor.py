@@ -49,7 +49,7 @@ def test_doctor_checks_every_node_and_fails_only_what_the_testbed_lacks(bed: Bed
         assert checks[(node, "gpu driver")]["status"] == "FAIL"
         memory = checks[(node, "memory")]
         assert memory["status"] in {"WARN", "FAIL"}, "a testbed node cannot hold a rank's weights"
-        assert "the reference checkpoint size, assumed" in memory["message"]
+        assert "the published checkpoint's size, assumed" in memory["message"]
     assert checks[(WORKER, "ssh")]["message"].startswith("root@198.18.10.11:22 answered; host keys match")
     for name in ("same subnet", "mtu", "clock skew"):
         assert checks[(ALL_NODES, name)]["status"] == "PASS", checks[(ALL_NODES, name)]

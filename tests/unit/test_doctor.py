@@ -118,7 +118,7 @@ def test_memory_applies_vllms_start_check_and_the_weights_rule_saying_what_it_as
     memory = find(run_doctor(), HEAD, "memory")
     assert memory.status == "WARN"
     assert "vLLM's start check needs gpu_util 0.88 x MemTotal = 107.0 GiB" in memory.message
-    assert "(462.0 GB / 2 ranks, the reference checkpoint size, assumed: no node holds a complete one yet)" in (
+    assert "(462.0 GB / 2 ranks, the published checkpoint's size, assumed: no node holds a complete one yet)" in (
         memory.message
     )
     assert "+ 12 GiB margin = 227.1 GiB" in memory.message
@@ -169,7 +169,7 @@ def test_gpu_checks_fail_honestly_without_nvidia_runtime_and_driver() -> None:
         assert find(report, node, "gpu driver").status == "FAIL"
         memory = find(report, node, "memory")
         assert memory.status == "FAIL"  # 19.0 GiB available < 0.88 x 23.0 GiB
-        assert "reference checkpoint size, assumed" in memory.message
+        assert "published checkpoint's size, assumed" in memory.message
         assert find(report, node, "fabric address").status == "PASS"
 
 
