@@ -96,8 +96,8 @@ def measure(spec_path: str, source: str, destination: str, rounds: int) -> dict[
     """On the head: each variant copies `source` into a fresh `destination` on the worker."""
     from reconciler.actions import Copy, action
     from reconciler.components.checkpoint import _fabric_pair
-    from reconciler.components.checkpoint_run import _copy, rsync_argv
-    from reconciler.components.copystreams import CIPHER_OPTION, stream_count
+    from reconciler.components.checkpoint_run import _copy
+    from reconciler.components.rsync import CIPHER_OPTION, rsync_argv, stream_count
     from reconciler.execution import ApplyContext, Progress
     from reconciler.facts.gather import gather
     from reconciler.pipeline import split_streams

@@ -8,17 +8,9 @@ nothing in a served revision is ever rewritten in place.
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
-import os
-import re
-import secrets
-import shlex
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler import hub
@@ -43,20 +35,13 @@ from reconciler.components.checkpoint import (
     human_bytes,
     shard_of,
 )
-from reconciler.components.copystreams import CIPHER_OPTION, stream_count
-from reconciler.errors import FactsChangedError, NodeCommandError, PipelineStoppedError, ReconcilerError
+from reconciler.components.rsync import rsync_streams
+from reconciler.errors import FactsChangedError, NodeCommandError
 from reconciler.execution import ApplyContext
 from reconciler.facts.files import parse_manifest
-from reconciler.nodeside.copydaemon import MODULE as DAEMON_MODULE
-from reconciler.nodeside.copydaemon import USER as DAEMON_USER
 from reconciler.nodeside.ops import ReassembleArgs, RemoveRevisionsArgs, SwitchArgs
-from reconciler.nodeside.statedir import StateDir
-from reconciler.pipeline import Feed, split_streams
-from reconciler.progress import Counter
 from reconciler.serving import rewrite_exl3_plan
-from reconciler.spec import SshTarget
-from reconciler.transport.base import LineSink, check, run_program
-from reconciler.transport.sshroute import SshRoute, openssh_command, route_for
+from reconciler.transport.base import run_program
 
 _INCOMPLETE_HINT = "run `reconciler apply` again: it re-fetches exactly the files named (nothing else is deleted)"
 
@@ -297,7 +282,7 @@ def _copy(ctx: ApplyContext, action: Action, copy: Copy) -> str:
     node, origin = action.node, copy.source_node
     feed = ctx.boards.feed(action, origin, sizes)
     with Landed(ctx, node, copy.destination_dir, copy.cache, copy.hashes) as landed:
-        streams = _rsync(
+        streams = rsync_streams(
             ctx,
             node,
             copy.source_dir,
@@ -311,243 +296,6 @@ def _copy(ctx: ApplyContext, action: Action, copy: Copy) -> str:
             landed=landed.add,
         )
     return f"copied {len(names)} files from {origin} to {node}:{copy.destination_dir} in {streams} rsync streams"
-
-
-def _rsync(
-    ctx: ApplyContext,
-    node: str,
-    source_dir: str,
-    destination: str,
-    sizes: dict[str, int],
-    recopy: bool,
-    size: int | None = None,
-    fabric: tuple[str, str] | None = None,
-    origin: str | None = None,
-    *,
-    feed: Feed | None = None,
-    landed: Callable[[list[str]], None] | None = None,
-) -> int:
-    """rsync head -> worker in parallel streams; resumable. Returns the number of streams.
-
-    `sizes`: the files to copy (relative names) and their sizes, which the streams are split
-    by. `recopy`: copy them again ignoring size and time (a flipped byte keeps both), else
-    files already complete on the worker are skipped. Nothing else on the worker is touched.
-    `size`: the bytes to copy, if known. `fabric`: (origin, worker) fabric addresses, for a
-    daemon on the worker's (see nodeside/copydaemon.py); without them, over SSH. `origin`:
-    the node whose files are sent and that runs the streams, the head unless named. `feed`:
-    where the files come from as they are ready on the origin (pipelined), else all at once;
-    `landed` is told each batch once it is on the worker.
-    """
-    origin = origin or ctx.deployment.head.name
-    worker = ctx.node(node)
-    if worker.ssh is None:
-        raise NodeCommandError(f"{node}: a peer copy needs an ssh: target", "add nodes[].ssh for this worker")
-    if fabric is None and origin != ctx.deployment.head.name:
-        raise NodeCommandError(
-            f"{node}: a copy from {origin} goes over the fabric, and its addresses are not known",
-            "run `reconciler plan` again: without fabric addresses the head copies itself, over SSH",
-        )
-    feed = feed or Feed(ctx.boards.board(origin), sizes, released=True)
-    ctx.ops(node).mkdirs(destination)
-    # Sized by the head's cores (this process runs there): the nodes are alike.
-    count = stream_count(os.cpu_count(), len(sizes))
-    # Everything ready now: the streams split as a plain copy's, one rsync each.
-    fixed = split_streams(sizes, count) if feed.all_ready() else None
-    count = len(fixed) if fixed is not None else count
-    label = f"{origin}->{node}"
-    meter = StreamMeter(ctx.progress.reporter(label), ctx.progress.sink(label), size, count)
-    transport = ctx.transport(origin)
-    # A pipelined stream runs one rsync per batch, each a connection of its own: room for the
-    # next to connect before the daemon has reaped the one before.
-    connections = count if fixed is not None else 2 * count
-    with _channel(ctx, node, worker.ssh, destination, fabric, connections) as channel:
-        waiting = "" if fixed is not None else f", each file once it is verified on {origin}"
-        ctx.progress.line(f"    {label}: {count} rsync streams {channel.shown}{waiting}")
-
-        def send(index: int, names: list[str]) -> None:
-            # rsync's progress goes to stdout; redirect it to stderr so it streams like ours.
-            command = ["sh", "-c", 'exec "$@" 1>&2', "rsync", *channel.argv(source_dir, names, recopy)]
-            result = transport.run(command, stdin=channel.stdin, timeout=24 * 3600, on_line=meter.lines(index))
-            meter.finished(index)
-            check(result, origin, "rsync to " + node)
-            if landed is not None:
-                landed(names)
-
-        def stream(index: int) -> None:
-            try:
-                if fixed is not None:
-                    send(index, fixed[index])
-                    return
-                while (batch := feed.take(count)) is not None:
-                    send(index, batch)
-            except ReconcilerError as exc:
-                feed.stop(f"{label}: {exc.message}")
-                raise
-
-        with ThreadPoolExecutor(max_workers=count, thread_name_prefix="rsync") as pool:
-            futures = [pool.submit(stream, index) for index in range(count)]
-        errors = [error for future in futures if (error := future.exception()) is not None]
-    if errors:
-        # The stream that failed says why; the others only that they stopped for it.
-        raise next((error for error in errors if not isinstance(error, PipelineStoppedError)), errors[0])
-    return count
-
-
-@dataclass(frozen=True)
-class _Channel:
-    """Where a copy's streams go: their argv (source dir, names, recopy) and what they read on
-    stdin (the daemon's password), and how that is shown."""
-
-    argv: Callable[[str, list[str], bool], list[str]]
-    stdin: bytes | None
-    shown: str
-
-
-@contextlib.contextmanager
-def _channel(
-    ctx: ApplyContext, node: str, ssh: SshTarget, destination: str, fabric: tuple[str, str] | None, connections: int
-) -> Iterator[_Channel]:
-    if fabric is None:
-        # Resolved here, where the control connection resolves it: the head runs the reconciler.
-        route = route_for(node, ssh)
-
-        def over_ssh(source: str, names: list[str], recopy: bool) -> list[str]:
-            return rsync_argv(route, source, destination, names, recopy=recopy)
-
-        yield _Channel(over_ssh, None, f"over SSH ({route.describe()})")
-        return
-    origin_ip, worker_ip = fabric
-    secret = secrets.token_hex(24)
-    directory = StateDir(ctx.deployment.state_dir).copy_daemon
-    args = {"dir": directory, "path": destination, "address": worker_ip, "allow": origin_ip, "secret": secret}
-    daemon = ctx.transport(node)
-    lines = ctx.node_lines(node)
-    port = run_program(daemon, "copydaemon", "start", {**args, "connections": connections}, on_line=lines)["port"]
-    try:
-
-        def to_daemon(source: str, names: list[str], recopy: bool) -> list[str]:
-            return daemon_argv(worker_ip, int(port), source, names, recopy=recopy)
-
-        yield _Channel(to_daemon, f"{secret}\n".encode(), f"over the fabric to an rsync daemon on {worker_ip}:{port}")
-    finally:
-        run_program(daemon, "copydaemon", "stop", {"dir": directory}, on_line=lines)
-
-
-_EXCLUDES = ["--exclude", "*.safetensors.part[0-9][0-9]", "--exclude", ".cache/"]
-
-
-def daemon_argv(address: str, port: int, source_dir: str, names: list[str], *, recopy: bool) -> list[str]:
-    """One stream to the copy's rsync daemon: exactly these files, by name relative to
-    `source_dir`; the password on stdin (never in argv), the module root is the destination."""
-    source = f"{source_dir.rstrip('/')}/"
-    again = ["--ignore-times"] if recopy else []
-    argv = ["rsync", "-a", "--partial", "--info=progress2", *_EXCLUDES, "--password-file=-", "-R", *again]
-    return [*argv, *(f"{source}./{name}" for name in names), f"rsync://{DAEMON_USER}@{address}:{port}/{DAEMON_MODULE}/"]
-
-
-class StreamMeter:
-    """The streams' rsync progress lines as one byte counter of the copy (bytes, rate and ETA
-    per destination); their other lines as text. Lines arrive on the streams' reader threads."""
-
-    def __init__(self, report: Callable[[Counter], None], other: LineSink, size: int | None, count: int) -> None:
-        self._report, self._other, self._size = report, other, size
-        self._counters: list[Counter | None] = [None] * count
-        # What a stream's earlier rsyncs counted (a pipelined stream runs one per batch).
-        self._before: list[Counter | None] = [None] * count
-        self._lock = threading.Lock()
-
-    def lines(self, index: int) -> LineSink:
-        def take(line: str) -> None:
-            counter = rsync_counter(line, None)
-            if counter is None:
-                self._other(line)
-                return
-            with self._lock:  # reported under the lock too, so the bytes never go backwards
-                before = self._before[index]
-                self._counters[index] = counter if before is None else _plus(before, counter)
-                self._report(self._combined())
-
-        return take
-
-    def finished(self, index: int) -> None:
-        """One rsync of stream `index` ended: the stream's next one counts on from there."""
-        with self._lock:
-            self._before[index] = self._counters[index]
-
-    def _combined(self) -> Counter:
-        """Every stream's bytes; totals and file counts once every stream has said its own."""
-        known = [counter for counter in self._counters if counter is not None]
-        done = sum(counter.done for counter in known)
-        everyone = len(known) == len(self._counters)
-        total: int | None = max(self._size, done) if self._size else None
-        if total is None and everyone:
-            total = _sum_of_all([counter.total for counter in known])
-        files = _sum_of_all([counter.files for counter in known]) if everyone else None
-        files_done = _sum_of_all([counter.files_done for counter in known]) if everyone else None
-        return Counter("copy", done, total, files_done, files)
-
-
-def _plus(before: Counter, now: Counter) -> Counter:
-    total = None if before.total is None or now.total is None else before.total + now.total
-    return Counter(
-        "copy",
-        before.done + now.done,
-        total,
-        _sum_of_all([before.files_done, now.files_done]),
-        _sum_of_all([before.files, now.files]),
-    )
-
-
-def _sum_of_all(values: list[int | None]) -> int | None:
-    return None if any(value is None for value in values) else sum(value or 0 for value in values)
-
-
-# `--info=progress2`: '  1,234,567  45%  110.52MB/s    0:01:23 (xfr#3, to-chk=10/20)'; the part in
-# parentheses follows only once a file is done, `ir-chk` while rsync still lists files.
-_RSYNC_PROGRESS = re.compile(
-    r"^\s*(?P<done>[\d,]+)\s+(?P<percent>\d+)%\s+\S+/s\s+[\d:]+"
-    r"(?:\s+\(xfr#(?P<files_done>\d+), (?:ir|to)-chk=(?P<left>\d+)/(?P<files>\d+)\))?\s*$"
-)
-
-
-def rsync_counter(line: str, size: int | None) -> Counter | None:
-    """A progress2 line as a Counter: bytes sent of `size` (rsync's percent counts the files
-    already there too, so the plan's size is the better total), and files checked of files."""
-    match = _RSYNC_PROGRESS.match(line)
-    if match is None:
-        return None
-    done = int(match["done"].replace(",", ""))
-    percent = int(match["percent"])
-    total = max(size, done) if size else (done * 100 // percent if percent else None)
-    files = int(match["files"]) if match["files"] else None
-    files_done = files - int(match["left"]) if files is not None else None
-    return Counter("copy", done, total, files_done, files)
-
-
-def rsync_argv(
-    route: SshRoute, source_dir: str, destination: str, only: list[str] | None, *, recopy: bool = True
-) -> list[str]:
-    """One copy stream's argv: over the control connection's route; remote paths stay data.
-
-    rsync's `ssh` gets the resolved route as explicit options (port, user, address, keys,
-    known_hosts, jump hosts), so it reaches the worker exactly as paramiko does, plus the
-    cipher preference (copystreams.CIPHER_OPTION).
-    `--protect-args` (rsync >= 3.0; `--secluded-args` since 3.2.7, which keeps the old name)
-    sends the remote paths inside rsync's protocol instead of through the remote shell, so a
-    model dir with spaces or `;` can never run anything on the worker. rsync writes each file
-    to a temporary name and renames it: a file being replaced is never rewritten in place.
-    `only`: exactly these files (the whole tree when None), again even if size and time match
-    when `recopy`.
-    """
-    target = route.target
-    remote = f"{target.user}@{target.name}:{destination.rstrip('/')}/"
-    argv = ["rsync", "-a", "--protect-args", "--partial", "--info=progress2", *_EXCLUDES]
-    argv += ["-e", shlex.join([*openssh_command(route), "-o", CIPHER_OPTION])]
-    source = f"{source_dir.rstrip('/')}/"
-    if only is None:
-        return [*argv, source, remote]
-    again = ["--ignore-times"] if recopy else []
-    return [*argv, "-R", *again, *(f"{source}./{name}" for name in only), remote]
 
 
 def _stage_plan(ctx: ApplyContext, action: Action, stage: StagePlan) -> str:

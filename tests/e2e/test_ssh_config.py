@@ -26,7 +26,7 @@ PYTHON = str(ROOT / ".venv/bin/python")
 # Prints the route the reconciler resolves for an alias, and the rsync argv it would run for it.
 ROUTE_AND_RSYNC = """
 import json, sys
-from reconciler.components.checkpoint_run import rsync_argv
+from reconciler.components.rsync import rsync_argv
 from reconciler.spec import SshTarget
 from reconciler.transport.sshroute import route_for
 route = route_for("spark-worker", SshTarget(host=sys.argv[1]))

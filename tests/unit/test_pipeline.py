@@ -19,7 +19,7 @@ from reconciler.pipeline import BATCH_BYTES, Boards, Feed, Outcome, run_group
 from reconciler.plan import plan, render_text
 from reconciler.record import replace
 from tests.scenarios import empty_facts, reference_deployment
-from tests.unit.test_copystreams import RecordingHead, copy_context, sources_of
+from tests.unit.test_rsync import RecordingHead, copy_context, sources_of
 
 MIB = 1024 * 1024
 SHARD = "model-00005-of-00006.safetensors"

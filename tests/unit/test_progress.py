@@ -16,8 +16,8 @@ import pytest
 
 from reconciler import commands, redact
 from reconciler.actions import Action, Pull, action
-from reconciler.components.checkpoint_run import rsync_counter
 from reconciler.components.image import Layers
+from reconciler.components.rsync import rsync_counter
 from reconciler.execution import PUBLISH_INTERVAL_S, Progress
 from reconciler.loopstatus import LoopStatus, read_status, render, status_path, write_pass, write_status
 from reconciler.nodeside import fetch as nodeside_fetch

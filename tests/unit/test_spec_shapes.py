@@ -9,7 +9,7 @@ import tracemalloc
 import pytest
 
 from reconciler.actions import StartRank
-from reconciler.components.checkpoint_run import rsync_argv
+from reconciler.components.rsync import rsync_argv
 from reconciler.errors import SpecError, SpecProblem
 from reconciler.plan import plan
 from reconciler.spec import SshTarget, names_api_key, parse_spec

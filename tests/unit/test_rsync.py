@@ -19,8 +19,7 @@ from pydantic import ValidationError
 
 from reconciler import apply
 from reconciler.actions import Copy, Step, action
-from reconciler.components.checkpoint_run import StreamMeter, daemon_argv, rsync_argv
-from reconciler.components.copystreams import CIPHER_OPTION, MAX_STREAMS, stream_count
+from reconciler.components.rsync import CIPHER_OPTION, MAX_STREAMS, StreamMeter, daemon_argv, rsync_argv, stream_count
 from reconciler.errors import NodeCommandError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.fabric import FabricFacts
