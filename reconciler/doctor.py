@@ -17,7 +17,7 @@ from typing import Literal
 
 from reconciler.actions import Blocker
 from reconciler.clock import utc_iso
-from reconciler.components.checkpoint import (
+from reconciler.components.assessment import (
     FULL_SIZE_HEAD,
     FULL_SIZE_WORKER,
     GB,

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import paramiko
 from pydantic import TypeAdapter, ValidationError
 
-from reconciler.components.checkpoint import FULL_SIZE_HEAD, FULL_SIZE_WORKER, human_bytes
+from reconciler.components.assessment import FULL_SIZE_HEAD, FULL_SIZE_WORKER, human_bytes
 from reconciler.doctor import doctor_input
 from reconciler.errors import NodeUnreachableError, ReconcilerError, SpecError, SshConfigError, YamlError
 from reconciler.facts.fabric import FabricFacts, subnet_mismatches

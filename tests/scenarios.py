@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from reconciler.components.checkpoint import PARTED_SHARDS, is_part, placements
+from reconciler.components.assessment import PARTED_SHARDS, is_part
+from reconciler.components.checkpoint import placements
 from reconciler.components.fabric import node_contexts
 from reconciler.components.memguard import guard_config_hash
 from reconciler.facts.containers import ContainerFacts

@@ -16,8 +16,6 @@ have read the bad bytes, at load or later (the Engram tables are read from disk 
 from __future__ import annotations
 
 import fnmatch
-import re
-from collections.abc import Mapping
 
 from reconciler.actions import (
     Action,
@@ -43,111 +41,30 @@ from reconciler.actions import (
     action,
     shorten,
 )
+from reconciler.components.assessment import (
+    FULL_SIZE_HEAD,
+    FULL_SIZE_WORKER,
+    PARTED_SHARDS,
+    CheckpointState,
+    Expectation,
+    NodeView,
+    assess,
+    expectation,
+    human_bytes,
+    shard_of,
+    staged_plan_current,
+    view_of,
+)
 from reconciler.components.fabric import resolve_fabric
-from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, RevisionFacts
+from reconciler.facts.files import FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
 from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record, field, replace
-from reconciler.revisions import desired_commit, is_commit, pinned, pre_revisions_dir, revision_dir, short
+from reconciler.revisions import is_commit, pinned, pre_revisions_dir, revision_dir, short
 from reconciler.serving import rewrite_exl3_plan
-from reconciler.spec import Deployment, Node, expand_home
+from reconciler.spec import Deployment, Node
 
 COMPONENT = Component.CHECKPOINT
-NATIVE_SHARDS = [f"model-0000{index}-of-00006.safetensors" for index in range(1, 7)]
-# The Hub caps one file at 50 GB, so these two Engram shards are stored as .partNN files.
-PARTED_SHARDS = NATIVE_SHARDS[4:]
-_PART_RE = re.compile(r"^(?P<shard>.+\.safetensors)\.part(?P<index>[0-9]{2})$")
-
-
-GB = 1000**3
-# Free space a full checkpoint needs on the head (download and reassembly) and on a worker
-# (copy), used when the Hub cannot say.
-FULL_SIZE_HEAD = 700 * GB
-FULL_SIZE_WORKER = 470 * GB
-
-
-def is_part(name: str) -> bool:
-    return _PART_RE.match(name) is not None
-
-
-def part_files(files: Mapping[str, object]) -> list[str]:
-    return sorted(name for name in files if is_part(name))
-
-
-class Expectation(Record):
-    """What a complete checkpoint holds: files (never parts), known sizes, expected sha256."""
-
-    files: list[str]
-    sizes: dict[str, int]
-    hashes: dict[str, str]
-
-
-def expectation(deployment: Deployment, manifest: dict[str, str] | None, hub: HubFacts | None) -> Expectation:
-    """Four fixed files (config, index, manifest, EXL3 plan), six native shards, the manifest's
-    entries and every Hub file.
-
-    Shards 5 and 6 are on the Hub only as parts: their size is the sum of their parts, their
-    hash comes from the manifest. Every other LFS file is checked against the Hub's sha256.
-    """
-    hub_files = hub.files if hub is not None else {}
-    names = {
-        "config.json",
-        "model.safetensors.index.json",
-        deployment.model.manifest,
-        f"exl3/plan/{deployment.model.exl3_plan}",
-        *NATIVE_SHARDS,
-        *(manifest or {}),
-        *hub_files,
-    }
-    sizes = {name: info.size for name, info in hub_files.items() if not is_part(name)}
-    for name, info in hub_files.items():
-        if (match := _PART_RE.match(name)) is not None:
-            sizes[match.group("shard")] = sizes.get(match.group("shard"), 0) + info.size
-    hashes = {name: info.sha256 for name, info in hub_files.items() if info.sha256 and not is_part(name)}
-    hashes.update(manifest or {})
-    return Expectation(sorted(name for name in names if not is_part(name)), sizes, hashes)
-
-
-class CheckpointState(Record):
-    """How far one node's checkpoint is from done."""
-
-    missing: list[str]
-    assemblable: list[str]
-    unverified: list[str]
-    corrupt: list[str]
-    parts: list[str]
-    missing_bytes: int
-    sizes_known: bool
-
-    @property
-    def complete(self) -> bool:
-        return not (self.missing or self.assemblable or self.unverified or self.corrupt)
-
-
-def assess(files: Mapping[str, FileFacts], expect: Expectation) -> CheckpointState:
-    parts = part_files(files)
-    shards_with_parts = {match.group("shard") for part in parts if (match := _PART_RE.match(part))}
-    absent = [name for name in expect.files if name not in files]
-    assemblable = [name for name in absent if name in PARTED_SHARDS and name in shards_with_parts]
-    missing = [name for name in absent if name not in assemblable]
-    present = [name for name in expect.hashes if name in files]
-    corrupt = sorted(name for name in present if _mismatch(files[name].sha256, expect.hashes[name]))
-    unverified = sorted(name for name in present if files[name].sha256 is None)
-    refetch = missing + corrupt
-    missing_bytes = sum(expect.sizes.get(name, 0) for name in refetch)
-    sizes_known = all(name in expect.sizes for name in refetch)
-    return CheckpointState(missing, assemblable, unverified, corrupt, parts, missing_bytes, sizes_known)
-
-
-def _mismatch(actual: str | None, expected: str) -> bool:
-    return actual is not None and actual.lower() != expected.lower()
-
-
-def human_bytes(count: int) -> str:
-    for unit, size in (("TB", 1000**4), ("GB", GB), ("MB", 1000**2), ("kB", 1000)):
-        if count >= size:
-            return f"{count / size:.1f} {unit}"
-    return f"{count} B"
 
 
 def plan_checkpoint(deployment: Deployment, facts: Facts, commit: str | None, deep_verify: bool = False) -> Staging:
@@ -205,41 +122,6 @@ class Staging(Outcome):
             self.restart += other.restart
 
 
-class NodeView(Record):
-    """A node's checkpoint as planning sees it: the facts and the node's own absolute paths."""
-
-    node: Node
-    observed: CheckpointFacts
-    model_dir: str
-    layout: StateDir
-
-    def tree(self, commit: str) -> RevisionFacts | None:
-        """Where the node has `commit`: its revision directory, or a pre-revisions model_dir."""
-        if commit in self.observed.revisions:
-            return self.observed.revisions[commit]
-        legacy = self.observed.legacy
-        return legacy if legacy is not None and self.observed.legacy_commit == commit else None
-
-    def serving(self) -> tuple[str | None, RevisionFacts | None]:
-        """The revision model_dir is now (the one the ranks serve when they run)."""
-        observed = self.observed
-        if observed.link is not None:
-            return observed.link, observed.revisions.get(observed.link)
-        return observed.legacy_commit, observed.legacy
-
-    def staged_path(self, commit: str, plan_name: str) -> str:
-        return self.layout.staged_plan(commit, plan_name)
-
-
-def view_of(deployment: Deployment, facts: Facts, node: Node) -> NodeView | None:
-    observed = facts.nodes[node.name]
-    if not observed.reachable or observed.home is None:
-        return None
-    home = observed.home
-    model_dir = expand_home(node.model_dir, home).rstrip("/")
-    return NodeView(node, observed.checkpoint, model_dir, StateDir(expand_home(deployment.state_dir, home)))
-
-
 class Placement(Record):
     """What a rank mounts: the revision directory, its staged plans, and the commit."""
 
@@ -264,31 +146,6 @@ def placements(deployment: Deployment, facts: Facts, commit: str | None) -> dict
         else:
             found[node.name] = Placement(view.model_dir, view.layout.plans, serving)
     return found
-
-
-def checkpoint_on(deployment: Deployment, facts: Facts, node: Node) -> tuple[RevisionFacts | None, Expectation]:
-    """A node's tree of the commit to serve (else of the one it serves) and what it must hold."""
-    head = facts.nodes[deployment.head.name].checkpoint
-    commit = desired_commit(deployment.model, head)
-    listing = head.hub.get(commit) if commit is not None else None
-    view = view_of(deployment, facts, node)
-    if view is None:
-        return None, expectation(deployment, None, listing)
-    tree = view.tree(commit) if commit is not None else None
-    if tree is None:
-        tree = view.serving()[1]
-    manifest = listing.manifest if listing is not None and listing.manifest else (tree.manifest if tree else None)
-    return tree, expectation(deployment, manifest, listing)
-
-
-def staged_plan_current(tree: RevisionFacts | None) -> bool:
-    """Whether the staged EXL3 plan is the revision's plan rewritten for the /model mount."""
-    if tree is None or tree.exl3_plan is None or tree.staged_plan is None:
-        return False
-    try:
-        return tree.staged_plan == rewrite_exl3_plan(tree.exl3_plan)
-    except (ValueError, KeyError, AttributeError, TypeError):
-        return False
 
 
 def plan_without_hub(deployment: Deployment, facts: Facts, error: str) -> Staging:
@@ -651,11 +508,6 @@ def repo_files(names: list[str], listing: HubFacts) -> list[HubFile]:
         else:
             files.append(HubFile(path=name, size=None))
     return files
-
-
-def shard_of(path: str) -> str | None:
-    match = _PART_RE.match(path)
-    return match.group("shard") if match else None
 
 
 # Files the engine never reads: a bad byte in one cannot have reached a running group.

@@ -31,10 +31,7 @@ from reconciler.actions import (
     shorten,
 )
 from reconciler.clock import utc_iso
-from reconciler.components.checkpoint import (
-    human_bytes,
-    shard_of,
-)
+from reconciler.components.assessment import human_bytes, shard_of
 from reconciler.components.rsync import rsync_streams
 from reconciler.errors import FactsChangedError, NodeCommandError
 from reconciler.execution import ApplyContext
