@@ -8,7 +8,6 @@ nothing in a served revision is ever rewritten in place.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import threading
 from pathlib import Path
@@ -107,7 +106,7 @@ class Landed:
     its own, each published on the node's board once its sha256 matches (a file without a
     known sha256 as soon as it is complete: nothing could verify it later either; a shard's
     part at once, for its reassembly, which verifies the whole shard). A mismatch is left to
-    the verify that follows, which re-fetches it. Leaving the block waits for the hashing."""
+    the verify that follows, which reports it. Leaving the block waits for the hashing."""
 
     def __init__(self, ctx: ApplyContext, node: str, root: str, cache: str | None, expected: dict[str, str]) -> None:
         self.ctx, self.node, self.root, self.cache, self.expected = ctx, node, root, cache, expected
@@ -160,16 +159,11 @@ class Landed:
 def fetch_on_node(
     ctx: ApplyContext, node: str, model_dir: str, files: list[HubFile], commit: str, force: list[str]
 ) -> list[str]:
-    """A hub-sourced worker downloads for itself with the node-side fetcher (stdlib, Range resume).
-
-    Entries the plan could only name by pattern are listed now, at the commit.
-    """
+    """A hub-sourced worker downloads for itself with the node-side fetcher (stdlib, Range resume):
+    exactly the files the plan's listing names. A file the listing lacks (size unknown) is
+    nothing the Hub has at that commit; the verify after reports it missing."""
     model = ctx.deployment.model
-    if any(item.size is None for item in files):
-        listing = hub.list_files(model, commit)
-        patterns = [item.path for item in files]
-        wanted = [item for item in listing.files if any(fnmatch.fnmatchcase(item.path, p) for p in patterns)]
-        files = [HubFile(path=item.path, size=item.size, sha256=item.sha256) for item in wanted]
+    files = [item for item in files if item.size is not None]
     entries = [
         {
             "path": item.path,
