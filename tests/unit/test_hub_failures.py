@@ -94,8 +94,8 @@ def test_a_hub_that_never_answers_times_out(monkeypatch: pytest.MonkeyPatch) -> 
     listener.listen(8)
     accepted: list[socket.socket] = []
     threading.Thread(target=lambda: accepted.append(listener.accept()[0]), daemon=True).start()
-    monkeypatch.setattr(hub, "READ_TIMEOUT_S", 0.5)
-    monkeypatch.setattr(hub, "_bounded", False)
+    monkeypatch.setattr(hub.client, "READ_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(hub.client, "_bounded", False)
     close_session()
     try:
         with pytest.raises(HubError) as raised:
@@ -130,7 +130,7 @@ def test_a_listing_with_a_path_that_leaves_the_model_dir_is_refused() -> None:
 
     entry = RepoFile(path="../../.bashrc", size=10, oid="ab" * 20)  # type: ignore[no-untyped-call]
     with pytest.raises(HubError, match="unsafe path"):
-        hub._hub_file(entry)
+        hub.listing._hub_file(entry)
 
 
 def test_a_failed_listing_becomes_the_checkpoints_blocker_and_ranks_keep_serving() -> None:
@@ -178,7 +178,7 @@ def test_a_repo_file_refused_as_read_is_named_with_what_was_being_done() -> None
     """A manifest over its size limit (or not a regular file) says which read of which repo
     failed, as any other Hub failure does, not the bare reason."""
     model = reference_deployment().model
-    with pytest.raises(HubError) as failed, hub.hub_call(model, "reading manifest.sha256 of the repo"):
+    with pytest.raises(HubError) as failed, hub.failures.hub_call(model, "reading manifest.sha256 of the repo"):
         raise UntrustedFileError("it is larger than 1 MiB")
     assert failed.value.message.startswith("reading manifest.sha256 of the repo at ")
     assert "it is larger than 1 MiB" in failed.value.message

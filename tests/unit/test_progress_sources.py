@@ -90,7 +90,7 @@ def test_the_node_side_fetcher_reports_bytes_and_files_of_what_it_fetches(standi
 def test_the_hub_clients_download_is_counted_from_the_disk_while_it_runs(
     standin: StandinHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hub, "METER_EVERY_S", 0.05)
+    monkeypatch.setattr(hub.download, "METER_EVERY_S", 0.05)
     standin.faults.set_rate(2 * 1024 * 1024)
     model = Model(endpoint=standin.url, revision=standin.info.commit)
     seen: list[Counter] = []

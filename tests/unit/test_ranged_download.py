@@ -1,4 +1,4 @@
-"""Ranged downloads (reconciler/hubranges.py) with the real Hub client's HTTP stack and the Hub
+"""Ranged downloads (reconciler/hub/ranges.py) with the real Hub client's HTTP stack and the Hub
 stand-in: a big file comes in one byte range per stream, resumes every range where a killed run
 stopped, survives a cut, and falls back to the client's whole-file download when the Hub
 ignores Range. The range floor is lowered so the stand-in's small shards are split."""
@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from reconciler import hubranges
+from reconciler.hub import ranges as hubranges
 from reconciler.errors import HubError, RangesIgnoredError
 from reconciler.hub import HubFile, HubListing, downloaded, fetch, list_files
 from reconciler.spec import Model
@@ -167,7 +167,7 @@ def test_a_big_file_comes_in_one_range_per_stream_and_lands_verified(hub: Standi
 
 def start_download(model: Model, model_dir: Path) -> subprocess.Popen[bytes]:
     code = (
-        "import sys, json; from reconciler import hubranges; from reconciler.hub import fetch\n"
+        "import sys, json; from reconciler.hub import ranges as hubranges; from reconciler.hub import fetch\n"
         "from reconciler.spec import Model\n"
         f"hubranges.MIN_RANGE_BYTES = {FLOOR}; hubranges.DURABLE_EVERY_BYTES = {MIB // 2}\n"
         "model = Model.model_validate(json.loads(sys.argv[1]))\n"
