@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from reconciler.hub import ranges as hubranges
 from reconciler.errors import HubError, RangesIgnoredError
 from reconciler.hub import HubFile, HubListing, downloaded, fetch, list_files
+from reconciler.hub import ranges as hubranges
 from reconciler.spec import Model
 from tests.testbed.hub.faults import CutRule, FailRule
 from tests.testbed.hub.server import StandinHub

@@ -175,14 +175,14 @@ def test_read_spec_text_returns_the_text_the_loop_compares(tmp_path: Path) -> No
 
 def test_a_spec_over_the_size_cap_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "big.yaml"
-    path.write_bytes(b"#" * (spec.MAX_SPEC_BYTES + 1))
+    path.write_bytes(b"#" * (spec.loading.MAX_SPEC_BYTES + 1))
     problem = file_problem(path)
     assert "larger than 1 MiB" in problem.message
 
 
 def test_a_spec_at_the_size_cap_is_read(tmp_path: Path) -> None:
     path = tmp_path / "comments.yaml"
-    path.write_bytes((b"#" * 1023 + b"\n") * (spec.MAX_SPEC_BYTES // 1024))
+    path.write_bytes((b"#" * 1023 + b"\n") * (spec.loading.MAX_SPEC_BYTES // 1024))
     assert file_problem(path).message == "the spec is empty"
 
 

@@ -1,0 +1,305 @@
+"""Reading a spec from YAML: every problem located at file:line:column with the field path and
+a hint, never a traceback; the checks across fields; the warnings."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, get_args, get_origin
+
+from pydantic import (
+    BaseModel,
+    ValidationError,
+)
+
+from reconciler.constants import DEFAULT_SPEC_PATH, SPEC_PATH_ENV
+from reconciler.errors import SpecError, SpecProblem, UntrustedTextError, YamlError
+from reconciler.record import Record
+from reconciler.safeio import read_untrusted_text
+from reconciler.spec.model import REFERENCE_PROFILE_ONLY_FIELDS, Deployment, Serving
+from reconciler.spec.values import _COMMIT_RE
+from reconciler.yamlpos import LocatedDocument, load_located
+
+
+class LoadedSpec(Record):
+    """A valid spec, where it came from, and warnings that do not block it."""
+
+    deployment: Deployment
+    path: str
+    warnings: list[SpecProblem]
+
+
+# A deployment spec is a few kilobytes: the cap keeps a wrong --spec (a log, a disk image)
+# from being parsed for minutes.
+MAX_SPEC_BYTES = 1024 * 1024
+
+
+def load_spec(path: str | os.PathLike[str]) -> LoadedSpec:
+    """Read, parse and validate a spec file; raise SpecError listing every problem."""
+    return parse_spec(read_spec_text(path), str(path))
+
+
+def read_spec_text(path: str | os.PathLike[str]) -> str:
+    """The text of a spec file; a SpecError, located, if it is not a small UTF-8 text file."""
+    try:
+        return read_untrusted_text(path, what="spec", limit=MAX_SPEC_BYTES)
+    except UntrustedTextError as exc:
+        hint = exc.hint or f"pass --spec PATH or set ${SPEC_PATH_ENV}; the default is {DEFAULT_SPEC_PATH}"
+        raise SpecError([SpecProblem(str(path), exc.line, exc.column, "", exc.message, hint)]) from None
+
+
+def parse_spec(text: str, filename: str) -> LoadedSpec:
+    """Parse and validate spec text; `filename` only labels the problems."""
+    try:
+        document = load_located(text)
+    except YamlError as exc:
+        path = _render_path(exc.path)
+        problem = SpecProblem(filename, exc.mark.line, exc.mark.column, path, exc.message, exc.hint)
+        raise SpecError([problem]) from None
+    problems = _duplicate_problems(document, filename)
+    if not isinstance(document.data, dict):
+        mark = document.mark_for(())
+        message = "the spec is empty" if document.data is None else "the spec must be a mapping of keys"
+        problems.append(SpecProblem(filename, mark.line, mark.column, "", message, "start from specs/deployment.yaml"))
+        raise SpecError(problems)
+    try:
+        deployment = Deployment.model_validate(document.data)
+    except ValidationError as exc:
+        problems += [_locate(error, document, filename) for error in exc.errors()]
+        raise SpecError(sorted(problems, key=lambda problem: (problem.line, problem.column))) from None
+    problems += [_at(document, filename, loc, message, hint) for loc, message, hint in cross_check(deployment)]
+    if problems:
+        raise SpecError(sorted(problems, key=lambda problem: (problem.line, problem.column)))
+    return LoadedSpec(deployment, filename, _warnings(deployment, document, filename))
+
+
+def _duplicate_problems(document: LocatedDocument, filename: str) -> list[SpecProblem]:
+    return [
+        SpecProblem(
+            filename,
+            mark.line,
+            mark.column,
+            _render_path(path),
+            "duplicate key",
+            "YAML would silently keep only the last one; remove one of them",
+        )
+        for path, mark in document.duplicates
+    ]
+
+
+Located = tuple[tuple[str | int, ...], str, str]
+
+
+def cross_check(deployment: Deployment) -> list[Located]:
+    """Rules that span several fields; each result is (path, message, hint)."""
+    return [*_check_roles(deployment), *_check_unique_nodes(deployment), *_check_ports(deployment)]
+
+
+def _check_roles(deployment: Deployment) -> list[Located]:
+    heads = [index for index, node in enumerate(deployment.nodes) if node.role == "head"]
+    problems: list[Located] = []
+    if len(heads) != 1:
+        where = ("nodes", heads[1], "role") if len(heads) > 1 else ("nodes",)
+        problems.append(
+            (
+                where,
+                f"exactly one node must have role: head, found {len(heads)}",
+                "mark the Spark that serves the API as head",
+            )
+        )
+    for index, node in enumerate(deployment.nodes):
+        if node.role == "head" and node.model_source is not None:
+            problems.append(
+                (
+                    ("nodes", index, "model_source"),
+                    "the head always downloads from the Hub",
+                    "remove model_source from the head",
+                )
+            )
+    return problems
+
+
+def _check_unique_nodes(deployment: Deployment) -> list[Located]:
+    problems: list[Located] = []
+    seen: dict[str, int] = {}
+    fabric_ips: dict[str, int] = {}
+    locals_: list[int] = []
+    for index, node in enumerate(deployment.nodes):
+        if node.name in seen:
+            problems.append(
+                (
+                    ("nodes", index, "name"),
+                    f"node name '{node.name}' is used twice",
+                    f"rename one; nodes[{seen[node.name]}] has it",
+                )
+            )
+        seen.setdefault(node.name, index)
+        ip = node.fabric.ip
+        if ip is not None and ip in fabric_ips:
+            problems.append(
+                (
+                    ("nodes", index, "fabric", "ip"),
+                    f"fabric ip {ip} is also nodes[{fabric_ips[ip]}]'s",
+                    "each Spark needs its own fabric address",
+                )
+            )
+        if ip is not None:
+            fabric_ips.setdefault(ip, index)
+        if node.ssh is None:
+            locals_.append(index)
+    if len(locals_) > 1:
+        problems.append(
+            (
+                ("nodes", locals_[1]),
+                "more than one node has no ssh: (only the machine running the reconciler is local)",
+                "add an ssh: target to every remote node",
+            )
+        )
+    return problems
+
+
+def _check_ports(deployment: Deployment) -> list[Located]:
+    serving = deployment.serving
+    problems: list[Located] = []
+    if serving.port == serving.master_port:
+        problems.append(
+            (
+                ("serving", "master_port"),
+                f"master_port equals the API port {serving.port}",
+                "use two different ports (the defaults: 8000 and 29655)",
+            )
+        )
+    sizes = serving.cudagraph.capture_sizes
+    limit = serving.max_num_seqs * (serving.speculative.num_speculative_tokens + 1)
+    if sizes is not None and max(sizes, default=0) > limit:
+        problems.append(
+            (
+                ("serving", "cudagraph", "capture_sizes"),
+                f"capture size {max(sizes)} exceeds max_num_seqs*(num_speculative_tokens+1) = {limit}",
+                "drop the larger sizes or raise max_num_seqs",
+            )
+        )
+    return problems
+
+
+def _warnings(deployment: Deployment, document: LocatedDocument, filename: str) -> list[SpecProblem]:
+    warnings: list[SpecProblem] = _profile_warnings(deployment.serving, document, filename)
+    if not re.match(_COMMIT_RE, deployment.model.revision):
+        warnings.append(
+            _at(
+                document,
+                filename,
+                ("model", "revision"),
+                f"model revision '{deployment.model.revision}' is a branch, not a commit",
+                "pin the 40-hex commit so every node and every rerun gets the same bytes",
+            )
+        )
+    return warnings
+
+
+def _profile_warnings(serving: Serving, document: LocatedDocument, filename: str) -> list[SpecProblem]:
+    """Fields the chosen profile never renders: say so rather than ignore them silently."""
+    if serving.profile != "upstream":
+        return []
+    unused = [name for name in REFERENCE_PROFILE_ONLY_FIELDS if name in serving.model_fields_set]
+    return [
+        _at(
+            document,
+            filename,
+            ("serving", name),
+            f"serving.{name} has no effect with profile: upstream",
+            "remove it, or use profile: reference (with the default image's vLLM fork) where it is rendered",
+        )
+        for name in unused
+    ]
+
+
+def _at(document: LocatedDocument, filename: str, loc: tuple[str | int, ...], message: str, hint: str) -> SpecProblem:
+    mark = document.mark_for(loc)
+    return SpecProblem(filename, mark.line, mark.column, _render_path(loc), message, hint)
+
+
+def _render_path(loc: tuple[str | int, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _locate(error: Any, document: LocatedDocument, filename: str) -> SpecProblem:
+    loc = _document_path(error["loc"], document)
+    context = error.get("ctx") or {}
+    message = error["msg"]
+    hint = str(context.get("hint") or _generic_hint(error, loc))
+    if error["type"] in _BOUND_ERRORS:
+        message = f"{error['input']!r:.80} is out of range: {message[:1].lower()}{message[1:]}"
+    elif error["type"] == "extra_forbidden":
+        message = f"unknown key '{loc[-1]}'"
+    elif error["type"] == "missing":
+        message = f"required key '{loc[-1]}' is missing"
+    return _at(document, filename, loc, message, hint)
+
+
+_BOUND_ERRORS = {"greater_than_equal", "less_than_equal", "greater_than", "less_than"}
+
+
+def _document_path(loc: tuple[str | int, ...], document: LocatedDocument) -> tuple[str | int, ...]:
+    """Pydantic's location without the union member names it inserts ('str', 'function-after[...]');
+    a part that is a key of the document (`list:` typed by mistake) is kept, whatever it looks like."""
+    kept: tuple[str | int, ...] = ()
+    for part in loc:
+        if not _is_union_tag(part) or (*kept, part) in document.marks:
+            kept = (*kept, part)
+    return kept
+
+
+def _is_union_tag(part: object) -> bool:
+    return isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool", "list", "dict"})
+
+
+def _generic_hint(error: Any, loc: tuple[str | int, ...]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        import difflib  # only to suggest a name for a misspelt key
+
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        suggestion = f"did you mean '{close[0]}'? " if close else ""
+        return f"{suggestion}allowed keys here: {', '.join(allowed)}"
+    if kind == "missing":
+        return "add it; see schemas/deployment.schema.json for its meaning"
+    if kind in _BOUND_ERRORS:
+        return "use a value inside the allowed range"
+    if kind == "literal_error":
+        return "use one of the listed values"
+    if kind.endswith(("_type", "_parsing")):
+        return "check the value's type: quote strings, write numbers without quotes"
+    return "see schemas/deployment.schema.json for what this field accepts"
+
+
+def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
+    model: Any = Deployment
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if _is_model(model) else None
+        if field is None:
+            return []
+        model = _model_inside(field.annotation)
+    return list(model.model_fields) if _is_model(model) else []
+
+
+def _is_model(candidate: Any) -> bool:
+    return isinstance(candidate, type) and issubclass(candidate, BaseModel)
+
+
+def _model_inside(annotation: Any) -> Any:
+    """The model class inside Optional[...] or list[...], if any."""
+    if _is_model(annotation):
+        return annotation
+    if get_origin(annotation) is not None:
+        for argument in get_args(annotation):
+            found = _model_inside(argument)
+            if found is not None:
+                return found
+    return None
