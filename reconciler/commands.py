@@ -129,7 +129,7 @@ def _converge_locked(
     if request.confirm is not None and not request.confirm(before):
         return ApplyOutcome(before, ApplyResult(), before, facts, declined=True)
     result = ApplyResult()
-    changed = _apply_round(context, before, facts, result, last=request.saved is not None)
+    changed = _apply_round(context, before, facts, result, final=_SAVED_PLAN_HINT if request.saved else None)
     progress.phase("gathering facts again")
     after_facts = observe(deployment, transports, None)
     after = plan(deployment, after_facts)
@@ -142,17 +142,18 @@ def _converge_locked(
         if request.show is not None:
             request.show(after)
         if request.confirm is None or request.confirm(after):
-            _apply_round(context, after, after_facts, result, last=True)
+            _apply_round(context, after, after_facts, result, final=_STILL_DIFFERS_HINT)
             after_facts = observe(deployment, transports, None)
             after = plan(deployment, after_facts)
     return ApplyOutcome(before, result, after, after_facts, replanned=replanned)
 
 
 def _apply_round(
-    context: ApplyContext, current: Plan, facts: Facts, result: ApplyResult, *, last: bool
+    context: ApplyContext, current: Plan, facts: Facts, result: ApplyResult, *, final: str | None
 ) -> FactsChangedError | None:
-    """Apply one plan; what an executor found changed ends the round, for a new plan (unless
-    this is the `last` round: a saved plan, or the round after such a finding)."""
+    """Apply one plan. What an executor found changed ends the round and is returned, for a new
+    plan; in a `final` round (a saved plan, or the round after such a finding) it fails the
+    apply, with `final` as the hint."""
     context.facts = facts
     context.progress.phase(f"applying {len(current.actions)} actions")
     try:
@@ -160,12 +161,16 @@ def _apply_round(
     except ApplyError as exc:
         if not isinstance(exc.cause, FactsChangedError):
             raise
-        if last:
-            raise ApplyError(exc.message, _STILL_DIFFERS_HINT, cause=exc.cause) from None
+        if final is not None:
+            raise ApplyError(exc.message, final, cause=exc.cause) from None
         return exc.cause
     return None
 
 
+_SAVED_PLAN_HINT = (
+    "a saved plan runs as it was made: make a new one (`reconciler plan --out FILE`), which fetches "
+    "these files again, or run `reconciler apply`, which plans again by itself"
+)
 _STILL_DIFFERS_HINT = (
     "the new plan fetched them again and they still differ: check the node's disk and the source "
     "(the Hub, or the head's copy); run `reconciler apply` again to retry"

@@ -266,3 +266,19 @@ def test_bytes_still_wrong_after_the_new_plan_fetched_them_again_fail_the_apply(
     with pytest.raises(ApplyError, match=f"sha256 differs: {SHARD}") as failed:
         converge(deployment, commands.Converge(doing="test"))
     assert "fetched them again and they still differ" in failed.value.hint
+
+
+def test_a_saved_plan_whose_verify_finds_bytes_wrong_stops_there(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A saved plan runs as it was made: no plan of the reconciler's own follows it."""
+    fake = FindsOneCorruptShard(empty_facts(), corrupt_on_worker(deployment), times=1)
+    monkeypatch.setattr(commands, "observe", fake.observe)
+    monkeypatch.setattr(apply, "executor_for", fake.executor)
+    saved = savedplan.saved(plan(deployment, empty_facts()), deployment, empty_facts())
+    shown: list[Plan] = []
+    request = commands.Converge(doing="test", saved=(saved, tmp_path / "p.json"), show=shown.append)
+    with pytest.raises(ApplyError, match=f"sha256 differs: {SHARD}") as failed:
+        converge(deployment, request)
+    assert "a saved plan runs as it was made" in failed.value.hint
+    assert shown == [saved.plan]
