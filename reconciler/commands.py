@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler import notify, savedplan
-from reconciler.actions import Action, Smoke
+from reconciler.actions import Action, Smoke, Step
 from reconciler.apply import ApplyResult, apply_plan
 from reconciler.clock import utc_iso
 from reconciler.errors import (
@@ -38,6 +38,7 @@ from reconciler.nodeops import NodeOps
 from reconciler.nodeside.statedir import StateDir
 from reconciler.plan import Plan, plan
 from reconciler.progress import PassState
+from reconciler.record import Record
 from reconciler.serving import api_base, container_name
 from reconciler.spec import Deployment
 from reconciler.transport import Transport
@@ -129,31 +130,41 @@ def _converge_locked(
     if request.confirm is not None and not request.confirm(before):
         return ApplyOutcome(before, ApplyResult(), before, facts, declined=True)
     result = ApplyResult()
-    changed = _apply_round(context, before, facts, result, final=_SAVED_PLAN_HINT if request.saved else None)
+    failed = _apply_round(context, before, facts, result)
+    if failed is not None and request.saved is not None:
+        raise ApplyError(failed.message, _SAVED_PLAN_HINT, cause=failed.cause)
     progress.phase("gathering facts again")
     after_facts = observe(deployment, transports, None)
     after = plan(deployment, after_facts)
     replanned = None
-    if changed is not None and after.has_changes:
-        replanned = after
+    if failed is not None and after.has_changes:
         # An executor found the world other than the facts (a file whose bytes differ): a plan
-        # made from the world as it is now decides what follows, shown and asked for like the first.
-        progress.line(f"{changed.message}: planned again from the facts as they are now")
+        # made from the world as it is now decides what follows, shown and asked for like the
+        # first. A deep verify the first round did not reach is still deep in this one.
+        replanned = after = plan(deployment, after_facts, deep_verify=_deep_left(request, before, result, failed))
+        progress.line(f"{failed.cause.message}: planned again from the facts as they are now")
         if request.show is not None:
             request.show(after)
         if request.confirm is None or request.confirm(after):
-            _apply_round(context, after, after_facts, result, final=_STILL_DIFFERS_HINT)
+            again = _apply_round(context, after, after_facts, result)
+            if again is not None:
+                raise ApplyError(again.message, _hint_again(failed, again), cause=again.cause)
             after_facts = observe(deployment, transports, None)
             after = plan(deployment, after_facts)
     return ApplyOutcome(before, result, after, after_facts, replanned=replanned)
 
 
-def _apply_round(
-    context: ApplyContext, current: Plan, facts: Facts, result: ApplyResult, *, final: str | None
-) -> FactsChangedError | None:
-    """Apply one plan. What an executor found changed ends the round and is returned, for a new
-    plan; in a `final` round (a saved plan, or the round after such a finding) it fails the
-    apply, with `final` as the hint."""
+class _Finding(Record):
+    """How an executor ended an apply round on finding the world other than the facts: the
+    failed action's line and what it found."""
+
+    message: str
+    cause: FactsChangedError
+
+
+def _apply_round(context: ApplyContext, current: Plan, facts: Facts, result: ApplyResult) -> _Finding | None:
+    """Apply one plan; an executor's finding that the world differs from the facts ends the
+    round and is returned, for a new plan (any other failure is raised)."""
     context.facts = facts
     context.progress.phase(f"applying {len(current.actions)} actions")
     try:
@@ -161,19 +172,33 @@ def _apply_round(
     except ApplyError as exc:
         if not isinstance(exc.cause, FactsChangedError):
             raise
-        if final is not None:
-            raise ApplyError(exc.message, final, cause=exc.cause) from None
-        return exc.cause
+        return _Finding(exc.message, exc.cause)
     return None
+
+
+def _deep_left(request: Converge, before: Plan, result: ApplyResult, failed: _Finding) -> frozenset[str]:
+    """The nodes a requested deep verify has not read yet: their verify had not run when the
+    round ended (the node that reported was read whole)."""
+    if not request.deep_verify:
+        return frozenset()
+    verified = {action.node for action, _, _ in result.done if action.step is Step.VERIFY}
+    planned = {action.node for action in before.actions if action.step is Step.VERIFY}
+    return frozenset(planned - verified - {failed.cause.node})
+
+
+def _hint_again(first: _Finding, again: _Finding) -> str:
+    """Bytes still wrong after the new plan fetched them again, or something found only now."""
+    if again.cause.node == first.cause.node and set(again.cause.files) & set(first.cause.files):
+        return (
+            "the new plan fetched them again and they still differ: check the node's disk and the source "
+            "(the Hub, or the head's copy); run `reconciler apply` again to retry"
+        )
+    return "found only now, by the new plan: run `reconciler apply` again, which plans for it"
 
 
 _SAVED_PLAN_HINT = (
     "a saved plan runs as it was made: make a new one (`reconciler plan --out FILE`), which fetches "
     "these files again, or run `reconciler apply`, which plans again by itself"
-)
-_STILL_DIFFERS_HINT = (
-    "the new plan fetched them again and they still differ: check the node's disk and the source "
-    "(the Hub, or the head's copy); run `reconciler apply` again to retry"
 )
 
 

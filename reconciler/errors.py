@@ -152,10 +152,12 @@ class StalePlanError(ReconcilerError):
 
 class FactsChangedError(ReconcilerError):
     """An executor found the world other than the facts its plan was made from (a file whose
-    bytes differ from their sha256); it did nothing more, and the next plan decides."""
+    bytes differ from their sha256, a config changed since it was read): it did nothing more,
+    and the next plan decides. `node` and `files` say where."""
 
-    def __init__(self, message: str, hint: str, *, files: list[str]) -> None:
+    def __init__(self, message: str, hint: str, *, node: str, files: list[str]) -> None:
         super().__init__(message, hint)
+        self.node = node
         self.files = files
 
 

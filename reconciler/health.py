@@ -22,7 +22,7 @@ from reconciler.redact import checked_secret
 from reconciler.serving import api_base
 from reconciler.spec import Deployment
 from reconciler.transport.base import find_container
-from reconciler.verify.apiclient import ApiTarget, client
+from reconciler.verify.apiclient import CONNECT_TIMEOUT_S, ApiTarget, client
 
 LOG_TAIL = 40
 
@@ -59,6 +59,8 @@ def liveness_problem(deployment: Deployment, key: str) -> str | None:
             if models.status_code != 200:
                 return f"GET /v1/models answered {models.status_code}"
             answer = http.post("/v1/completions", json=body)
+    except httpx.ConnectTimeout:
+        return f"no connection to the API within {min(timeout, CONNECT_TIMEOUT_S):g} s"
     except httpx.TimeoutException:
         return f"no completion within {timeout} s (engine hung?)"
     except httpx.HTTPError as exc:

@@ -11,7 +11,7 @@ from typing import Any
 
 from reconciler.actions import Action, Blocker, Component, Copy, Download, InSync, Outcome, Step, behind
 from reconciler.components.apikey import plan_apikey
-from reconciler.components.checkpoint import placements, plan_checkpoint
+from reconciler.components.checkpoint import DeepVerify, placements, plan_checkpoint
 from reconciler.components.image import plan_image
 from reconciler.components.memguard import plan_memguard
 from reconciler.components.pi import plan_pi
@@ -100,7 +100,9 @@ class Plan(MutableRecord):
         return total
 
 
-def plan(deployment: Deployment, facts: Facts, *, deep_verify: bool = False, update_revision: bool = False) -> Plan:
+def plan(
+    deployment: Deployment, facts: Facts, *, deep_verify: DeepVerify = False, update_revision: bool = False
+) -> Plan:
     """Compose every component's conclusion into one ordered plan.
 
     Ranks never start while anything else is blocked (a checkpoint that cannot fit, a node

@@ -30,7 +30,8 @@ from reconciler.fsutil import atomic_write, read_bounded
 from reconciler.plan import Plan
 from reconciler.spec import Deployment
 
-FORMAT = 1
+# Format 2: each step has a payload kind of its own (stop-rank, halt-rank, start-guard, ...).
+FORMAT = 2
 MAX_SAVED_BYTES = 64 * 1024 * 1024
 # Observations that move on their own and decide no action.
 _VOLATILE_NODE_FIELDS = {"memory"}

@@ -67,7 +67,13 @@ from reconciler.spec import Deployment, Node
 COMPONENT = Component.CHECKPOINT
 
 
-def plan_checkpoint(deployment: Deployment, facts: Facts, commit: str | None, deep_verify: bool = False) -> Staging:
+# Deep verify everywhere (True), nowhere (False), or on these nodes only.
+DeepVerify = bool | frozenset[str]
+
+
+def plan_checkpoint(
+    deployment: Deployment, facts: Facts, commit: str | None, deep_verify: DeepVerify = False
+) -> Staging:
     """Bring every reachable node to revision `commit`: the actions before the rank group may
     restart onto it, and those for after it is ready (link model_dir, prune old revisions)."""
     head = deployment.head
@@ -257,11 +263,12 @@ def _plan_node(
     expect: Expectation,
     listings: dict[str, HubFacts],
     commit: str,
-    deep_verify: bool,
+    deep_verify: DeepVerify,
     source: _PeerSource | None,
 ) -> Staging:
     """The actions that make `commit` complete on one node, in its own revision directory."""
     node = view.node
+    deep = deep_verify if isinstance(deep_verify, bool) else node.name in deep_verify
     target = revision_dir(view.model_dir, commit)
     tree = view.observed.revisions.get(commit)
     files = tree.files if tree is not None else {}
@@ -326,7 +333,7 @@ def _plan_node(
         actions.append(_action(payload_assemble, "create", node, summary, cause, actions))
     restart = _restart_cause(state.corrupt) if serving_here and state.corrupt else None
     fetched_state = replace(state, missing=fetch_state.missing, corrupt=fetch_state.corrupt)
-    actions += _verify_and_prune(deployment, view, target, fetched_state, expect, actions, source, deep_verify)
+    actions += _verify_and_prune(deployment, view, target, fetched_state, expect, actions, source, deep)
     staging = Staging(actions=actions, restart=[restart] if restart else [])
     staging.extend(_with_plan_staging(deployment, view, commit, tree, actions))
     if not staging.actions:

@@ -260,6 +260,7 @@ def _verify(ctx: ApplyContext, action: Action, verify: Verify) -> str:
         raise FactsChangedError(
             f"{node}: sha256 differs from the manifest's and the Hub's: {shorten(wrong)}",
             "the next plan fetches exactly these files again: `reconciler apply` (it plans again by itself)",
+            node=node,
             files=wrong,
         )
     return f"{len(expected)} files match their sha256"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler.actions import Action, Component, ConfigurePi, InSync, Outcome, PiTarget, Verb, action, runs
-from reconciler.errors import PiConfigError
+from reconciler.errors import FactsChangedError
 from reconciler.facts.node import Facts
 from reconciler.facts.pi import PiFacts, pi_facts_from_files
 from reconciler.pi import config as picfg
@@ -119,14 +119,16 @@ def _configure(ctx: ApplyContext, action: Action, configure: ConfigurePi) -> str
     """Write the planned target, backups first, into files that still say what the plan was
     decided on; a config changed since (by hand, by `pi install`) is reported and left alone,
     and the next plan decides again."""
-    del ctx, action
+    del ctx
     target, directory = configure.target, Path(configure.directory)
     files = picfg.read_files(directory, target.provider)
     now = pi_facts_from_files(files, target.provider)
     if now.error is not None or now.digest() != configure.seen:
-        raise PiConfigError(
+        raise FactsChangedError(
             f"Pi's config in {directory} changed since the plan was made: nothing was written",
-            "plan again (`reconciler plan`, or the loop's next pass) to see what it needs now",
+            "the next plan decides what it needs now: `reconciler apply` (it plans again by itself)",
+            node=action.node,
+            files=sorted(files.texts),
         )
     changes = picfg.install_changes(files, target)
     picfg.write_changes(directory, changes, target.provider)

@@ -118,7 +118,7 @@ def download_files(
     """Fetch each file (a complete one is only checked), `on_file` as each is done.
 
     `model.download_streams` requests at once, in `fetch_order`: a big file in byte ranges with
-    every stream on it (reconciler/hubranges.py), so files finish one after another; any other
+    every stream on it (reconciler/hub/ranges.py), so files finish one after another; any other
     by the client's own per-file download, as `snapshot_download` runs it (its resume, its
     download metadata).
     """

@@ -71,6 +71,11 @@ class StateDir:
     def copy_daemon(self) -> str:
         return self._at("copy-daemon")
 
+    # The API key, on the head (the default of api.key_file): random, mode 0600, never printed.
+    @property
+    def api_key(self) -> str:
+        return self._at("api_key")
+
     # A group restart begun and not yet ready: a reconciler that dies mid-restart resumes it.
     @property
     def restart_intent(self) -> str:

@@ -19,6 +19,7 @@ from pydantic import (
     field_validator,
 )
 
+from reconciler.nodeside.statedir import StateDir
 from reconciler.spec.values import (
     _DIGEST_RE,
     _IMAGE_RE,
@@ -536,7 +537,7 @@ class Deployment(StrictModel):
         return next(node for node in self.nodes if node.name == name)
 
     def key_file(self) -> str:
-        return self.api.key_file or f"{self.state_dir.rstrip('/')}/api_key"
+        return self.api.key_file or StateDir(self.state_dir).api_key
 
     def source_of(self, node: Node) -> Literal["head", "peer", "hub"]:
         if node.role == "head":

@@ -10,6 +10,7 @@ import pytest
 
 from reconciler import apply
 from reconciler.actions import Action, GuardConfig, Pull, StartGuard, Step, StepPayload, action
+from reconciler.components import apikey, checkpoint_run, image, memguard, pi, ranks
 from reconciler.errors import (
     ApplyError,
     JsoncError,
@@ -38,6 +39,9 @@ def test_each_step_has_one_payload_type_and_each_payload_type_one_executor() -> 
     payload_types = get_args(StepPayload)
     assert sorted(kind.STEP for kind in payload_types) == sorted(Step)
     assert set(apply.EXECUTORS) == set(payload_types)
+    bound = [*checkpoint_run.EXECUTORS, *image.EXECUTORS, *apikey.EXECUTORS, *memguard.EXECUTORS]
+    bound += [*ranks.EXECUTORS, *pi.EXECUTORS]
+    assert len(bound) == len(apply.EXECUTORS), "a payload type bound twice"
 
 
 def test_neighbouring_pulls_on_distinct_nodes_form_one_batch_and_nothing_else_does() -> None:

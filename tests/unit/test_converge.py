@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reconciler import apply, commands, savedplan
-from reconciler.actions import Action, Copy, Step
+from reconciler.actions import Action, Copy, Step, Verify
 from reconciler.errors import ApplyError, FactsChangedError, LockBusyError, ReconcilerError, StalePlanError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.node import Facts, load_facts
@@ -205,30 +205,38 @@ def test_stop_never_acts_while_an_apply_does(deployment: Deployment, monkeypatch
 SHARD = "model-00002-of-00006.safetensors"
 
 
-class FindsOneCorruptShard(Nodes):
-    """The worker's verify finds SHARD's bytes wrong `times` times; everything else succeeds."""
+class FindsCorruptShards(Nodes):
+    """Each verify named in `findings` (node, file), in turn, finds that file's bytes wrong once;
+    everything else succeeds."""
 
-    def __init__(self, *facts: Facts, times: int) -> None:
+    def __init__(self, *facts: Facts, findings: list[tuple[str, str]]) -> None:
         super().__init__(*facts)
-        self.times = times
+        self.findings = findings
 
     def executor(self, action: Action) -> object:
         recorded = super().executor(action)
 
         def run(ctx: ApplyContext, current: Action) -> str:
-            if current.id == "checkpoint.verify@spark-worker" and self.times > 0:
-                self.times -= 1
-                raise FactsChangedError(f"spark-worker: sha256 differs: {SHARD}", "plan again", files=[SHARD])
+            if self.findings and current.id == f"checkpoint.verify@{self.findings[0][0]}":
+                node, name = self.findings.pop(0)
+                raise FactsChangedError(f"{node}: sha256 differs: {name}", "plan again", node=node, files=[name])
             return recorded(ctx, current)  # type: ignore[operator, no-any-return]
 
         return run
 
 
-def corrupt_on_worker(deployment: Deployment) -> Facts:
-    """The converged deployment with SHARD's hash on the worker found other than the Hub's."""
+class FindsOneCorruptShard(FindsCorruptShards):
+    """The worker's verify finds SHARD's bytes wrong `times` times."""
+
+    def __init__(self, *facts: Facts, times: int) -> None:
+        super().__init__(*facts, findings=[("spark-worker", SHARD)] * times)
+
+
+def corrupt_on_worker(deployment: Deployment, node: str = "spark-worker") -> Facts:
+    """The converged deployment with SHARD's hash on the node found other than the Hub's."""
     converged = converged_facts(deployment)
-    tree = converged.nodes["spark-worker"].checkpoint.revisions[COMMIT].files[SHARD]
-    return with_tree_files(converged, "spark-worker", {SHARD: tree.model_copy(update={"sha256": "0" * 64})})
+    tree = converged.nodes[node].checkpoint.revisions[COMMIT].files[SHARD]
+    return with_tree_files(converged, node, {SHARD: tree.model_copy(update={"sha256": "0" * 64})})
 
 
 def test_a_verify_that_finds_bytes_wrong_ends_the_round_and_a_new_plan_repairs_them(
@@ -282,3 +290,33 @@ def test_a_saved_plan_whose_verify_finds_bytes_wrong_stops_there(
         converge(deployment, request)
     assert "a saved plan runs as it was made" in failed.value.hint
     assert shown == [saved.plan]
+
+
+def test_a_deep_verify_the_first_round_did_not_reach_is_deep_in_the_new_plan(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head's verify reports first, so the worker's was never read: the new plan reads it whole."""
+    fake = FindsCorruptShards(
+        empty_facts(),
+        corrupt_on_worker(deployment, "spark-head"),
+        converged_facts(deployment),
+        findings=[("spark-head", SHARD)],
+    )
+    monkeypatch.setattr(commands, "observe", fake.observe)
+    monkeypatch.setattr(apply, "executor_for", fake.executor)
+    shown: list[Plan] = []
+    converge(deployment, commands.Converge(doing="test", deep_verify=True, show=shown.append))
+    deep = {action.node: action.payload.deep for action in shown[1].actions if isinstance(action.payload, Verify)}
+    assert deep == {"spark-head": False, "spark-worker": True}
+
+
+def test_bytes_found_wrong_only_by_the_new_plan_say_so(deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
+    other = "model-00001-of-00006.safetensors"
+    fake = FindsCorruptShards(
+        empty_facts(), corrupt_on_worker(deployment), findings=[("spark-worker", SHARD), ("spark-worker", other)]
+    )
+    monkeypatch.setattr(commands, "observe", fake.observe)
+    monkeypatch.setattr(apply, "executor_for", fake.executor)
+    with pytest.raises(ApplyError, match=f"spark-worker: sha256 differs: {other}") as failed:
+        converge(deployment, commands.Converge(doing="test"))
+    assert "found only now" in failed.value.hint

@@ -11,7 +11,7 @@ import pytest
 from reconciler.apply import executor_for
 from reconciler.cli import main
 from reconciler.components.pi import desired_target, differences, plan_pi
-from reconciler.errors import PiConfigError, PiInstallError
+from reconciler.errors import FactsChangedError, PiInstallError
 from reconciler.execution import ApplyContext
 from reconciler.facts.node import Facts
 from reconciler.facts.pi import REDACTED, gather_pi, locate_pi, pi_facts_from_files
@@ -141,7 +141,7 @@ def test_a_config_changed_since_the_plan_is_left_alone_and_the_next_plan_decides
     (action,) = plan_pi(deployment, facts).actions
     agent.mkdir()
     (agent / "settings.json").write_text('{"enabledModels": ["other/model"]}\n')
-    with pytest.raises(PiConfigError, match="changed since the plan was made: nothing was written"):
+    with pytest.raises(FactsChangedError, match="changed since the plan was made: nothing was written"):
         executor_for(action)(ApplyContext(deployment, facts, {}), action)
     assert sorted(path.name for path in agent.iterdir()) == ["settings.json"]
     (cause,), _ = pi_plan(deployment)
@@ -223,12 +223,16 @@ def test_install_and_uninstall_hold_the_deployments_lock(
 ) -> None:
     """A converge configuring Pi holds the lock: install and uninstall never write beside it."""
     deployment = reference_deployment()
+    if pi_action == "uninstall":
+        assert run(capsys, "pi", "install", "--spec", str(SPEC_PATH))[0] == 0
+    before = {path.name: path.read_bytes() for path in agent.rglob("*") if path.is_file()} if agent.exists() else {}
     with deployment_lock(deployment, "a loop pass"):
         code, _, err = run(capsys, "pi", pi_action, "--wait", "0", "--spec", str(SPEC_PATH))
     assert code == 1
     assert "the deployment is busy: pid" in err
     assert "a loop pass" in err
-    assert not agent.exists(), "nothing was written"
+    after = {path.name: path.read_bytes() for path in agent.rglob("*") if path.is_file()} if agent.exists() else {}
+    assert after == before, "nothing was written"
 
 
 def test_install_json_and_options(agent: Path, capsys: pytest.CaptureFixture[str]) -> None:
