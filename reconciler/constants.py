@@ -19,7 +19,7 @@ def default_spec_path() -> str:
 UNIT_NAME = "spark-reconciler.service"
 UNIT_DIR = "/etc/systemd/system"
 
-# The bench's decode prompts, by kind (the prompts themselves live in verify/benchmark.py):
+# The bench's decode prompts, by kind (the prompts themselves live in verify/benchmark/prompts.py):
 # prose and code by default, and `random`, the workload of `vllm bench serve` (random
 # token ids of --input-len, exactly --max-tokens out), to set our figures next to its own.
 DECODE_KINDS = ("prose", "code")

@@ -4,7 +4,7 @@ Steps run in order — an unrecorded warm-up, prefill per prompt length, decode 
 and kind, the recall check per context length — and the JSON report is rewritten (atomically)
 after every step, so an interrupted or failed run keeps every step it finished (a decode step
 with all its repetitions: its streams are parsed when it ends). The
-arithmetic lives in reconciler/verify/benchmark.py; this module only sends requests and times them.
+arithmetic lives in reconciler/verify/benchmark/; this module only sends requests and times them.
 
 How streams are read decides what the numbers mean. The streams of a step are read as
 `vllm bench serve` reads them: one event loop, one connection per stream (opened before the
@@ -14,7 +14,7 @@ client's own CPU time (on a machine it may share with the engine) cannot hold a 
 let chunks pile up in the socket. A reader that still falls behind (its process descheduled,
 or a server that holds small writes back for the client's delayed ACK) sees a whole answer at
 once, and so does one whose server writes several chunks together: no timing can tell the two
-apart afterwards, so benchmark.py flags such streams and counts them, as `vllm bench serve`
+apart afterwards, so the bench's records flag such streams and counts them, as `vllm bench serve`
 does (what the server sends in bursts reaches its users in bursts).
 """
 

@@ -112,7 +112,7 @@ def decode_points(report: Report, metric: str) -> dict[tuple[int, str], Point]:
     points = {}
     for s in report["summary"]["decode"]:
         if s[metric] is not None:
-            # Every stream, flagged ones too, as in the median (see benchmark._decode_summary).
+            # Every stream, flagged ones too, as in the median (see benchmark/report.py, _decode_summary).
             reps = [rep for rep in report["decode"] if (rep["conc"], rep["kind"]) == (s["conc"], s["kind"])]
             if metric == "aggregate_tok_s":
                 values = [rep["aggregate_tok_s"] for rep in reps]
