@@ -256,22 +256,26 @@ class Pull(Payload):
     ref: str
 
 
-class CreateKey(Payload):
+class KeyFile(Payload):
+    """The head's API key file and the mode it must have."""
+
+    kind: str
+    path: str
+    mode: int
+
+
+class CreateKey(KeyFile):
     """Write a new random key at `path` with `mode`, unless a key has appeared there since."""
 
     STEP = Step.CREATE_KEY
     kind: Literal["create-key"] = "create-key"
-    path: str
-    mode: int
 
 
-class ChmodKey(Payload):
+class ChmodKey(KeyFile):
     """Set `mode` on the key file; the key itself is kept."""
 
     STEP = Step.CHMOD_KEY
     kind: Literal["chmod-key"] = "chmod-key"
-    path: str
-    mode: int
 
 
 class GuardConfig(KeywordRecord):
@@ -281,20 +285,24 @@ class GuardConfig(KeywordRecord):
     config_hash: str
 
 
-class StartGuard(Payload):
-    STEP = Step.START_GUARD
-    kind: Literal["start-guard"] = "start-guard"
+class GuardStart(Payload):
+    """The memory guard with these settings, in the node's state dir."""
+
+    kind: str
     state_dir: str
     config: GuardConfig
 
 
-class RestartGuard(Payload):
+class StartGuard(GuardStart):
+    STEP = Step.START_GUARD
+    kind: Literal["start-guard"] = "start-guard"
+
+
+class RestartGuard(GuardStart):
     """Stop the running guard and start it with these settings (or this program)."""
 
     STEP = Step.RESTART_GUARD
     kind: Literal["restart-guard"] = "restart-guard"
-    state_dir: str
-    config: GuardConfig
 
 
 class StopGuard(Payload):

@@ -16,6 +16,7 @@ from reconciler.actions import (
     Action,
     Component,
     GuardConfig,
+    GuardStart,
     InSync,
     Outcome,
     RestartGuard,
@@ -109,7 +110,7 @@ def guard_config(deployment: Deployment) -> GuardConfig:
     )
 
 
-def _start(ctx: ApplyContext, action: Action, guard: StartGuard | RestartGuard) -> str:
+def _start(ctx: ApplyContext, action: Action, guard: GuardStart) -> str:
     """Start the guard with the planned settings; the node side stops a running one first."""
     program = nodeside.source("memguard")
     args = GuardStartArgs(state_dir=guard.state_dir, program=program, config=payload_data(guard.config))
