@@ -95,8 +95,8 @@ def timed(action: Callable[[], object]) -> float:
 def measure(spec_path: str, source: str, destination: str, rounds: int) -> dict[str, Any]:
     """On the head: each variant copies `source` into a fresh `destination` on the worker."""
     from reconciler.actions import Copy, action
-    from reconciler.components.checkpoint import _fabric_pair
     from reconciler.components.checkpoint_run import _copy
+    from reconciler.components.routing import fabric_pair
     from reconciler.components.rsync import CIPHER_OPTION, rsync_argv, stream_count
     from reconciler.execution import ApplyContext, Progress
     from reconciler.facts.gather import gather
@@ -140,7 +140,7 @@ def measure(spec_path: str, source: str, destination: str, rounds: int) -> dict[
         started = time.perf_counter()
         facts = gather(deployment, transports)
         setup = time.perf_counter() - started
-        fabric = _fabric_pair(facts, deployment.head, worker)
+        fabric = fabric_pair(facts, deployment.head, worker)
         assert fabric is not None, "the testbed's fabric addresses are detected"
         ctx = ApplyContext(deployment, facts, transports, Progress(io.StringIO()))
         payload = Copy(

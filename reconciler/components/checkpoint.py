@@ -29,13 +29,11 @@ from reconciler.actions import (
     Outcome,
     Pin,
     Prune,
-    PruneRevisions,
     Reassemble,
     Shard,
     StagePlan,
     Step,
     StepPayload,
-    Switch,
     Verb,
     Verify,
     action,
@@ -55,12 +53,13 @@ from reconciler.components.assessment import (
     staged_plan_current,
     view_of,
 )
-from reconciler.components.fabric import resolve_fabric
+from reconciler.components.revisionswitch import switch_and_prune
+from reconciler.components.routing import PeerSource, copy_route, peer_source, pipelined_cause
 from reconciler.facts.files import FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
 from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record, field, replace
-from reconciler.revisions import is_commit, pinned, pre_revisions_dir, revision_dir, short
+from reconciler.revisions import is_commit, pinned, revision_dir, short
 from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import Deployment, Node
 
@@ -98,7 +97,7 @@ def plan_checkpoint(
         if deployment.source_of(node) == "hub":
             staging.extend(_plan_node(deployment, view, expect, listings, commit, deep_verify, source=None))
             continue
-        source = _peer_source(deployment, facts, head_view, head_done, relay, node)
+        source = peer_source(deployment, facts, head_view, head_done, relay, node)
         outcome = _plan_node(deployment, view, expect, listings, commit, deep_verify, source=source)
         staging.extend(outcome)
         if not outcome.blockers:
@@ -108,7 +107,7 @@ def plan_checkpoint(
     for _, node in deployment.ranked_nodes:
         view = view_of(deployment, facts, node)
         if view is not None:
-            staging.after_ready += _switch_and_prune(deployment, view, commit)
+            staging.after_ready += switch_and_prune(deployment, view, commit)
     return staging
 
 
@@ -201,60 +200,8 @@ def _pin(deployment: Deployment, head: NodeView, commit: str) -> list[Action]:
     before = record.resolved.commit if record is not None and record.resolved is not None else None
     summary = f"pin revision {model.revision} to {short(commit)} (a branch moves only when the spec or the user says)"
     cause = f"{model.revision} was pinned to {short(before)}" if before else f"{model.revision} is not pinned yet"
-    payload = Pin(record=_record_path(head), repo=model.repo, revision=model.revision, commit=commit)
+    payload = Pin(record=head.layout.checkpoint_record, repo=model.repo, revision=model.revision, commit=commit)
     return [action(payload, head.node.name, "update" if before else "create", summary, cause)]
-
-
-def _record_path(view: NodeView) -> str:
-    return view.layout.checkpoint_record
-
-
-class _PeerSource(Record):
-    """Where a peer-sourced worker's files come from: `origin` (the head, or a worker that holds
-    the verified revision once `after` is done) over `fabric` (origin's address, the worker's),
-    and `why` when that is not the head. Files a verify finds damaged always come again from
-    the head, over SSH."""
-
-    origin: NodeView
-    after: str
-    fabric: tuple[str, str] | None
-    head: NodeView
-    why: str = ""
-    # "ssh" when the spec chose it; "fabric" also when the fabric is not settled (then SSH too).
-    transport: str = "fabric"
-
-
-def _peer_source(
-    deployment: Deployment,
-    facts: Facts,
-    head: NodeView,
-    head_done: str,
-    relay: tuple[NodeView, str] | None,
-    node: Node,
-) -> _PeerSource:
-    """A chain: each worker copies from the one before it once that one's copy is verified, so
-    every node uploads the checkpoint at most once and the head's upload does not grow with the
-    workers. The head serves the first worker, and any worker the fabric cannot reach from the
-    one before it (a copy from a worker goes only to a daemon on the fabric). With
-    `copy_transport: ssh` the head serves every worker over SSH: workers hold no SSH keys to
-    each other."""
-    if deployment.model.copy_transport == "ssh":
-        return _PeerSource(head, head_done, None, head, transport="ssh")
-    if relay is not None:
-        previous, verified = relay
-        fabric = _fabric_pair(facts, previous.node, node)
-        if fabric is not None:
-            why = f"{previous.node.name} holds the verified revision by then: the workers copy in a chain"
-            return _PeerSource(previous, verified, fabric, head, why)
-    return _PeerSource(head, head_done, _fabric_pair(facts, head.node, node), head)
-
-
-def _fabric_pair(facts: Facts, source: Node, destination: Node) -> tuple[str, str] | None:
-    """The fabric addresses a copy connects between, when both are settled."""
-    source_end, destination_end = (resolve_fabric(node, facts) for node in (source, destination))
-    if isinstance(source_end, Blocker) or isinstance(destination_end, Blocker):
-        return None
-    return source_end.ip, destination_end.ip
 
 
 def _plan_node(
@@ -264,7 +211,7 @@ def _plan_node(
     listings: dict[str, HubFacts],
     commit: str,
     deep_verify: DeepVerify,
-    source: _PeerSource | None,
+    source: PeerSource | None,
 ) -> Staging:
     """The actions that make `commit` complete on one node, in its own revision directory."""
     node = view.node
@@ -441,7 +388,7 @@ def _fetch_action(
     state: CheckpointState,
     fetch: list[str],
     why: str,
-    source: _PeerSource | None,
+    source: PeerSource | None,
     after: str,
     earlier: list[Action],
 ) -> Action:
@@ -453,11 +400,11 @@ def _fetch_action(
     if source is not None:
         where = _shown(node, listing.commit)
         origin = source.origin
-        summary = f"copy {len(fetch)} files ({size}) from {origin.node.name} into {where} {_copy_route(source)}"
+        summary = f"copy {len(fetch)} files ({size}) from {origin.node.name} into {where} {copy_route(source)}"
         pipelined = bool(after)
         if pipelined:
             summary += f", each file as soon as it is complete and verified on {origin.node.name}"
-            cause = "; ".join(part for part in (cause, _pipelined_cause(origin)) if part)
+            cause = "; ".join(part for part in (cause, pipelined_cause(origin)) if part)
         payload_copy = Copy(
             source_node=origin.node.name,
             source_dir=revision_dir(origin.model_dir, listing.commit),
@@ -484,23 +431,6 @@ def _fetch_action(
         cache=view.layout.hash_cache,
     )
     return _action(payload, "create", node, summary, cause, earlier)
-
-
-def _pipelined_cause(origin: NodeView) -> str:
-    name = origin.node.name
-    return (
-        f"pipelined: starts while {name} still gets the files and sends each one once it is complete and its "
-        f"sha256 matches on {name} (a shard once reassembled, never its parts)"
-    )
-
-
-def _copy_route(source: _PeerSource) -> str:
-    if source.transport == "ssh":
-        return "over SSH, as model.copy_transport says (parallel rsync streams, encrypted, resumable)"
-    if source.fabric is None:
-        return "over SSH, fabric addresses not settled (parallel rsync streams, resumable)"
-    origin_ip, worker_ip = source.fabric
-    return f"over the fabric {origin_ip} -> {worker_ip} (parallel rsync streams to a daemon for this copy, resumable)"
 
 
 def repo_files(names: list[str], listing: HubFacts) -> list[HubFile]:
@@ -540,7 +470,7 @@ def _verify_and_prune(
     state: CheckpointState,
     expect: Expectation,
     earlier: list[Action],
-    source: _PeerSource | None,
+    source: PeerSource | None,
     deep_verify: bool,
 ) -> list[Action]:
     node = view.node
@@ -603,59 +533,6 @@ def _rewritten(plan_text: str | None) -> str | None:
         return rewrite_exl3_plan(plan_text)
     except (ValueError, KeyError, AttributeError, TypeError):
         return None
-
-
-def _switch_and_prune(deployment: Deployment, view: NodeView, commit: str) -> list[Action]:
-    """After the group serves `commit`: model_dir links to it, the record says so, and revisions
-    beyond keep_revisions go (only then: nothing the group serves is ever moved or removed)."""
-    actions: list[Action] = []
-    observed = view.observed
-    history = [commit, *[c for c in (observed.record.history if observed.record else []) if c != commit]]
-    serving, _ = view.serving()
-    if serving is not None and serving not in history:
-        history.insert(1, serving)
-    legacy_to = None
-    if observed.legacy is not None:
-        legacy_commit = observed.legacy_commit
-        keep_as_revision = (
-            legacy_commit is not None and legacy_commit != commit and legacy_commit not in observed.revisions
-        )
-        legacy_to = (
-            revision_dir(view.model_dir, legacy_commit)
-            if keep_as_revision and legacy_commit
-            else pre_revisions_dir(view.model_dir)
-        )
-    if observed.link != commit:
-        moved = f"; the directory that was there moves to {legacy_to}" if legacy_to else ""
-        summary = f"point {view.node.model_dir} at {short(commit)}{moved}"
-        cause = "the group serves the new revision"
-        payload = Switch(
-            model_dir=view.model_dir,
-            target=revision_dir(view.model_dir, commit),
-            legacy_to=legacy_to,
-            record=_record_path(view),
-            repo=deployment.model.repo,
-            history=history,
-        )
-        actions.append(action(payload, view.node.name, "update", summary, cause))
-    kept = history[1 : 1 + deployment.model.keep_revisions]
-    known = set(observed.revisions)
-    if legacy_to is not None and observed.legacy_commit is not None and legacy_to.endswith(observed.legacy_commit):
-        known.add(observed.legacy_commit)
-    doomed = sorted(c for c in known if c != commit and c not in kept)
-    leftovers = [pre_revisions_dir(view.model_dir)] if legacy_to == pre_revisions_dir(view.model_dir) else []
-    if doomed or leftovers:
-        names = ", ".join(short(c) for c in doomed) + (", " if doomed and leftovers else "") + ", ".join(leftovers)
-        summary = f"remove revisions {names} (model.keep_revisions: {deployment.model.keep_revisions})"
-        cause = f"the group serves {short(commit)}; kept: {', '.join(short(c) for c in kept) or 'none'}"
-        payload_prune = PruneRevisions(
-            model_dir=view.model_dir,
-            remove=[revision_dir(view.model_dir, c) for c in doomed],
-            shared_only=leftovers,
-        )
-        depends = (actions[-1].id,) if actions else ()
-        actions.append(action(payload_prune, view.node.name, "remove", summary, cause, depends))
-    return actions
 
 
 def _action(
