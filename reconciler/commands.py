@@ -135,13 +135,14 @@ def _converge_locked(
         raise ApplyError(failed.message, _SAVED_PLAN_HINT, cause=failed.cause)
     progress.phase("gathering facts again")
     after_facts = observe(deployment, transports, None)
-    after = plan(deployment, after_facts)
+    # After a finding, a deep verify the first round did not reach is still deep in the next plan.
+    deep = _deep_left(request, before, result, failed) if failed is not None else False
+    after = plan(deployment, after_facts, deep_verify=deep)
     replanned = None
     if failed is not None and after.has_changes:
         # An executor found the world other than the facts (a file whose bytes differ): a plan
-        # made from the world as it is now decides what follows, shown and asked for like the
-        # first. A deep verify the first round did not reach is still deep in this one.
-        replanned = after = plan(deployment, after_facts, deep_verify=_deep_left(request, before, result, failed))
+        # made from the world as it is now decides what follows, shown and asked for like the first.
+        replanned = after
         progress.line(f"{failed.cause.message}: planned again from the facts as they are now")
         if request.show is not None:
             request.show(after)
