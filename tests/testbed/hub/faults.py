@@ -173,6 +173,22 @@ class LogEntry:
     file: str | None = None
     commit: str | None = None  # the served commit the request's revision resolved to (None: no revision)
     note: str | None = None
+    # Held while body bytes are written and counted: a client can hold the last byte before the
+    # writer has counted it, so a log read waits for the count of a write already under way.
+    sending: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    def settled(self) -> dict[str, Any]:
+        """The entry's fields once no body write is half counted (waiting a bounded time for a stalled client)."""
+        acquired = self.sending.acquire(timeout=SETTLE_WAIT_S)
+        try:
+            return {name: getattr(self, name) for name in _LOGGED_FIELDS}
+        finally:
+            if acquired:
+                self.sending.release()
+
+
+SETTLE_WAIT_S = 5.0
+_LOGGED_FIELDS = [name for name in LogEntry.__dataclass_fields__ if name != "sending"]
 
 
 class RequestLog:
@@ -199,7 +215,8 @@ class RequestLog:
 
     def entries(self, since: int = 0) -> list[dict[str, Any]]:
         with self._lock:
-            return [asdict(e) for e in self._entries if e.seq > since]
+            chosen = [e for e in self._entries if e.seq > since]
+        return [entry.settled() for entry in chosen]
 
     def clear(self) -> None:
         with self._lock:

@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from .faults import Faults, LogEntry, RequestLog
@@ -505,16 +505,22 @@ class _Handler(BaseHTTPRequestHandler):
         began, sent = time.monotonic(), 0
         with local.open("rb") as stream:
             while sent < limit:
-                count = self.connection.sendfile(stream, start + sent, min(step, limit - sent))
+                count = self._counted_send(stream, start + sent, min(step, limit - sent), sent)
                 if count == 0:
                     break
                 sent += count
-                if self._entry is not None:
-                    self._entry.bytes_sent = sent
                 if rate is not None:
                     time.sleep(max(0.0, sent / rate - (time.monotonic() - began)))
         if sent < length:
             self._cut_connection()
+
+    def _counted_send(self, stream: BinaryIO, offset: int, count: int, sent_before: int) -> int:
+        if self._entry is None:
+            return int(self.connection.sendfile(stream, offset, count))
+        with self._entry.sending:
+            count = int(self.connection.sendfile(stream, offset, count))
+            self._entry.bytes_sent = sent_before + count
+        return count
 
     def _cut_connection(self) -> None:
         # Close without finishing the body, so the client sees a short read (h11: "peer closed connection …").
@@ -538,10 +544,14 @@ class _Handler(BaseHTTPRequestHandler):
         payload = json.dumps(document).encode()
         all_headers = {"Content-Type": "application/json; charset=utf-8", "Content-Length": str(len(payload))}
         self._send_head(status, {**all_headers, **(headers or {})})
-        if self.command != "HEAD":
+        if self.command == "HEAD":
+            return
+        if self._entry is None:
             self.wfile.write(payload)
-            if self._entry is not None:
-                self._entry.bytes_sent = len(payload)
+            return
+        with self._entry.sending:
+            self.wfile.write(payload)
+            self._entry.bytes_sent = len(payload)
 
     def _send_page(self, body: bytes) -> None:
         self.send_response(200)
