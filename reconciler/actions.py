@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar, ge
 from pydantic import Field
 
 from reconciler.record import KeywordRecord, MutableRecord, Record, field, record_fields
+from reconciler.repofiles import HubFile
 from reconciler.serving import RankContainer
 
 if TYPE_CHECKING:
@@ -97,15 +98,6 @@ class Payload(KeywordRecord):
     STEP: ClassVar[Step]
 
 
-class HubFile(KeywordRecord):
-    """A file of the repo at the plan's commit (a shard's `.partNN` too), as the Hub lists it;
-    a pattern with no size when the plan had no listing to name it exactly."""
-
-    path: str
-    size: int | None
-    sha256: str | None = None
-
-
 class Download(Payload):
     """Fetch exactly these repo files at `commit` into the node's model dir."""
 
@@ -114,9 +106,8 @@ class Download(Payload):
     repo: str
     commit: str
     model_dir: str
+    # Every file the plan's listing names that the node lacks (when it had nothing: every file).
     files: list[HubFile]
-    # Nothing was there: the whole repo at the commit (the list above is all of it).
-    whole_repo: bool = False
     # Files whose bytes were found wrong: the client's metadata would call them complete.
     refetch: list[str] = field(default_factory=list)
     # A hub-sourced worker fetches with the node-side fetcher; the head with the Hub client.

@@ -114,7 +114,7 @@ class _Record:
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
         """A dict of exactly the declared fields (those with a default may be left out), each
-        validated as its annotation says, then the record built from it."""
+        validated as its annotation says, then the record built from it; or a record already."""
         from pydantic_core import core_schema
 
         hints = typing.get_type_hints(cls)
@@ -122,9 +122,14 @@ class _Record:
             name: core_schema.typed_dict_field(handler.generate_schema(hints[name]), required=name not in cls._defaults)
             for name in cls._fields
         }
-        return core_schema.no_info_after_validator_function(
+        from_dict = core_schema.no_info_after_validator_function(
             lambda data: cls(**data),
             core_schema.typed_dict_schema(fields, cls_name=cls.__name__, extra_behavior="forbid"),
+        )
+        # A record the program built is checked as its fields, the same way as a dict.
+        return core_schema.no_info_before_validator_function(
+            lambda value: {name: getattr(value, name) for name in cls._fields} if isinstance(value, cls) else value,
+            from_dict,
         )
 
 

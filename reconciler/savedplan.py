@@ -31,7 +31,8 @@ from reconciler.plan import Plan
 from reconciler.spec import Deployment
 
 # Format 2: each step has a payload kind of its own (stop-rank, halt-rank, start-guard, ...).
-FORMAT = 2
+# Format 3: a download names every file it fetches, each as the Hub listed it (its blob id too).
+FORMAT = 3
 MAX_SAVED_BYTES = 64 * 1024 * 1024
 # Observations that move on their own and decide no action.
 _VOLATILE_NODE_FIELDS = {"memory"}

@@ -166,7 +166,7 @@ def with_hub_sha(facts: Facts, name: str, sha256: str) -> Facts:
     """The facts with the head's listing of COMMIT giving `name` this sha256."""
     checkpoint = facts.nodes["spark-head"].checkpoint
     listing = checkpoint.hub[COMMIT]
-    files = {**listing.files, name: listing.files[name].model_copy(update={"sha256": sha256})}
+    files = {**listing.files, name: replace(listing.files[name], sha256=sha256)}
     hub = {**checkpoint.hub, COMMIT: listing.model_copy(update={"files": files})}
     return with_node(facts, "spark-head", checkpoint=checkpoint.model_copy(update={"hub": hub}))
 
@@ -185,10 +185,10 @@ def with_revision_b(facts: Facts) -> Facts:
     checkpoint = facts.nodes["spark-head"].checkpoint
     listing = checkpoint.hub[COMMIT]
     files = dict(listing.files)
-    files["model-00003-of-00006.safetensors"] = files["model-00003-of-00006.safetensors"].model_copy(
-        update={"sha256": "3b" * 32, "size": 48_100_000_000 - 4096}
+    files["model-00003-of-00006.safetensors"] = replace(
+        files["model-00003-of-00006.safetensors"], sha256="3b" * 32, size=48_100_000_000 - 4096
     )
-    files["config.json"] = files["config.json"].model_copy(update={"blob_id": "b" * 40})
+    files["config.json"] = replace(files["config.json"], blob_id="b" * 40)
     manifest = {**(listing.manifest or {}), "model-00003-of-00006.safetensors": "3b" * 32}
     b = listing.model_copy(update={"commit": COMMIT_B, "files": files, "manifest": manifest})
     return with_node(

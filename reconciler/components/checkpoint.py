@@ -23,7 +23,6 @@ from reconciler.actions import (
     Component,
     Copy,
     Download,
-    HubFile,
     InSync,
     Link,
     Outcome,
@@ -59,6 +58,7 @@ from reconciler.facts.files import FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
 from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record, field, replace
+from reconciler.repofiles import HubFile
 from reconciler.revisions import is_commit, pinned, revision_dir, short
 from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import Deployment, Node
@@ -424,8 +424,9 @@ def _fetch_action(
         repo=model.repo,
         commit=listing.commit,
         model_dir=target,
-        files=repo_files(fetch, listing),
-        whole_repo=nothing_here,
+        files=sorted(listing.files.values(), key=lambda item: item.path)
+        if nothing_here
+        else repo_files(fetch, listing),
         refetch=state.corrupt,
         on_node=node.ssh is not None,
         cache=view.layout.hash_cache,
@@ -434,16 +435,15 @@ def _fetch_action(
 
 
 def repo_files(names: list[str], listing: HubFacts) -> list[HubFile]:
-    """The repo files that bring these model files: a parted shard comes as its `.partNN` files."""
+    """The repo files that bring these model files: a parted shard comes as its `.partNN` files.
+    A name the listing lacks is nothing the Hub has at that commit: the verify after the
+    download reports it missing."""
     files: list[HubFile] = []
     for name in names:
         if name in PARTED_SHARDS:
-            parts = sorted(path for path in listing.files if shard_of(path) == name)
-            files += [HubFile(path=p, size=listing.files[p].size, sha256=listing.files[p].sha256) for p in parts]
+            files += [listing.files[path] for path in sorted(listing.files) if shard_of(path) == name]
         elif name in listing.files:
-            files.append(HubFile(path=name, size=listing.files[name].size, sha256=listing.files[name].sha256))
-        else:
-            files.append(HubFile(path=name, size=None))
+            files.append(listing.files[name])
     return files
 
 

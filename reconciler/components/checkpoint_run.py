@@ -17,7 +17,6 @@ from reconciler.actions import (
     Action,
     Copy,
     Download,
-    HubFile,
     Link,
     Pin,
     Prune,
@@ -34,8 +33,8 @@ from reconciler.components.assessment import human_bytes, shard_of
 from reconciler.components.rsync import rsync_streams
 from reconciler.errors import FactsChangedError, NodeCommandError
 from reconciler.execution import ApplyContext
-from reconciler.facts.files import parse_manifest
 from reconciler.nodeside.ops import ReassembleArgs, RemoveRevisionsArgs, SwitchArgs
+from reconciler.repofiles import HubFile, parse_manifest
 from reconciler.serving import rewrite_exl3_plan
 from reconciler.transport.base import run_program
 
@@ -78,13 +77,12 @@ def _room_for(ctx: ApplyContext, node: str, directory: str, needed: int) -> None
 
 
 def _download(ctx: ApplyContext, action: Action, download: Download) -> str:
-    _room_for(ctx, action.node, download.model_dir, sum(item.size or 0 for item in download.files))
+    _room_for(ctx, action.node, download.model_dir, sum(item.size for item in download.files))
     if download.on_node:
         fetched = fetch_on_node(ctx, action.node, download.model_dir, download.files, download.commit, download.refetch)
         return f"{len(fetched)} files fetched by {action.node} itself"
     model = ctx.deployment.model
     forget(download.model_dir, download.refetch)
-    only = None if download.whole_repo else [item.path for item in download.files]
     target = download.model_dir
     ctx.progress.line(f"    {action.node}: downloading {download.repo}@{download.commit[:12]} into {target}")
     expected = {item.path: item.sha256 for item in download.files if item.sha256}
@@ -94,7 +92,7 @@ def _download(ctx: ApplyContext, action: Action, download: Download) -> str:
             target,
             commit=download.commit,
             report=ctx.progress.line,
-            only=only,
+            files=download.files,
             on_bytes=ctx.progress.reporter(),
             on_file=lambda item: landed.add([item.path]),
         )
@@ -160,10 +158,8 @@ def fetch_on_node(
     ctx: ApplyContext, node: str, model_dir: str, files: list[HubFile], commit: str, force: list[str]
 ) -> list[str]:
     """A hub-sourced worker downloads for itself with the node-side fetcher (stdlib, Range resume):
-    exactly the files the plan's listing names. A file the listing lacks (size unknown) is
-    nothing the Hub has at that commit; the verify after reports it missing."""
+    exactly the files the plan's listing names."""
     model = ctx.deployment.model
-    files = [item for item in files if item.size is not None]
     entries = [
         {
             "path": item.path,

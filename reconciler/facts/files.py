@@ -15,9 +15,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_serializer, field_validator
 
 from reconciler.facts.base import FactsModel
+from reconciler.repofiles import HubFile, is_inside
 
 COMMIT_PATTERN = r"^[0-9a-f]{40}$"
 
@@ -42,26 +43,37 @@ class FileFacts(FactsModel):
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
-class HubFileFacts(FactsModel):
-    size: int = Field(ge=0)
-    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    # The git blob id: what tells two versions of a small (non-LFS) file apart.
-    blob_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}$")
-
-
 class HubFacts(FactsModel):
     """The repo at one commit, as the Hub lists it, with the entries of its manifest (cached in
     STATE_DIR/hub/ on the head, one file per commit)."""
 
     commit: str = Field(pattern=COMMIT_PATTERN)
-    files: dict[str, HubFileFacts] = Field(default_factory=dict)
+    files: dict[str, HubFile] = Field(default_factory=dict)
     # The manifest's sha256 of every native shard: the Hub lists two of them only as parts.
     manifest: dict[str, str] | None = None
+
+    @field_validator("files", mode="before")
+    @classmethod
+    def _named_by_key(cls, files: object) -> object:
+        # Stored, a file's path is its key only; the key names it, whatever the entry says.
+        if not isinstance(files, dict):
+            return files
+        return {name: {**entry, "path": name} if isinstance(entry, dict) else entry for name, entry in files.items()}
 
     @field_validator("files", "manifest")
     @classmethod
     def _inside(cls, files: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if files is None else _inside_model_dir(files)
+
+    @field_serializer("files")
+    def _stored(self, files: dict[str, HubFile]) -> dict[str, dict[str, object]]:
+        # A file as it was always stored: its key names it, and an absent hash is left out.
+        return {name: _stored_file(item) for name, item in files.items()}
+
+
+def _stored_file(item: HubFile) -> dict[str, object]:
+    fields = {"size": item.size, "sha256": item.sha256, "blob_id": item.blob_id}
+    return {key: value for key, value in fields.items() if value is not None}
 
 
 class RevisionFacts(FactsModel):
@@ -127,30 +139,3 @@ class KeyFileFacts(FactsModel):
     present: bool = False
     empty: bool = True
     mode: int | None = None
-
-
-def parse_manifest(text: str) -> dict[str, str]:
-    """Parse `sha256sum` output ("<hex>  <path>", or "<hex> *<path>" in binary mode).
-
-    Only entries that name a file inside the model dir count: a path with '..', an absolute
-    one or a malformed digest is not something to fetch, copy or compare.
-    """
-    entries: dict[str, str] = {}
-    for line in text.splitlines():
-        digest, _, path = line.strip().partition(" ")
-        path = path.lstrip(" *").removeprefix("./")
-        if _SHA256_RE.match(digest.lower()) and is_inside(path):
-            entries[path] = digest.lower()
-    return entries
-
-
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-
-
-def is_inside(path: str) -> bool:
-    """Relative, '/'-separated, no empty, '.' or '..' component, printable: it cannot leave its root."""
-    if not path or path.startswith("/") or len(path) > 1024:
-        return False
-    if any(not char.isprintable() or char == "\\" for char in path):
-        return False
-    return all(part not in ("", ".", "..") for part in path.split("/"))

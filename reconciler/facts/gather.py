@@ -26,7 +26,6 @@ from reconciler.facts.files import (
     HubFacts,
     KeyFileFacts,
     RevisionFacts,
-    parse_manifest,
 )
 from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, parse_meminfo
 from reconciler.facts.node import Facts, Hold, NodeFacts, RestartIntent
@@ -34,9 +33,10 @@ from reconciler.facts.pi import gather_pi
 from reconciler.nodeops import NodeOps
 from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record
+from reconciler.repofiles import parse_manifest
 from reconciler.revisions import desired_commit, is_commit
 from reconciler.serving import LABEL_OWNER, OWNER
-from reconciler.spec import Deployment, Node, expand_home
+from reconciler.spec import Deployment, Model, Node, expand_home
 from reconciler.transport.base import Transport, run_program
 from reconciler.transport.sshroute import SshRoute
 
@@ -310,7 +310,7 @@ def with_hub_listing(
             listing = hub.within_deadline(
                 model,
                 f"listing {model.repo}@{wanted[:12]}",
-                lambda: hub.list_files(model, wanted).as_facts(hub.manifest_entries(model, wanted)),
+                lambda: _listed(model, wanted),
             )
         except ReconcilerError as exc:
             problem = exc.message
@@ -321,6 +321,12 @@ def with_hub_listing(
     if problem is not None and (commit is None or commit not in checkpoint.hub):
         checkpoint = checkpoint.model_copy(update={"hub_error": problem})
     return head.model_copy(update={"checkpoint": checkpoint})
+
+
+def _listed(model: Model, commit: str) -> HubFacts:
+    listing = hub.list_files(model, commit)
+    files = {item.path: item for item in listing.files}
+    return HubFacts(commit=listing.commit, files=files, manifest=hub.manifest_entries(model, commit))
 
 
 def listing_path(deployment: Deployment, commit: str) -> str:

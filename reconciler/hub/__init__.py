@@ -13,12 +13,11 @@ $HF_TOKEN or model.token_file; never printed, never in argv).
 from reconciler.hub.client import TOKEN_HINT, endpoint, token
 from reconciler.hub.download import DOWNLOAD_CACHE, downloaded, fetch, fetch_order
 from reconciler.hub.failures import translate, within_deadline
-from reconciler.hub.listing import HubFile, HubListing, list_files, manifest_entries, resolve
+from reconciler.hub.listing import HubListing, list_files, manifest_entries, resolve
 
 __all__ = [
     "DOWNLOAD_CACHE",
     "TOKEN_HINT",
-    "HubFile",
     "HubListing",
     "downloaded",
     "endpoint",

@@ -13,7 +13,6 @@ download sees the file as done. Stale or duplicate partials are deleted; model f
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import functools
 import os
 import re
@@ -36,8 +35,9 @@ from reconciler.errors import HubError, RangesIgnoredError
 from reconciler.hub import ranges as hubranges
 from reconciler.hub.client import _bound_client_timeouts, endpoint, token
 from reconciler.hub.failures import hub_call
-from reconciler.hub.listing import HubFile, HubListing, _client_download, list_files
+from reconciler.hub.listing import HubListing, _client_download, list_files
 from reconciler.progress import Counter
+from reconciler.repofiles import HubFile
 from reconciler.spec import Model
 
 DOWNLOAD_CACHE = ".cache/huggingface/download"
@@ -58,12 +58,12 @@ def _etag_of(partial: Path) -> str:
 
 
 def resume_partials(
-    model: Model, local_dir: str, listing: HubListing, report: Callable[[str], None]
+    model: Model, local_dir: str, commit: str, files: list[HubFile], report: Callable[[str], None]
 ) -> list[tuple[str, int]]:
     """Finish downloads a killed run left behind; return (path, bytes already there) per resumed file."""
     root = Path(local_dir)
     resumed: list[tuple[str, int]] = []
-    for item in listing.files:
+    for item in files:
         if (root / item.path).exists():
             continue
         usable = [p for p in _partials(root, item) if _etag_of(p) == item.etag and p.stat().st_size < item.size]
@@ -74,7 +74,7 @@ def resume_partials(
         if keep is not None and keep.stat().st_size > 0:
             have = keep.stat().st_size
             report(f"    resuming {item.path} at byte {have} of {item.size}")
-            _finish(model, root, listing.commit, item, keep)
+            _finish(model, root, commit, item, keep)
             resumed.append((item.path, have))
     return resumed
 
@@ -241,24 +241,20 @@ def fetch(
     *,
     commit: str,
     report: Callable[[str], None],
-    only: list[str] | None = None,
+    files: list[HubFile] | None = None,
     on_bytes: Callable[[Counter], None] | None = None,
     on_file: Callable[[HubFile], None] | None = None,
 ) -> HubListing:
-    """List `commit`, resume what a killed run left, then fetch the rest file by file.
+    """Resume what a killed run left, then fetch the rest file by file: `files` of `commit` as a
+    plan's listing named them, or (None) every file the Hub lists there now.
 
-    `only` holds repo paths or glob patterns (e.g. a shard's `.part[0-9][0-9]`): re-fetching
-    one corrupt file must not bring back every other file's pruned parts. None: the whole repo.
     `on_bytes` gets what is on disk every few seconds (see `downloaded`); `on_file` each file
     once it is complete on disk (also one that already was), from the download's threads.
     """
-    listing = list_files(model, commit)
-    wanted = (
-        listing if only is None else HubListing(listing.commit, [f for f in listing.files if _matches(f.path, only)])
-    )
-    with _metered(Path(local_dir), wanted.files, on_bytes):
-        resume_partials(model, local_dir, wanted, report)
-        download_files(model, local_dir, listing.commit, wanted.files, on_file, report)
+    listing = list_files(model, commit) if files is None else HubListing(commit, files)
+    with _metered(Path(local_dir), listing.files, on_bytes):
+        resume_partials(model, local_dir, listing.commit, listing.files, report)
+        download_files(model, local_dir, listing.commit, listing.files, on_file, report)
     return listing
 
 
@@ -340,7 +336,3 @@ def _partial_sizes(root: Path, directories: set[str]) -> dict[tuple[str, str], i
             key = (directory, name.split(".", 1)[0])
             sizes[key] = max(sizes.get(key, 0), size)
     return sizes
-
-
-def _matches(path: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)

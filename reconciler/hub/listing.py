@@ -14,35 +14,18 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoFile
 
 from reconciler.errors import HubError
-from reconciler.facts.files import HubFacts, HubFileFacts, is_inside, parse_manifest
 from reconciler.fsutil import read_bounded
 from reconciler.hub import client
 from reconciler.hub.client import endpoint, token
 from reconciler.hub.failures import hub_call
+from reconciler.repofiles import HubFile, is_inside, parse_manifest
 from reconciler.spec import Model
-
-
-@dataclass(frozen=True)
-class HubFile:
-    """One file of the repo at the pinned commit, as the Hub lists it."""
-
-    path: str
-    size: int
-    etag: str
-    sha256: str | None
-    blob_id: str | None = None
 
 
 @dataclass(frozen=True)
 class HubListing:
     commit: str
     files: list[HubFile]
-
-    def as_facts(self, manifest: dict[str, str] | None = None) -> HubFacts:
-        files = {
-            item.path: HubFileFacts(size=item.size, sha256=item.sha256, blob_id=item.blob_id) for item in self.files
-        }
-        return HubFacts(commit=self.commit, files=files, manifest=manifest)
 
 
 def list_files(model: Model, revision: str | None = None) -> HubListing:
@@ -101,6 +84,7 @@ def manifest_entries(model: Model, commit: str) -> dict[str, str] | None:
 
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_BLOB_ID_RE = re.compile(r"^[0-9a-f]{40}$")
 # The Hub caps one file at 50 GB; anything far beyond is an answer not to trust.
 MAX_FILE_BYTES = 1000**4
 
@@ -119,11 +103,10 @@ def _hub_file(entry: RepoFile) -> HubFile:
     sha256 = entry.lfs.sha256 if entry.lfs is not None else None
     if sha256 is not None and not (isinstance(sha256, str) and _SHA256_RE.match(sha256)):
         raise HubError(f"the Hub lists {path} with a malformed sha256", "retry later", kind="malformed")
-    etag = sha256 or entry.blob_id
-    if not isinstance(etag, str) or not re.match(r"^[0-9a-f]{1,64}$", etag):
+    blob_id = entry.blob_id if isinstance(entry.blob_id, str) and _BLOB_ID_RE.match(entry.blob_id) else None
+    if sha256 is None and blob_id is None:
         raise HubError(f"the Hub lists {path} without a usable blob id", "retry later", kind="malformed")
-    blob_id = entry.blob_id if isinstance(entry.blob_id, str) and re.match(r"^[0-9a-f]{40}$", entry.blob_id) else None
-    return HubFile(path=path, size=size, etag=etag, sha256=sha256, blob_id=blob_id)
+    return HubFile(path=path, size=size, sha256=sha256, blob_id=blob_id)
 
 
 def _client_download(model: Model, path: str, commit: str, local_dir: str) -> str:

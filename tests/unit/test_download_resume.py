@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub._local_folder import _short_hash
 
-from reconciler.hub import HubFile, fetch, fetch_order, list_files
+from reconciler.hub import fetch, fetch_order, list_files
+from reconciler.repofiles import HubFile
 from reconciler.spec import Model
 from tests.testbed.hub.server import StandinHub
 from tests.unit.hubclient import kill_when, serving_checkpoint

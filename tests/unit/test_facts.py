@@ -8,9 +8,9 @@ import pytest
 
 from reconciler.errors import FactsError
 from reconciler.facts.containers import container_from_inspect
-from reconciler.facts.files import parse_manifest
 from reconciler.facts.memory import parse_meminfo
 from reconciler.facts.node import load_facts
+from reconciler.repofiles import parse_manifest
 
 MEMINFO = """\
 MemTotal:       127506841 kB

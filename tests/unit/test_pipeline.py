@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from reconciler import apply
-from reconciler.actions import Action, Copy, Download, HubFile, Reassemble, Shard, Step, Verify, action
+from reconciler.actions import Action, Copy, Download, Reassemble, Shard, Step, Verify, action
 from reconciler.components import checkpoint_run
 from reconciler.errors import ApplyError, NodeCommandError, ReconcilerError
 from reconciler.execution import ApplyContext
 from reconciler.pipeline import BATCH_BYTES, Boards, Feed, Outcome, run_group
 from reconciler.plan import plan, render_text
 from reconciler.record import replace
+from reconciler.repofiles import HubFile
 from tests.scenarios import empty_facts, reference_deployment
 from tests.unit.test_rsync import RecordingHead, copy_context, sources_of
 

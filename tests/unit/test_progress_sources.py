@@ -15,8 +15,9 @@ from reconciler import hub, redact
 from reconciler.actions import WaitReady, action
 from reconciler.execution import ApplyContext, Progress
 from reconciler.health import RankLines
-from reconciler.hub import HubFile, downloaded, list_files
+from reconciler.hub import downloaded, list_files
 from reconciler.progress import Counter, parse_line
+from reconciler.repofiles import HubFile
 from reconciler.spec import Model
 from reconciler.transport.base import run_program
 from reconciler.transport.local import LocalTransport
@@ -106,11 +107,14 @@ def test_the_hub_clients_download_is_counted_from_the_disk_while_it_runs(
 
 
 def test_a_partial_file_counts_its_bytes_and_names_the_file(tmp_path: Path) -> None:
-    files = [HubFile("a.json", 10, "e1", None), HubFile("sub/b.safetensors", 1000, "e2", "f" * 64)]
+    files = [
+        HubFile(path="a.json", size=10, blob_id="1" * 40),
+        HubFile(path="sub/b.safetensors", size=1000, sha256="f" * 64),
+    ]
     (tmp_path / "a.json").write_bytes(b"x" * 10)
     cache = tmp_path / hub.DOWNLOAD_CACHE / "sub"
     cache.mkdir(parents=True)
-    (cache / f"{_short_hash('b.safetensors.metadata')}.e2.abcd1234.incomplete").write_bytes(b"y" * 400)
+    (cache / f"{_short_hash('b.safetensors.metadata')}.{'f' * 64}.abcd1234.incomplete").write_bytes(b"y" * 400)
     assert downloaded(tmp_path, files) == Counter("download", 410, 1010, 1, 2, "sub/b.safetensors")
 
 

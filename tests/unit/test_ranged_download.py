@@ -18,8 +18,9 @@ import httpx2
 import pytest
 
 from reconciler.errors import HubError, RangesIgnoredError
-from reconciler.hub import HubFile, HubListing, downloaded, fetch, list_files
+from reconciler.hub import HubListing, downloaded, fetch, list_files
 from reconciler.hub import ranges as hubranges
+from reconciler.repofiles import HubFile
 from reconciler.spec import Model
 from tests.testbed.hub.faults import CutRule, FailRule
 from tests.testbed.hub.server import StandinHub
