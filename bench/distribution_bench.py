@@ -202,9 +202,9 @@ def bringup(spec_paths: list[str], rounds: int) -> dict[str, Any]:
     from reconciler.apply import apply_plan
     from reconciler.execution import ApplyContext, Progress
     from reconciler.facts.gather import gather
+    from reconciler.facts.revisions import revision_dir
     from reconciler.pipeline import GROUP_STEPS
     from reconciler.plan import Plan, plan
-    from reconciler.revisions import revision_dir
     from reconciler.spec import load_spec
     from reconciler.transport.connect import close_all, connect_all
 

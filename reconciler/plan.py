@@ -18,8 +18,8 @@ from reconciler.components.pi import plan_pi
 from reconciler.components.ranks import hold_reasons, plan_ranks
 from reconciler.errors import FactsError
 from reconciler.facts.node import Facts
+from reconciler.facts.revisions import desired_commit
 from reconciler.record import MutableRecord, field, replace
-from reconciler.revisions import desired_commit
 from reconciler.spec import Deployment
 
 _SUMMARY_KINDS = {

@@ -25,9 +25,9 @@ from reconciler.facts.files import (
 )
 from reconciler.facts.memory import GuardFacts, GuardTrip
 from reconciler.facts.node import Facts, NodeFacts, load_facts
+from reconciler.facts.revisions import revision_dir
 from reconciler.init import InitRequest
 from reconciler.record import replace
-from reconciler.revisions import revision_dir
 from reconciler.serving import RankContainer, render_group, rewrite_exl3_plan
 from reconciler.spec import Deployment, Node, SshTarget, expand_home, load_spec
 from tests.testbed import fakesys

@@ -93,9 +93,9 @@ def uninstall(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    from reconciler.pi import agent
+    from reconciler.facts.pi import pi_status
 
-    report = agent.status(_pi_provider(args))
+    report = pi_status(_pi_provider(args))
     if args.json:
         emit_json(report)
     else:

@@ -10,9 +10,9 @@ from collections.abc import Mapping
 
 from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
+from reconciler.facts.revisions import desired_commit
 from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record
-from reconciler.revisions import desired_commit
 from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import Deployment, Node, expand_home
 

@@ -1,6 +1,6 @@
 """The checkpoint on every node, one revision (commit) at a time: staged beside, swapped in whole.
 
-The commit to serve is desired state (reconciler/revisions.py). Each node keeps it in a directory
+The commit to serve is desired state (reconciler/facts/revisions.py). Each node keeps it in a directory
 of its own, `<model_dir>@<commit>`: files that did not change are hardlinked from a revision the
 node already has, only the rest is downloaded on the head (or by a hub-sourced worker) and
 copied to peers, then reassembled, verified and its EXL3 plan staged. Nothing in a revision the
@@ -56,10 +56,10 @@ from reconciler.components.revisionswitch import switch_and_prune
 from reconciler.components.routing import PeerSource, copy_route, peer_source, pipelined_cause
 from reconciler.facts.files import FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
+from reconciler.facts.revisions import is_commit, pinned, revision_dir, short
 from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record, field, replace
 from reconciler.repofiles import HubFile
-from reconciler.revisions import is_commit, pinned, revision_dir, short
 from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import Deployment, Node
 

@@ -22,39 +22,22 @@ from reconciler.errors import FactsChangedError
 from reconciler.facts.node import Facts
 from reconciler.facts.pi import PiFacts, pi_facts_from_files
 from reconciler.pi import config as picfg
+from reconciler.pi import files as pi_files
 from reconciler.serving import api_base
-from reconciler.spec import Deployment, Serving
+from reconciler.spec import Deployment
 
 if TYPE_CHECKING:
     from reconciler.execution import ApplyContext
 
 COMPONENT = Component.PI
-MODEL_NAME = "DeepSeek-V4.1-Flash"
 LOCAL = "local"
-
-
-def target_for(
-    serving: Serving, provider: str, nodes: int, *, base_url: str, key_env: str, set_default: bool
-) -> PiTarget:
-    """The provider and model entry the spec implies (id, context window, images from `serving:`)."""
-    return PiTarget(
-        provider=provider,
-        base_url=picfg.normalise_base_url(base_url),
-        key_env=picfg.check_key_env(key_env),
-        model_id=serving.served_model_name,
-        context_window=serving.max_model_len,
-        images=serving.images_per_prompt > 0,
-        provider_name=f"{MODEL_NAME} ({nodes}x DGX Spark)",
-        model_name=MODEL_NAME,
-        set_default=set_default,
-    )
 
 
 def desired_target(deployment: Deployment, manifest: Mapping[str, Any] | None) -> PiTarget:
     """What `apply` keeps Pi at: the spec, the local API address, the installed key variable."""
     installed = (manifest or {}).get("key_env")
     key_env = installed if isinstance(installed, str) and picfg.is_env_name(installed) else None
-    return target_for(
+    return picfg.target_for(
         deployment.serving,
         deployment.pi.provider,
         len(deployment.nodes),
@@ -121,7 +104,7 @@ def _configure(ctx: ApplyContext, action: Action, configure: ConfigurePi) -> str
     and the next plan decides again."""
     del ctx
     target, directory = configure.target, Path(configure.directory)
-    files = picfg.read_files(directory, target.provider)
+    files = pi_files.read_files(directory, target.provider)
     now = pi_facts_from_files(files, target.provider)
     if now.error is not None or now.digest() != configure.seen:
         raise FactsChangedError(
@@ -131,7 +114,7 @@ def _configure(ctx: ApplyContext, action: Action, configure: ConfigurePi) -> str
             files=sorted(files.texts),
         )
     changes = picfg.install_changes(files, target)
-    picfg.write_changes(directory, changes, target.provider)
+    pi_files.write_changes(directory, changes, target.provider)
     return "; ".join(changes.messages) or "unchanged"
 
 

@@ -12,7 +12,7 @@ from reconciler.actions import (
 from reconciler.components.assessment import (
     NodeView,
 )
-from reconciler.revisions import pre_revisions_dir, revision_dir, short
+from reconciler.facts.revisions import pre_revisions_dir, revision_dir, short
 from reconciler.spec import Deployment
 
 

@@ -30,11 +30,11 @@ from reconciler.facts.files import (
 from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, parse_meminfo
 from reconciler.facts.node import Facts, Hold, NodeFacts, RestartIntent
 from reconciler.facts.pi import gather_pi
+from reconciler.facts.revisions import desired_commit, is_commit
 from reconciler.nodeops import NodeOps
 from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record
 from reconciler.repofiles import parse_manifest
-from reconciler.revisions import desired_commit, is_commit
 from reconciler.serving import LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, Model, Node, expand_home
 from reconciler.transport.base import Transport, run_program

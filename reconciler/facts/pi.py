@@ -1,4 +1,4 @@
-"""Pi coding agent facts: the agent on the machine running the reconciler, and our part of its config.
+"""Pi coding agent facts: the agent on the machine running the reconciler, and our part of its pi_config.
 
 Gathered locally, because the reconciler configures the Pi of the machine it runs on: `pi` on PATH
 and which npm package it is, and what models.json, settings.json, the extension and the install
@@ -12,16 +12,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from reconciler.errors import PiConfigError
 from reconciler.facts.base import FactsModel
 from reconciler.pi import config as pi_config
+from reconciler.pi import files as pi_files
+from reconciler.pi.agent import locate_pi
 
 REDACTED = "<redacted>"
-PI_PACKAGES = ("@earendil-works/pi-coding-agent", "@mariozechner/pi-coding-agent")
 
 
 class PiFacts(FactsModel):
@@ -47,35 +47,13 @@ class PiFacts(FactsModel):
         return hashlib.sha256(json.dumps(decided_on, sort_keys=True).encode()).hexdigest()
 
 
-def locate_pi(search_path: str | None = None) -> tuple[str | None, str | None]:
-    """`pi` on PATH and the package behind it ("name@version"), without running it (node starts slowly)."""
-    found = shutil.which("pi", path=search_path)
-    return (found, package_of(Path(found))) if found else (None, None)
-
-
-def package_of(executable: Path) -> str | None:
-    """npm links bin/pi to <package>/dist/cli.js; the nearest package.json above it names the package."""
-    try:
-        manifest = _nearest_manifest(executable)
-        data = json.loads(manifest.read_text(encoding="utf-8")) if manifest else None
-    except (OSError, RuntimeError, ValueError, RecursionError):  # unreadable, a symlink loop, not JSON
-        return None
-    name = data.get("name") if isinstance(data, dict) else None
-    return f"{name}@{data.get('version')}" if isinstance(data, dict) and name in PI_PACKAGES else None
-
-
-def _nearest_manifest(executable: Path) -> Path | None:
-    candidates = (parent / "package.json" for parent in list(executable.resolve().parents)[:4])
-    return next((candidate for candidate in candidates if candidate.is_file()), None)
-
-
 def gather_pi(provider: str) -> PiFacts:
     """Never raises: a config Pi could not read either is the facts' `error`, for the plan to show."""
     pi_path, package = locate_pi()
     directory = os.environ.get("PI_CODING_AGENT_DIR") or "~/.pi/agent"
     try:
-        directory = str(pi_config.agent_dir())
-        files = pi_config.read_files(Path(directory), provider)
+        directory = str(pi_files.agent_dir())
+        files = pi_files.read_files(Path(directory), provider)
     except PiConfigError as exc:
         return PiFacts(directory=directory, pi_path=pi_path, package=package, error=exc.message)
     return pi_facts_from_files(files, provider, pi_path, package)
@@ -128,3 +106,36 @@ def _without_headers(entry: dict[str, Any]) -> dict[str, Any]:
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def pi_status(provider: str) -> dict[str, Any]:
+    """What is installed and configured here; the key variable's state, never its value."""
+    directory = pi_files.agent_dir()
+    path, package = locate_pi()
+    facts = pi_facts_from_files(pi_files.read_files(directory, provider), provider, path, package)
+    entry = facts.provider or {}
+    recorded = (facts.manifest or {}).get("key_env")
+    key_env = pi_config.key_env_of(entry.get("apiKey")) or (recorded if isinstance(recorded, str) else None)
+    expected = (
+        pi_config.sha256(pi_config.extension_text(provider, key_env))
+        if key_env and pi_config.is_env_name(key_env)
+        else None
+    )
+    extension = "missing" if facts.extension_sha256 is None else "current"
+    if facts.extension_sha256 is not None and facts.extension_sha256 != expected:
+        extension = "differs from what install writes"
+    return {
+        "dir": str(directory),
+        "pi": {"path": path, "package": package},
+        "error": facts.error,
+        "provider": provider,
+        "configured": facts.provider is not None,
+        "base_url": entry.get("baseUrl"),
+        "models": [m.get("id") for m in entry.get("models", []) if isinstance(m, dict)],
+        "key_env": key_env,
+        "key_env_set": bool(key_env and os.environ.get(key_env)),
+        "extension": extension,
+        "enabled_models": facts.enabled_models,
+        "default": [facts.default_provider, facts.default_model],
+        "installed_by_reconciler": facts.manifest is not None,
+    }

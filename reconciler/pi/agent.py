@@ -14,20 +14,20 @@ Every flow returns data; cli.py renders it.
 from __future__ import annotations
 
 import contextlib
-import os
+import json
 import re
 import shutil
 import subprocess
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from reconciler.actions import PiTarget
-from reconciler.components.pi import target_for
 from reconciler.errors import PiInstallError, ReconcilerError
-from reconciler.facts.pi import locate_pi, pi_facts_from_files
 from reconciler.pi import config
+from reconciler.pi import files as pi_files
 from reconciler.serving import api_base
 from reconciler.spec import Deployment, Pi, Serving
 
@@ -178,7 +178,7 @@ def install_target(
             "no BASE_URL and no spec to take the API address from",
             "give the API's address: reconciler pi install http://<head>:8000 (or --spec PATH)",
         )
-    return target_for(
+    return config.target_for(
         serving,
         pi.provider,
         nodes,
@@ -195,13 +195,13 @@ Holding = Callable[[], AbstractContextManager[object]]
 
 def install(target: PiTarget, holding: Holding = contextlib.nullcontext) -> dict[str, Any]:
     """Check the config can be edited, make sure Pi is there, then write what differs."""
-    directory = config.agent_dir()
-    changes = config.install_changes(config.read_files(directory, target.provider), target)
-    config.check_writable(directory, changes)  # before npm: a refusal then leaves the machine as it was
+    directory = pi_files.agent_dir()
+    changes = config.install_changes(pi_files.read_files(directory, target.provider), target)
+    pi_files.check_writable(directory, changes)  # before npm: a refusal then leaves the machine as it was
     agent = ensure_pi()
     with holding():  # read again under the lock: a converge may have written meanwhile
-        changes = config.install_changes(config.read_files(directory, target.provider), target)
-        backups = config.write_changes(directory, changes, target.provider)
+        changes = config.install_changes(pi_files.read_files(directory, target.provider), target)
+        backups = pi_files.write_changes(directory, changes, target.provider)
     return {
         "ok": True,
         "dir": str(directory),
@@ -218,10 +218,10 @@ def install(target: PiTarget, holding: Holding = contextlib.nullcontext) -> dict
 
 
 def uninstall(provider: str, holding: Holding = contextlib.nullcontext) -> dict[str, Any]:
-    directory = config.agent_dir()
+    directory = pi_files.agent_dir()
     with holding():
-        changes = config.uninstall_changes(config.read_files(directory, provider), provider)
-        backups = config.write_changes(directory, changes, provider)
+        changes = config.uninstall_changes(pi_files.read_files(directory, provider), provider)
+        backups = pi_files.write_changes(directory, changes, provider)
     return {
         "ok": True,
         "dir": str(directory),
@@ -232,32 +232,26 @@ def uninstall(provider: str, holding: Holding = contextlib.nullcontext) -> dict[
     }
 
 
-def status(provider: str) -> dict[str, Any]:
-    """What is installed and configured here; the key variable's state, never its value."""
-    directory = config.agent_dir()
-    path, package = locate_pi()
-    facts = pi_facts_from_files(config.read_files(directory, provider), provider, path, package)
-    entry = facts.provider or {}
-    recorded = (facts.manifest or {}).get("key_env")
-    key_env = config.key_env_of(entry.get("apiKey")) or (recorded if isinstance(recorded, str) else None)
-    expected = (
-        config.sha256(config.extension_text(provider, key_env)) if key_env and config.is_env_name(key_env) else None
-    )
-    extension = "missing" if facts.extension_sha256 is None else "current"
-    if facts.extension_sha256 is not None and facts.extension_sha256 != expected:
-        extension = "differs from what install writes"
-    return {
-        "dir": str(directory),
-        "pi": {"path": path, "package": package},
-        "error": facts.error,
-        "provider": provider,
-        "configured": facts.provider is not None,
-        "base_url": entry.get("baseUrl"),
-        "models": [m.get("id") for m in entry.get("models", []) if isinstance(m, dict)],
-        "key_env": key_env,
-        "key_env_set": bool(key_env and os.environ.get(key_env)),
-        "extension": extension,
-        "enabled_models": facts.enabled_models,
-        "default": [facts.default_provider, facts.default_model],
-        "installed_by_reconciler": facts.manifest is not None,
-    }
+PI_PACKAGES = ("@earendil-works/pi-coding-agent", "@mariozechner/pi-coding-agent")
+
+
+def locate_pi(search_path: str | None = None) -> tuple[str | None, str | None]:
+    """`pi` on PATH and the package behind it ("name@version"), without running it (node starts slowly)."""
+    found = shutil.which("pi", path=search_path)
+    return (found, package_of(Path(found))) if found else (None, None)
+
+
+def package_of(executable: Path) -> str | None:
+    """npm links bin/pi to <package>/dist/cli.js; the nearest package.json above it names the package."""
+    try:
+        manifest = _nearest_manifest(executable)
+        data = json.loads(manifest.read_text(encoding="utf-8")) if manifest else None
+    except (OSError, RuntimeError, ValueError, RecursionError):  # unreadable, a symlink loop, not JSON
+        return None
+    name = data.get("name") if isinstance(data, dict) else None
+    return f"{name}@{data.get('version')}" if isinstance(data, dict) and name in PI_PACKAGES else None
+
+
+def _nearest_manifest(executable: Path) -> Path | None:
+    candidates = (parent / "package.json" for parent in list(executable.resolve().parents)[:4])
+    return next((candidate for candidate in candidates if candidate.is_file()), None)

@@ -14,10 +14,12 @@ from reconciler.components.pi import desired_target, differences, plan_pi
 from reconciler.errors import FactsChangedError, PiInstallError
 from reconciler.execution import ApplyContext
 from reconciler.facts.node import Facts
-from reconciler.facts.pi import REDACTED, gather_pi, locate_pi, pi_facts_from_files
+from reconciler.facts.pi import REDACTED, gather_pi, pi_facts_from_files
 from reconciler.lock import deployment_lock
 from reconciler.pi import agent as pi_agent
 from reconciler.pi import config as pi_config
+from reconciler.pi import files as pi_files
+from reconciler.pi.agent import locate_pi
 from reconciler.plan import plan
 from reconciler.spec import Deployment
 from tests.scenarios import SPEC_PATH, empty_facts, reference_deployment, with_serving
@@ -184,8 +186,8 @@ def test_apply_keeps_the_key_variable_the_last_install_chose(agent: Path) -> Non
     chosen = desired_target(deployment, {"key_env": "SPARK_KEY"})
     assert chosen.key_env == "SPARK_KEY"
     assert desired_target(deployment, {"key_env": "bad name"}).key_env == "DSV41_API_KEY"
-    changes = pi_config.install_changes(pi_config.read_files(agent, PROVIDER), chosen)
-    pi_config.write_changes(agent, changes, PROVIDER)
+    changes = pi_config.install_changes(pi_files.read_files(agent, PROVIDER), chosen)
+    pi_files.write_changes(agent, changes, PROVIDER)
     facts = facts_with_pi()
     assert facts.pi is not None
     assert differences(facts.pi, desired_target(deployment, facts.pi.manifest)) == []

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from reconciler.actions import PiTarget
-from reconciler.components.pi import target_for
 from reconciler.errors import PiConfigError
 from reconciler.pi import config as pi_config
+from reconciler.pi import files as pi_files
 from reconciler.pi import jsonc
-from reconciler.pi.config import MODELS, SETTINGS, PiFiles
+from reconciler.pi.config import MODELS, SETTINGS, PiFiles, target_for
 from tests.scenarios import reference_deployment, with_serving
 
 PROVIDER = "dsv41-sparks"
@@ -293,14 +293,14 @@ def test_uninstall_with_nothing_installed_is_unchanged() -> None:
 def test_write_changes_backs_up_then_writes_atomically(tmp_path: Path) -> None:
     (tmp_path / MODELS).write_text(EXISTING_MODELS, encoding="utf-8")
     (tmp_path / MODELS).chmod(0o600)
-    changes = pi_config.install_changes(pi_config.read_files(tmp_path, PROVIDER), target())
-    backups = pi_config.write_changes(tmp_path, changes, PROVIDER, stamp="20261129-210000")
+    changes = pi_config.install_changes(pi_files.read_files(tmp_path, PROVIDER), target())
+    backups = pi_files.write_changes(tmp_path, changes, PROVIDER, stamp="20261129-210000")
     assert backups == [str(tmp_path / f"{MODELS}.bak-dsv41-sparks-20261129-210000")]
     assert Path(backups[0]).read_text(encoding="utf-8") == EXISTING_MODELS
     assert (tmp_path / MODELS).stat().st_mode & 0o777 == 0o600  # the user's mode is kept
     assert not [path for path in tmp_path.rglob("*") if ".tmp-" in path.name]
-    uninstalled = pi_config.uninstall_changes(pi_config.read_files(tmp_path, PROVIDER), PROVIDER)
-    second = pi_config.write_changes(tmp_path, uninstalled, PROVIDER, stamp="20261129-210000")
+    uninstalled = pi_config.uninstall_changes(pi_files.read_files(tmp_path, PROVIDER), PROVIDER)
+    second = pi_files.write_changes(tmp_path, uninstalled, PROVIDER, stamp="20261129-210000")
     assert second == [f"{backups[0]}-1"]  # the same second never overwrites the older backup
     assert (tmp_path / MODELS).read_text(encoding="utf-8") == EXISTING_MODELS
     assert not (tmp_path / "extensions").exists()
@@ -308,8 +308,8 @@ def test_write_changes_backs_up_then_writes_atomically(tmp_path: Path) -> None:
 
 def test_backup_names_carry_a_timestamp(tmp_path: Path) -> None:
     (tmp_path / MODELS).write_text("{}", encoding="utf-8")
-    changes = pi_config.install_changes(pi_config.read_files(tmp_path, PROVIDER), target())
-    (backup,) = pi_config.write_changes(tmp_path, changes, PROVIDER)
+    changes = pi_config.install_changes(pi_files.read_files(tmp_path, PROVIDER), target())
+    (backup,) = pi_files.write_changes(tmp_path, changes, PROVIDER)
     assert re.fullmatch(r"models\.json\.bak-dsv41-sparks-\d{8}-\d{6}", Path(backup).name)
 
 
@@ -320,8 +320,8 @@ def test_a_symlinked_config_is_edited_where_it_lives(tmp_path: Path) -> None:
     agent = tmp_path / "agent"
     agent.mkdir()
     (agent / MODELS).symlink_to(dotfiles / "models.json")
-    changes = pi_config.install_changes(pi_config.read_files(agent, PROVIDER), target())
-    pi_config.write_changes(agent, changes, PROVIDER)
+    changes = pi_config.install_changes(pi_files.read_files(agent, PROVIDER), target())
+    pi_files.write_changes(agent, changes, PROVIDER)
     assert (agent / MODELS).is_symlink()
     assert PROVIDER in jsonc.loads((dotfiles / "models.json").read_text(encoding="utf-8"))["providers"]
 
@@ -329,15 +329,15 @@ def test_a_symlinked_config_is_edited_where_it_lives(tmp_path: Path) -> None:
 def test_agent_dir_follows_pi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("PI_CODING_AGENT_DIR", raising=False)
-    assert pi_config.agent_dir() == tmp_path / ".pi" / "agent"
+    assert pi_files.agent_dir() == tmp_path / ".pi" / "agent"
     monkeypatch.setenv("PI_CODING_AGENT_DIR", "~/elsewhere")
-    assert pi_config.agent_dir() == tmp_path / "elsewhere"
+    assert pi_files.agent_dir() == tmp_path / "elsewhere"
 
 
 def test_nothing_is_written_when_a_file_is_broken(tmp_path: Path) -> None:
     (tmp_path / SETTINGS).write_text('{"enabledModels": ["a",, "b"]}', encoding="utf-8")
     with pytest.raises(PiConfigError):
-        pi_config.install_changes(pi_config.read_files(tmp_path, PROVIDER), target())
+        pi_config.install_changes(pi_files.read_files(tmp_path, PROVIDER), target())
     assert os.listdir(tmp_path) == [SETTINGS]
 
 

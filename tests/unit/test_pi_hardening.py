@@ -14,10 +14,12 @@ from types import FrameType
 import pytest
 
 from reconciler.errors import PiConfigError
-from reconciler.facts.pi import gather_pi, package_of
+from reconciler.facts.pi import gather_pi
 from reconciler.pi import agent as pi_agent
 from reconciler.pi import config as pi_config
+from reconciler.pi import files as pi_files
 from reconciler.pi import jsonc
+from reconciler.pi.agent import package_of
 from reconciler.pi.config import MODELS, SETTINGS
 from tests.unit.test_pi_config import EXISTING_MODELS, EXISTING_SETTINGS, PROVIDER, REF, target
 
@@ -40,13 +42,13 @@ def snapshot(root: Path) -> dict[str, bytes | str]:
 
 
 def install_into(directory: Path, set_default: bool = False) -> list[str]:
-    changes = pi_config.install_changes(pi_config.read_files(directory, PROVIDER), target(set_default=set_default))
-    return pi_config.write_changes(directory, changes, PROVIDER, stamp="20261129-210000")
+    changes = pi_config.install_changes(pi_files.read_files(directory, PROVIDER), target(set_default=set_default))
+    return pi_files.write_changes(directory, changes, PROVIDER, stamp="20261129-210000")
 
 
 def uninstall_from(directory: Path) -> None:
-    changes = pi_config.uninstall_changes(pi_config.read_files(directory, PROVIDER), PROVIDER)
-    pi_config.write_changes(directory, changes, PROVIDER, stamp="20261129-220000")
+    changes = pi_config.uninstall_changes(pi_files.read_files(directory, PROVIDER), PROVIDER)
+    pi_files.write_changes(directory, changes, PROVIDER, stamp="20261129-220000")
 
 
 def inserted(before: bytes, after: bytes) -> bytes:
@@ -215,11 +217,11 @@ def test_a_dangling_symlink_is_refused_and_nothing_is_written(tmp_path: Path) ->
 def test_a_link_that_dangles_by_write_time_is_refused_by_the_check(tmp_path: Path) -> None:
     (tmp_path / "real.json").write_text(EXISTING_MODELS, encoding="utf-8")
     (tmp_path / MODELS).symlink_to(tmp_path / "real.json")
-    changes = pi_config.install_changes(pi_config.read_files(tmp_path, PROVIDER), target())
+    changes = pi_config.install_changes(pi_files.read_files(tmp_path, PROVIDER), target())
     (tmp_path / "real.json").unlink()
     before = snapshot(tmp_path)
     with pytest.raises(PiConfigError, match="leads nowhere"):
-        pi_config.write_changes(tmp_path, changes, PROVIDER)
+        pi_files.write_changes(tmp_path, changes, PROVIDER)
     assert snapshot(tmp_path) == before
 
 
@@ -250,7 +252,7 @@ def test_a_write_failing_after_the_check_is_an_error_not_a_traceback(
         del text
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(pi_config, "_atomic_write", full)
+    monkeypatch.setattr(pi_files, "_atomic_write", full)
     with pytest.raises(PiConfigError, match="No space left on device") as caught:
         install_into(tmp_path)
     assert "every file is whole" in caught.value.hint
@@ -265,7 +267,7 @@ def _fifo(path: Path) -> None:
 
 def _huge(path: Path) -> None:
     with path.open("wb") as out:
-        out.truncate(pi_config.MAX_FILE_BYTES + 1)  # sparse: size without the disk
+        out.truncate(pi_files.MAX_FILE_BYTES + 1)  # sparse: size without the disk
 
 
 ODD_FILES: dict[str, tuple[Callable[[Path], object], str]] = {
@@ -273,7 +275,7 @@ ODD_FILES: dict[str, tuple[Callable[[Path], object], str]] = {
     "a NUL byte": (lambda p: p.write_bytes(b'{\n  "a": 1\x00\n}\n'), ":2:9: a NUL byte"),
     "a directory": (lambda p: p.mkdir(), " is a directory, not a file"),
     "a FIFO": (_fifo, " is a FIFO (named pipe), not a file"),
-    "huge": (_huge, f" is larger than {pi_config.MAX_FILE_BYTES // 2**20} MiB"),
+    "huge": (_huge, f" is larger than {pi_files.MAX_FILE_BYTES // 2**20} MiB"),
     "deeply nested": (lambda p: p.write_text('{"a": ' + "[" * 10000 + "]" * 10000 + "}"), ":1:"),
     "a huge integer": (lambda p: p.write_text('{\n  "a": ' + "1" * 5000 + "\n}"), ":2:8: an integer of 5000 digits"),
 }
@@ -327,7 +329,7 @@ def test_facts_turn_a_dangling_symlink_into_an_error(tmp_path: Path, monkeypatch
 def test_a_pi_dir_under_an_unknown_users_home_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PI_CODING_AGENT_DIR", "~no-such-user-here/pi")
     with pytest.raises(PiConfigError, match="names no home directory"):
-        pi_config.agent_dir()
+        pi_files.agent_dir()
     facts = gather_pi(PROVIDER)
     assert facts.directory == "~no-such-user-here/pi"
     assert "names no home directory" in (facts.error or "")

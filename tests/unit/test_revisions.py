@@ -11,8 +11,8 @@ from reconciler import apply
 from reconciler.actions import Link, Pin, PruneRevisions, Step, Switch, action
 from reconciler.facts.files import CheckpointRecord, Resolved
 from reconciler.facts.node import Facts, NodeFacts, load_facts
+from reconciler.facts.revisions import desired_commit
 from reconciler.plan import Plan, plan, render_text
-from reconciler.revisions import desired_commit
 from tests.scenarios import (
     COMMIT,
     COMMIT_B,
