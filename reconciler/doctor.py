@@ -226,7 +226,8 @@ def _nvidia_runtime(subject: _Subject) -> Check:
     if "nvidia" in runtimes:
         return subject.check("nvidia runtime", "PASS", f"Docker runtimes: {', '.join(runtimes)}")
     configure = "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker"
-    note = " (serving.gpus is none in this spec, so its ranks start without it)" if _no_gpus(subject) else ""
+    gpus_off = subject.deployment.serving.gpus == "none"
+    note = " (serving.gpus is none in this spec, so its ranks start without it)" if gpus_off else ""
     tools = subject.probe.host.get("tools") or {}
     if tools.get("nvidia-ctk") or tools.get("nvidia-container-runtime-hook"):
         message = f"nvidia-container-toolkit is installed but not a Docker runtime (runtimes: {', '.join(runtimes)})"
@@ -237,10 +238,6 @@ def _nvidia_runtime(subject: _Subject) -> Check:
     return subject.check(
         "nvidia runtime", "FAIL", message + note, f"install nvidia-container-toolkit, then {configure}"
     )
-
-
-def _no_gpus(subject: _Subject) -> bool:
-    return subject.deployment.serving.gpus == "none"
 
 
 def _gpu_driver(subject: _Subject) -> Check:

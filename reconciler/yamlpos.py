@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 import yaml
@@ -222,17 +223,10 @@ class _Builder:
         key, parent.key = parent.key or "", None
         keep = parent.keep and key not in parent.value
         # A duplicate's value is still built, so problems inside it are found, but never attached.
-        return (*parent.path, key), keep, _setter(parent.value if keep else {}, key)
+        return (*parent.path, key), keep, partial((parent.value if keep else {}).__setitem__, key)
 
     def _set_root(self, value: Any) -> None:
         self.document.data = value
-
-
-def _setter(mapping: dict[str, Any], key: str) -> Callable[[Any], None]:
-    def put(value: Any) -> None:
-        mapping[key] = value
-
-    return put
 
 
 def _refuse_properties(event: yaml.NodeEvent, mark: Mark, path: Path) -> None:

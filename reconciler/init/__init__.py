@@ -25,14 +25,13 @@ from reconciler.init.request import (
     provisional,
     ssh_target,
 )
-from reconciler.init.yamltext import Note, flow_scalar, quoted, scalar
+from reconciler.init.yamltext import flow_scalar, quoted, scalar
 
 __all__ = [
     "DEFAULT_MODEL_DIR",
     "REVIEW",
     "Draft",
     "InitRequest",
-    "Note",
     "Probed",
     "check_distinct",
     "checked_model_dir",

@@ -338,17 +338,15 @@ def _memory(out: Lines, facts: NodeFacts, where: str) -> None:
 def _cross_node(out: Lines, probed: list[Probed], names: list[tuple[str, str]]) -> None:
     """What only several nodes together show: fabric addresses on different subnets, unequal MTUs."""
     addresses: dict[str, tuple[str, int | None]] = {}
+    mtus: dict[str, int] = {}
     for item, (name, _) in zip(probed, names, strict=True):
         fabric = item.facts.fabric
         if fabric.ip is not None and refused("ip", fabric.ip) is None:
             addresses[name] = (fabric.ip, fabric.prefixlen)
+        if fabric.mtu is not None:
+            mtus[name] = fabric.mtu
     for _, message in subnet_mismatches(addresses):
         out.review(2, "nodes", f"{message}: give every node's QSFP port an address in one subnet (netplan)")
-    mtus = {
-        name: item.facts.fabric.mtu
-        for item, (name, _) in zip(probed, names, strict=True)
-        if item.facts.fabric.mtu is not None
-    }
     if len(set(mtus.values())) > 1:
         listed = ", ".join(f"{name} {mtu}" for name, mtu in mtus.items())
         out.review(2, "nodes", f"fabric MTUs differ ({listed}): set the same on every node (netplan `mtu: 9000`)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from typing import Any, get_args, get_origin
 
 from pydantic import (
@@ -95,91 +96,71 @@ def cross_check(deployment: Deployment) -> list[Located]:
     return [*_check_roles(deployment), *_check_unique_nodes(deployment), *_check_ports(deployment)]
 
 
-def _check_roles(deployment: Deployment) -> list[Located]:
+def _check_roles(deployment: Deployment) -> Iterator[Located]:
     heads = [index for index, node in enumerate(deployment.nodes) if node.role == "head"]
-    problems: list[Located] = []
     if len(heads) != 1:
         where = ("nodes", heads[1], "role") if len(heads) > 1 else ("nodes",)
-        problems.append(
-            (
-                where,
-                f"exactly one node must have role: head, found {len(heads)}",
-                "mark the Spark that serves the API as head",
-            )
+        yield (
+            where,
+            f"exactly one node must have role: head, found {len(heads)}",
+            "mark the Spark that serves the API as head",
         )
     for index, node in enumerate(deployment.nodes):
         if node.role == "head" and node.model_source is not None:
-            problems.append(
-                (
-                    ("nodes", index, "model_source"),
-                    "the head always downloads from the Hub",
-                    "remove model_source from the head",
-                )
+            yield (
+                ("nodes", index, "model_source"),
+                "the head always downloads from the Hub",
+                "remove model_source from the head",
             )
-    return problems
 
 
-def _check_unique_nodes(deployment: Deployment) -> list[Located]:
-    problems: list[Located] = []
+def _check_unique_nodes(deployment: Deployment) -> Iterator[Located]:
     seen: dict[str, int] = {}
     fabric_ips: dict[str, int] = {}
     locals_: list[int] = []
     for index, node in enumerate(deployment.nodes):
         if node.name in seen:
-            problems.append(
-                (
-                    ("nodes", index, "name"),
-                    f"node name '{node.name}' is used twice",
-                    f"rename one; nodes[{seen[node.name]}] has it",
-                )
+            yield (
+                ("nodes", index, "name"),
+                f"node name '{node.name}' is used twice",
+                f"rename one; nodes[{seen[node.name]}] has it",
             )
         seen.setdefault(node.name, index)
         ip = node.fabric.ip
         if ip is not None and ip in fabric_ips:
-            problems.append(
-                (
-                    ("nodes", index, "fabric", "ip"),
-                    f"fabric ip {ip} is also nodes[{fabric_ips[ip]}]'s",
-                    "each Spark needs its own fabric address",
-                )
+            yield (
+                ("nodes", index, "fabric", "ip"),
+                f"fabric ip {ip} is also nodes[{fabric_ips[ip]}]'s",
+                "each Spark needs its own fabric address",
             )
         if ip is not None:
             fabric_ips.setdefault(ip, index)
         if node.ssh is None:
             locals_.append(index)
     if len(locals_) > 1:
-        problems.append(
-            (
-                ("nodes", locals_[1]),
-                "more than one node has no ssh: (only the machine running the reconciler is local)",
-                "add an ssh: target to every remote node",
-            )
+        yield (
+            ("nodes", locals_[1]),
+            "more than one node has no ssh: (only the machine running the reconciler is local)",
+            "add an ssh: target to every remote node",
         )
-    return problems
 
 
-def _check_ports(deployment: Deployment) -> list[Located]:
+def _check_ports(deployment: Deployment) -> Iterator[Located]:
     serving = deployment.serving
-    problems: list[Located] = []
     if serving.port == serving.master_port:
-        problems.append(
-            (
-                ("serving", "master_port"),
-                f"master_port equals the API port {serving.port}",
-                "use two different ports (the defaults: 8000 and 29655)",
-            )
+        yield (
+            ("serving", "master_port"),
+            f"master_port equals the API port {serving.port}",
+            "use two different ports (the defaults: 8000 and 29655)",
         )
     sizes = serving.cudagraph.capture_sizes
     limit = serving.max_num_seqs * (serving.speculative.num_speculative_tokens + 1)
     if sizes is not None and max(sizes, default=0) > limit:
-        problems.append(
-            (
-                ("serving", "cudagraph", "capture_sizes"),
-                f"capture size {max(sizes)} exceeds max_num_seqs*(num_speculative_tokens+1) = {limit}",
-                "drop the larger sizes or raise max_num_seqs",
-            )
+        yield (
+            ("serving", "cudagraph", "capture_sizes"),
+            f"capture size {max(sizes)} exceeds max_num_seqs*(num_speculative_tokens+1) = {limit}",
+            "drop the larger sizes or raise max_num_seqs",
         )
-    return problems
 
 
 def _warnings(deployment: Deployment, document: LocatedDocument, filename: str) -> list[SpecProblem]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import (
@@ -15,58 +16,16 @@ from pydantic_core import PydanticCustomError
 
 # Pattern strings, not compiled objects: `re` compiles each on first use (and caches it), so a
 # command that never validates that field never pays for it.
-_NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
-
-
-_IFNAME_RE = r"^[A-Za-z0-9_.:-]{1,15}$"
-
-
-_HCA_RE = r"^[A-Za-z0-9_]{1,64}$"
-
-
-_ENV_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
-
-
 _REPO_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
-
-
-_HOST_RE = r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$"
-
-
 _DIGEST_RE = r"@sha256:[0-9a-f]{64}$"
-
-
 _COMMIT_RE = r"^[0-9a-f]{40}$"
-
-
 _SIZE_RE = r"^[1-9][0-9]{0,15}[bkmg]?$"
 
-
-_FILE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"
-
-
-_USER_RE = r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
-
-
-_REVISION_RE = r"^[A-Za-z0-9._/-]{1,255}$"
-
-
-_IMAGE_RE = r"^[a-z0-9][A-Za-z0-9._/:@-]{0,511}$"
-
-
 MAX_PATH = 1024
-
-
 MAX_ARG = 256
-
-
 MAX_TEXT = 4096
-
-
 # Sizes that make sense on a Spark: one node has 128 GB of memory; nobody runs 64 of them.
 MAX_NODES = 64
-
-
 GIB = 1024**3
 
 
@@ -74,15 +33,18 @@ def _problem(kind: str, message: str, hint: str, **context: object) -> PydanticC
     return PydanticCustomError(kind, message, {"hint": hint.format(**context), **context})
 
 
-def _check_name(value: str) -> str:
-    if not re.match(_NAME_RE, value):
-        raise _problem(
-            "name",
-            "'{value}' is not a valid name",
-            "use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit",
-            value=value,
-        )
-    return value
+def _pattern(
+    pattern: str, kind: str, message: str, hint: str, *, refuse: Callable[[str], bool] | None = None
+) -> AfterValidator:
+    """A check refusing, with one problem, a value that `pattern` does not match or that `refuse`
+    holds for; `{value}` in the message and hint stands for the value."""
+
+    def check(value: str) -> str:
+        if not re.match(pattern, value) or (refuse is not None and refuse(value)):
+            raise _problem(kind, message, hint, value=value)
+        return value
+
+    return AfterValidator(check)
 
 
 def _check_host_path(value: str) -> str:
@@ -121,19 +83,6 @@ def _check_host_path(value: str) -> str:
     return value
 
 
-def _check_file_name(value: str) -> str:
-    """A plain file name inside the model dir: never a path that could lead out of it."""
-    if not re.match(_FILE_NAME_RE, value) or value in {".", ".."}:
-        raise _problem(
-            "file_name",
-            "'{value}' is not a plain file name",
-            "write the file's name alone (letters, digits, '.', '_', '-'), e.g. J268-ho-v31-K5n.json; "
-            "it is looked up inside the model dir",
-            value=value,
-        )
-    return value
-
-
 def _check_arg_value(value: str) -> str:
     """A value rendered as one `vllm serve` argument: never mistaken for a flag, never split."""
     if (
@@ -152,38 +101,15 @@ def _check_arg_value(value: str) -> str:
     return value
 
 
-def _check_user(value: str) -> str:
-    if not re.match(_USER_RE, value):
-        raise _problem(
-            "user",
-            "'{value}' is not a user name",
-            "write the login name alone (letters, digits, '_', '.', '-'; up to 32); the host goes in host:",
-            value=value,
-        )
-    return value
-
-
-def _check_revision(value: str) -> str:
-    if not re.match(_REVISION_RE, value) or value.startswith("-") or ".." in value or value.endswith("/"):
-        raise _problem(
-            "revision",
-            "'{value}' is not a branch, tag or commit",
-            "write a 40-hex commit (best), or a branch or tag name such as main",
-            value=value,
-        )
-    return value
+def _ipv4(value: str, hint: str) -> ipaddress.IPv4Address:
+    try:
+        return ipaddress.IPv4Address(value)
+    except ValueError:
+        raise _problem("ipv4", "'{value}' is not an IPv4 address", hint, value=value) from None
 
 
 def _check_fabric_ip(value: str) -> str:
-    try:
-        address = ipaddress.IPv4Address(value)
-    except ValueError:
-        raise _problem(
-            "ipv4",
-            "'{value}' is not an IPv4 address",
-            "write the fabric address as four numbers, e.g. 10.10.10.11 (see `ip -br addr`)",
-            value=value,
-        ) from None
+    address = _ipv4(value, "write the fabric address as four numbers, e.g. 10.10.10.11 (see `ip -br addr`)")
     reasons = {
         "loopback": address.is_loopback,
         "link-local (169.254.0.0/16, an unconfigured port)": address.is_link_local,
@@ -203,60 +129,7 @@ def _check_fabric_ip(value: str) -> str:
 
 
 def _check_bind_ip(value: str) -> str:
-    try:
-        ipaddress.IPv4Address(value)
-    except ValueError:
-        raise _problem(
-            "ipv4",
-            "'{value}' is not an IPv4 address",
-            "use 0.0.0.0 for every interface, or one address of the head",
-            value=value,
-        ) from None
-    return value
-
-
-def _check_ifname(value: str) -> str:
-    if not re.match(_IFNAME_RE, value):
-        raise _problem(
-            "ifname",
-            "'{value}' is not a network interface name",
-            "use the name `ip -br link` prints, e.g. enp1s0f1np1 (at most 15 characters)",
-            value=value,
-        )
-    return value
-
-
-def _check_hca(value: str) -> str:
-    if not re.match(_HCA_RE, value):
-        raise _problem(
-            "hca",
-            "'{value}' is not an RDMA device name",
-            "use the names `rdma link` prints before '/', e.g. rocep1s0f1",
-            value=value,
-        )
-    return value
-
-
-def _check_env_name(value: str) -> str:
-    if not re.match(_ENV_RE, value):
-        raise _problem(
-            "env_name",
-            "'{value}' is not an environment variable name",
-            "use letters, digits and '_', not starting with a digit",
-            value=value,
-        )
-    return value
-
-
-def _check_host(value: str) -> str:
-    if not re.match(_HOST_RE, value) or ".." in value:
-        raise _problem(
-            "host",
-            "'{value}' is not a host name or IPv4 address",
-            "write the worker's fabric address (e.g. 10.10.10.11) or a resolvable name; "
-            "put the user in `user:`, not in `host:`",
-            value=value,
-        )
+    _ipv4(value, "use 0.0.0.0 for every interface, or one address of the head")
     return value
 
 
@@ -268,6 +141,12 @@ def _check_text(value: str) -> str:
             "shorten it and remove line breaks, tabs and other control characters",
             limit=MAX_TEXT,
         )
+    return value
+
+
+def _check_size(value: str) -> str:
+    if not re.match(_SIZE_RE, value.lower()) or size_bytes(value) > 128 * GIB:
+        raise _problem("size", "'{value}' is not a size up to 128g", "write e.g. 32g, 512m or 1073741824", value=value)
     return value
 
 
@@ -292,55 +171,112 @@ def size_bytes(text: str) -> int:
     return int(lowered)
 
 
-Name = Annotated[str, AfterValidator(_check_name)]
-
-
+Name = Annotated[
+    str,
+    _pattern(
+        r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+        "name",
+        "'{value}' is not a valid name",
+        "use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit",
+    ),
+]
+IfName = Annotated[
+    str,
+    _pattern(
+        r"^[A-Za-z0-9_.:-]{1,15}$",
+        "ifname",
+        "'{value}' is not a network interface name",
+        "use the name `ip -br link` prints, e.g. enp1s0f1np1 (at most 15 characters)",
+    ),
+]
+HcaName = Annotated[
+    str,
+    _pattern(
+        r"^[A-Za-z0-9_]{1,64}$",
+        "hca",
+        "'{value}' is not an RDMA device name",
+        "use the names `rdma link` prints before '/', e.g. rocep1s0f1",
+    ),
+]
+EnvName = Annotated[
+    str,
+    _pattern(
+        r"^[A-Za-z_][A-Za-z0-9_]*$",
+        "env_name",
+        "'{value}' is not an environment variable name",
+        "use letters, digits and '_', not starting with a digit",
+    ),
+]
+HostName = Annotated[
+    str,
+    _pattern(
+        r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$",
+        "host",
+        "'{value}' is not a host name or IPv4 address",
+        "write the worker's fabric address (e.g. 10.10.10.11) or a resolvable name; "
+        "put the user in `user:`, not in `host:`",
+        refuse=lambda value: ".." in value,
+    ),
+]
+UserName = Annotated[
+    str,
+    _pattern(
+        r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$",
+        "user",
+        "'{value}' is not a user name",
+        "write the login name alone (letters, digits, '_', '.', '-'; up to 32); the host goes in host:",
+    ),
+]
+# A plain file name inside the model dir: never a path that could lead out of it.
+FileName = Annotated[
+    str,
+    _pattern(
+        r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$",
+        "file_name",
+        "'{value}' is not a plain file name",
+        "write the file's name alone (letters, digits, '.', '_', '-'), e.g. J268-ho-v31-K5n.json; "
+        "it is looked up inside the model dir",
+        refuse=lambda value: value in {".", ".."},
+    ),
+]
+Revision = Annotated[
+    str,
+    _pattern(
+        r"^[A-Za-z0-9._/-]{1,255}$",
+        "revision",
+        "'{value}' is not a branch, tag or commit",
+        "write a 40-hex commit (best), or a branch or tag name such as main",
+        refuse=lambda value: value.startswith("-") or ".." in value or value.endswith("/"),
+    ),
+]
+ImageRef = Annotated[
+    str,
+    Field(min_length=1),
+    _pattern(
+        r"^[a-z0-9][A-Za-z0-9._/:@-]{0,511}$",
+        "image_ref",
+        "'{value}' is not an image reference",
+        "write registry/name@sha256:<digest>, e.g. the default ghcr.io/0xsero/...@sha256:...",
+    ),
+]
+Url = Annotated[
+    str,
+    _pattern(
+        r"^https?://[^\s/]+",
+        "url",
+        "'{value}' is not an http(s) URL",
+        "write the mirror's base URL, e.g. https://hf-mirror.example.org",
+        refuse=lambda value: len(value) > 2048 or any(c.isspace() for c in value),
+    ),
+]
+Size = Annotated[str, AfterValidator(_check_size)]
 EnvValue = Annotated[str, AfterValidator(_check_text)]
-
-
 ExtraArg = Annotated[str, Field(min_length=1), AfterValidator(_check_text)]
-
-
 HostPath = Annotated[str, AfterValidator(_check_host_path)]
-
-
-FileName = Annotated[str, AfterValidator(_check_file_name)]
-
-
 ArgValue = Annotated[str, AfterValidator(_check_arg_value)]
-
-
-UserName = Annotated[str, AfterValidator(_check_user)]
-
-
-Revision = Annotated[str, AfterValidator(_check_revision)]
-
-
 FabricIPv4 = Annotated[str, AfterValidator(_check_fabric_ip)]
-
-
 BindIPv4 = Annotated[str, AfterValidator(_check_bind_ip)]
-
-
-IfName = Annotated[str, AfterValidator(_check_ifname)]
-
-
-HcaName = Annotated[str, AfterValidator(_check_hca)]
-
-
-EnvName = Annotated[str, AfterValidator(_check_env_name)]
-
-
-HostName = Annotated[str, AfterValidator(_check_host)]
-
-
 Port = Annotated[int, Field(ge=1, le=65535)]
-
-
 PositiveInt = Annotated[int, Field(ge=1)]
-
-
 Seconds = Annotated[int, Field(ge=1, le=86_400)]
-
-
 Tokens = Annotated[int, Field(ge=1, le=2**21)]
