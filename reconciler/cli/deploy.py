@@ -140,9 +140,7 @@ def apply(args: argparse.Namespace) -> int:
         )
     else:
         sys.stdout.write(apply_summary(outcome))
-    if outcome.declined:
-        return EXIT_ERROR
-    return EXIT_OK if not outcome.after.has_changes else EXIT_ERROR
+    return EXIT_ERROR if outcome.declined or outcome.after.has_changes else EXIT_OK
 
 
 def _converge(deployment: Deployment, request: commands.Converge) -> commands.ApplyOutcome:
