@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
     try:
         return _main(argv)
-    except KeyboardInterrupt:  # during parsing or a handler's imports
+    except KeyboardInterrupt:  # anywhere: parsing, a handler's imports, the handler
         sys.stderr.write(INTERRUPTED_HINT)
         return EXIT_INTERRUPTED
     finally:
@@ -83,9 +83,6 @@ def _main(argv: Sequence[str] | None) -> int:
         return _handler(args.handler)(args)
     except ReconcilerError as exc:
         return fail(exc, as_json=as_json)
-    except KeyboardInterrupt:
-        sys.stderr.write(INTERRUPTED_HINT)
-        return EXIT_INTERRUPTED
     except Exception as exc:
         if os.environ.get("RECONCILER_DEBUG"):
             raise

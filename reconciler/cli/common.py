@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from reconciler.constants import (
     EXIT_CHANGES,
@@ -15,6 +17,9 @@ from reconciler.constants import (
 )
 from reconciler.errors import ReconcilerError, SpecError
 
+if TYPE_CHECKING:
+    from reconciler.spec import LoadedSpec
+
 __all__ = [
     "EXIT_CHANGES",
     "EXIT_ERROR",
@@ -23,7 +28,9 @@ __all__ = [
     "EXIT_OK",
     "emit_json",
     "fail",
+    "load",
     "spec_path",
+    "warn",
 ]
 
 
@@ -47,3 +54,15 @@ def fail(exc: ReconcilerError, as_json: bool) -> int:
 def spec_path(given: str | None) -> str:
     """--spec, else $RECONCILER_SPEC, else the default (without importing the spec model)."""
     return given or default_spec_path()
+
+
+def load(args: argparse.Namespace) -> LoadedSpec:
+    """The spec of --spec; the spec model is imported only now."""
+    from reconciler.spec import load_spec
+
+    return load_spec(spec_path(args.spec))
+
+
+def warn(loaded: LoadedSpec) -> None:
+    for warning in loaded.warnings:
+        sys.stderr.write(f"warning: {warning.render()}\n")

@@ -11,33 +11,22 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reconciler.cli.common import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, emit_json, spec_path
+from reconciler.cli.common import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, emit_json, load, spec_path, warn
 from reconciler.errors import ReconcilerError
 
 if TYPE_CHECKING:
     from reconciler import commands
     from reconciler.facts.node import Facts
     from reconciler.plan import Plan
-    from reconciler.spec import LoadedSpec
-
-
-def _load(args: argparse.Namespace) -> LoadedSpec:
-    from reconciler.spec import load_spec
-
-    return load_spec(spec_path(args.spec))
-
-
-def _warn(loaded: LoadedSpec) -> None:
-    for warning in loaded.warnings:
-        sys.stderr.write(f"warning: {warning.render()}\n")
+    from reconciler.spec import Deployment, LoadedSpec
 
 
 def validate(args: argparse.Namespace) -> int:
-    loaded = _load(args)
+    loaded = load(args)
     if args.json:
         emit_json({"ok": True, "spec": loaded.path, "warnings": [w.to_dict() for w in loaded.warnings]})
         return EXIT_OK
-    _warn(loaded)
+    warn(loaded)
     deployment = loaded.deployment
     sys.stdout.write(f"{loaded.path}: valid ({len(deployment.nodes)} nodes, deployment {deployment.name})\n")
     return EXIT_OK
@@ -79,7 +68,7 @@ def schema(args: argparse.Namespace) -> int:
 def plan(args: argparse.Namespace) -> int:
     from reconciler.plan import render_text
 
-    loaded = _load(args)
+    loaded = load(args)
     facts, result = _plan_from(args, loaded)
     if args.out is not None:
         from reconciler import savedplan
@@ -90,7 +79,7 @@ def plan(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(result.to_dict())
     else:
-        _warn(loaded)
+        warn(loaded)
         sys.stdout.write(render_text(result, verbose=args.verbose))
     if result.blockers and args.detailed_exitcode:
         return EXIT_ERROR
@@ -115,10 +104,9 @@ def _plan_from(args: argparse.Namespace, loaded: LoadedSpec) -> tuple[Facts, Pla
 
 def apply(args: argparse.Namespace) -> int:
     from reconciler import commands, savedplan
-    from reconciler.execution import Progress
 
-    loaded = _load(args)
-    _warn(loaded)
+    loaded = load(args)
+    warn(loaded)
     deployment = loaded.deployment
     if args.plan_file is not None and (args.deep_verify or args.update_revision):
         raise ReconcilerError(
@@ -138,8 +126,7 @@ def apply(args: argparse.Namespace) -> int:
         show=None if args.json else show_plan,
         confirm=None if args.yes else confirm,
     )
-    with commands.session(deployment) as transports:
-        outcome = commands.converge(deployment, transports, Progress(), request)
+    outcome = _converge(deployment, request)
     if args.json:
         emit_json(
             {
@@ -153,9 +140,15 @@ def apply(args: argparse.Namespace) -> int:
         )
     else:
         sys.stdout.write(apply_summary(outcome))
-    if outcome.declined:
-        return EXIT_ERROR
-    return EXIT_OK if not outcome.after.has_changes else EXIT_ERROR
+    return EXIT_ERROR if outcome.declined or outcome.after.has_changes else EXIT_OK
+
+
+def _converge(deployment: Deployment, request: commands.Converge) -> commands.ApplyOutcome:
+    from reconciler import commands
+    from reconciler.execution import Progress
+
+    with commands.session(deployment) as transports:
+        return commands.converge(deployment, transports, Progress(), request)
 
 
 def show_plan(result: Plan) -> None:
@@ -212,7 +205,7 @@ def facts(args: argparse.Namespace) -> int:
     from reconciler import commands
     from reconciler.facts.gather import gather
 
-    loaded = _load(args)
+    loaded = load(args)
     with commands.session(loaded.deployment) as transports:
         observed = gather(loaded.deployment, transports)
     sys.stdout.write(observed.to_json())
@@ -222,7 +215,7 @@ def facts(args: argparse.Namespace) -> int:
 def logs(args: argparse.Namespace) -> int:
     from reconciler import commands
 
-    deployment = _load(args).deployment
+    deployment = load(args).deployment
     with commands.session(deployment) as transports:
         if args.which == "memguard":
             node = args.node or deployment.head.name
@@ -247,13 +240,11 @@ def rank_of(which: str, count: int) -> int:
 
 def stop(args: argparse.Namespace) -> int:
     from reconciler import commands
-    from reconciler.execution import Progress
 
-    loaded = _load(args)
+    deployment = load(args).deployment
     request = commands.Converge(doing="reconciler stop", wait_s=args.wait, first=commands.hold, blocked_is_error=False)
-    with commands.session(loaded.deployment) as transports:
-        outcome = commands.converge(loaded.deployment, transports, Progress(), request)
-    unstopped = commands.ranks_still_running(loaded.deployment, outcome.facts)
+    outcome = _converge(deployment, request)
+    unstopped = commands.ranks_still_running(deployment, outcome.facts)
     if args.json:
         emit_json({"ok": not unstopped, "held": True, "still_running": unstopped, "applied": outcome.result.to_dict()})
     elif unstopped:
@@ -268,12 +259,9 @@ def stop(args: argparse.Namespace) -> int:
 
 def start(args: argparse.Namespace) -> int:
     from reconciler import commands
-    from reconciler.execution import Progress
 
-    loaded = _load(args)
     request = commands.Converge(doing="reconciler start", wait_s=args.wait, first=commands.release)
-    with commands.session(loaded.deployment) as transports:
-        outcome = commands.converge(loaded.deployment, transports, Progress(), request)
+    outcome = _converge(load(args).deployment, request)
     converged = not outcome.after.has_changes
     if args.json:
         emit_json({"ok": converged, "applied": outcome.result.to_dict()})

@@ -6,19 +6,17 @@ Its heavy imports (paramiko, the probe, the spec model) load only when init runs
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reconciler.cli.common import EXIT_OK
+from reconciler.cli.common import EXIT_OK, emit_json, warn
 from reconciler.constants import DEFAULT_SPEC_PATH, SCHEMA_PATH, default_spec_path
+from reconciler.errors import ReconcilerError
 
 if TYPE_CHECKING:
     from reconciler.init import Draft, InitRequest, Probed
-
-DEFAULT_OUT = DEFAULT_SPEC_PATH
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -36,17 +34,15 @@ def cmd_init(args: argparse.Namespace) -> int:
     steps = init.next_steps(_spec_option(out))
     if args.json:
         report = {**_report(out, drafted, probed, steps), "warnings": [w.to_dict() for w in loaded.warnings]}
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        emit_json(report)
         return EXIT_OK
-    for warning in loaded.warnings:
-        sys.stderr.write(f"warning: {warning.render()}\n")
+    warn(loaded)
     sys.stdout.write(_render(out, drafted, probed, steps))
     return EXIT_OK
 
 
 def _write(out: Path, text: str) -> None:
     """Whole or not at all; a spec holds no secret, so it is readable like any config (0644)."""
-    from reconciler.errors import ReconcilerError
     from reconciler.fsutil import atomic_write
 
     _refuse_existing(out)  # again: probing takes a while, and someone may have written it since
@@ -58,10 +54,8 @@ def _write(out: Path, text: str) -> None:
 
 def _checked_out(text: str) -> Path:
     """--out as a file path; an empty one would mean the current directory."""
-    from reconciler.errors import ReconcilerError
-
     if not text.strip():
-        raise ReconcilerError("--out is empty", f"give the spec file to write, e.g. --out {DEFAULT_OUT}")
+        raise ReconcilerError("--out is empty", f"give the spec file to write, e.g. --out {DEFAULT_SPEC_PATH}")
     out = Path(text)
     if text.endswith("/") or out.is_dir():
         raise ReconcilerError(
@@ -73,8 +67,6 @@ def _checked_out(text: str) -> Path:
 def _check_writable(out: Path) -> None:
     """Before probing, which takes a while: the write creates missing parent directories, so the
     nearest one that exists must be a directory this user may create entries in."""
-    from reconciler.errors import ReconcilerError
-
     parent = out.absolute().parent
     existing = next(directory for directory in (parent, *parent.parents) if directory.exists())
     if not existing.is_dir():
@@ -90,8 +82,6 @@ def _check_writable(out: Path) -> None:
 
 
 def _refuse_existing(out: Path) -> None:
-    from reconciler.errors import ReconcilerError
-
     if out.exists() or out.is_symlink():
         raise ReconcilerError(
             f"{out} exists; init never overwrites a spec",

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from reconciler.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NOT_CONVERGED, EXIT_OK, emit_json, spec_path
+from reconciler.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NOT_CONVERGED, EXIT_OK, emit_json, load
 
 Report = dict[str, Any]
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -16,9 +16,8 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 def status(args: argparse.Namespace) -> int:
     from reconciler import commands
-    from reconciler.spec import load_spec
 
-    deployment = load_spec(spec_path(args.spec)).deployment
+    deployment = load(args).deployment
     with commands.session(deployment) as transports:
         if args.watch is None:
             report = commands.status(deployment, transports, probe=args.probe)
@@ -123,9 +122,8 @@ def _next_steps(report: Report) -> list[str]:
 
 def doctor(args: argparse.Namespace) -> int:
     from reconciler import commands, doctor
-    from reconciler.spec import load_spec
 
-    deployment = load_spec(spec_path(args.spec)).deployment
+    deployment = load(args).deployment
     with commands.session(deployment) as transports:
         report = doctor.run(deployment, transports)
     if args.json:

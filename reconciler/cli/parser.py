@@ -8,12 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, cast
+from typing import Any, NamedTuple, NoReturn
 
 from reconciler import __version__, constants
 from reconciler.cli.common import EXIT_ERROR
-
-SubParsers = Any  # argparse's _SubParsersAction is private; its add_parser is all we use
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -63,6 +61,32 @@ def innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argp
     return parser
 
 
+class Arg(NamedTuple):
+    """One add_argument call: the flags (or a positional's name) and the keywords."""
+
+    names: tuple[str, ...]
+    settings: dict[str, Any]
+
+
+def arg(*names: str, **settings: Any) -> Arg:
+    return Arg(names, settings)
+
+
+class Command(NamedTuple):
+    """One subcommand: `summary` in the command list, `description` and `examples` in its --help;
+    `handler` is "module:function" in reconciler.cli, imported only when the command runs."""
+
+    name: str
+    summary: str
+    description: str
+    examples: list[str]
+    handler: str
+    args: tuple[Arg, ...] = ()
+    actions: tuple[Command, ...] = ()  # its own subcommands, chosen as `<name>_action`
+    usage: str | None = None
+    defaults: dict[str, Any] | None = None  # set on the namespace beside the handler
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The whole tree; with `argv`, only the command it starts with (if any) is declared in full.
 
@@ -85,19 +109,32 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    action = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
-    commands = _Commands(action, _running(argv))
-    _add_spec_commands(commands)
-    _add_converge_commands(commands)
-    _add_observe_commands(commands)
-    _add_control_commands(commands)
-    _add_smoke(commands)
-    _add_bench(commands)
-    _add_pi(commands)
-    _add_install_service(commands)
-    _add_init(commands)
-    _add_completion(commands)
+    _declare(parser, "command", "COMMAND", _commands(), _running(argv))
     return parser
+
+
+def _declare(
+    parser: argparse.ArgumentParser, dest: str, metavar: str, commands: list[Command], running: str | None
+) -> None:
+    """`commands` as the subcommands of `parser`; when `running` names one, only it in full."""
+    action = parser.add_subparsers(dest=dest, required=True, metavar=metavar, parser_class=CommandParser)
+    for command in commands:
+        if running not in (None, command.name):
+            action.add_parser(command.name, help=command.summary)
+            continue
+        sub: argparse.ArgumentParser = action.add_parser(
+            command.name,
+            help=command.summary,
+            description=command.description,
+            epilog=_examples(*command.examples),
+            usage=command.usage,
+            formatter_class=HelpFormatter,
+        )
+        for argument in command.args:
+            sub.add_argument(*argument.names, **argument.settings)
+        sub.set_defaults(handler=command.handler, **(command.defaults or {}))
+        if command.actions:
+            _declare(sub, f"{command.name}_action", "ACTION", list(command.actions), None)
 
 
 # Options of the top-level parser that end the parse where they stand: what follows is never read.
@@ -114,81 +151,11 @@ def _running(argv: Sequence[str] | None) -> str | None:
     return None if argv[0].startswith("-") else argv[0]
 
 
-class _Commands:
-    """The top-level subcommands, and the one a command line runs (None: all of them)."""
-
-    def __init__(self, action: SubParsers, running: str | None) -> None:
-        self.action = action
-        self.running = running
-
-    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = self.action.add_parser(name, **kwargs)
-        return parser
-
-
-class _Undeclared:
-    """Stands in for a command that this command line does not run: what is declared on it
-    (options, defaults, nested commands) is dropped."""
-
-    def __getattr__(self, name: str) -> Callable[..., _Undeclared]:
-        return self._drop
-
-    def _drop(self, *_args: object, **_kwargs: object) -> _Undeclared:
-        return self
-
-
-def command(
-    commands: SubParsers, name: str, summary: str, description: str, examples: list[str], handler: str
-) -> argparse.ArgumentParser:
-    """One subcommand: `summary` in the command list, `description` and `examples` in its --help."""
-    if isinstance(commands, _Undeclared):
-        return cast(argparse.ArgumentParser, commands)
-    if isinstance(commands, _Commands) and commands.running not in (None, name):
-        commands.add_parser(name, help=summary)
-        return cast(argparse.ArgumentParser, _Undeclared())
-    sub: argparse.ArgumentParser = commands.add_parser(
-        name, help=summary, description=description, epilog=_examples(*examples), formatter_class=HelpFormatter
-    )
-    sub.set_defaults(handler=handler)
-    return sub
-
-
 def _examples(*lines: str) -> str:
     return "examples:\n" + "".join(f"  {line}\n" for line in lines)
 
 
-# --- options several commands share ----------------------------------------------------------
-
-
-def spec_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--spec",
-        default=None,
-        metavar="PATH",
-        help=f"spec file (default: ${constants.SPEC_PATH_ENV}, else {constants.DEFAULT_SPEC_PATH})",
-    )
-
-
-def json_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-
-
-def _update_revision_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--update-revision",
-        action="store_true",
-        help="move a branch or tag in model.revision to where it points on the Hub now (else it stays pinned)",
-    )
-
-
-def _wait_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--wait",
-        type=seconds,
-        default=600,
-        metavar="SECONDS",
-        help="how long to wait for a running loop's pass to finish",
-    )
+# --- what arguments accept ----------------------------------------------------------------------
 
 
 def seconds(text: str) -> float:
@@ -243,443 +210,440 @@ def fraction(text: str) -> float:
     return value
 
 
-# --- the spec -----------------------------------------------------------------------------------
-
-
-def _add_spec_commands(commands: SubParsers) -> None:
-    validate = command(
-        commands,
-        "validate",
-        "check a spec; every problem with file:line:column",
-        "Load the spec and check every field; each problem is reported with its file, line, column and "
-        "what to do. Touches no node.",
-        ["reconciler validate", "reconciler validate --spec specs/testbed.yaml --json"],
-        "deploy:validate",
-    )
-    spec_option(validate)
-    json_option(validate)
-
-    schema = command(
-        commands,
-        "schema",
-        f"write {constants.SCHEMA_PATH} from the spec model",
-        "Write the spec's JSON Schema (for editors and CI), or check that the committed one is current.",
-        ["reconciler schema", "reconciler schema --check", "reconciler schema --out -"],
-        "deploy:schema",
-    )
-    schema.add_argument("--out", default=constants.SCHEMA_PATH, help="where to write; - for stdout")
-    schema.add_argument("--check", action="store_true", help="exit 1 if the file differs instead of writing it")
-    json_option(schema)
-
-
-# --- converging -------------------------------------------------------------------------------
-
-
-def _add_converge_commands(commands: SubParsers) -> None:
-    plan = command(
-        commands,
-        "plan",
-        "show what apply would change",
-        "Observe every node (over SSH and the Docker API), compare with the spec and print the actions apply "
-        "would run, each with its cause. Changes nothing.",
-        [
-            "reconciler plan",
-            "reconciler plan --detailed-exitcode   # 0 nothing to do, 2 changes, 1 error",
-            "reconciler plan --out tonight.plan    # then: reconciler apply tonight.plan",
-            "reconciler plan --facts facts.json    # offline, from `reconciler facts` output",
-        ],
-        "deploy:plan",
-    )
-    spec_option(plan)
-    plan.add_argument("--facts", metavar="FILE", help="plan offline from a facts snapshot (JSON)")
-    plan.add_argument(
-        "--detailed-exitcode",
-        action="store_true",
-        help="exit 0 when nothing changes, 2 when something does, 1 on error",
-    )
-    plan.add_argument("-v", "--verbose", action="store_true", help="also say why each in-sync part needs nothing")
-    _update_revision_option(plan)
-    plan.add_argument(
-        "--out", metavar="FILE", help="save the plan (with a fingerprint of the facts) for `reconciler apply FILE`"
-    )
-    json_option(plan)
-
-    apply = command(
-        commands,
-        "apply",
-        "converge: show the plan, execute it with progress, plan again",
-        "Plan, then run the plan's actions in order with progress, then plan again to prove nothing is left. "
-        "With FILE, run exactly a saved plan, or refuse it when the deployment changed since. On a terminal, "
-        "asks before a group restart, a stop or removal, or moving more than 10 GB.",
-        ["reconciler apply", "reconciler apply --yes --json", "reconciler apply tonight.plan"],
-        "deploy:apply",
-    )
-    apply.add_argument(
-        "plan_file",
-        nargs="?",
-        metavar="FILE",
-        help="a plan saved by `reconciler plan --out FILE`: run exactly it, or refuse it when the deployment changed",
-    )
-    spec_option(apply)
-    _wait_option(apply)
-    _update_revision_option(apply)
-    apply.add_argument("-y", "--yes", action="store_true", help="do not ask before the disruptive or expensive")
-    apply.add_argument("--deep-verify", action="store_true", help="rehash every checkpoint file, ignoring the cache")
-    json_option(apply)
-
-    run = command(
-        commands,
-        "run",
-        "converge, then stay up and heal (the boot-time service)",
-        "The reconcile loop: converge, then watch the spec file, Docker events, a periodic resync and the API's "
-        "liveness, and converge again on any change. What `install-service` runs at boot.",
-        ["reconciler run", "RECONCILER_SPEC=/etc/spark/deployment.yaml reconciler run"],
-        "deploy:run",
-    )
-    spec_option(run)
-
-
-# --- looking ----------------------------------------------------------------------------------
-
-
-def _add_observe_commands(commands: SubParsers) -> None:
-    facts = command(
-        commands,
-        "facts",
-        "print the observed state of every node (a facts snapshot)",
-        "Observe every node and print what was found as JSON: the input `plan --facts` plans from.",
-        ["reconciler facts > facts.json"],
-        "deploy:facts",
-    )
-    spec_option(facts)
-    facts.set_defaults(json=True)
-
-    status = command(
-        commands,
-        "status",
-        "a table per node (containers, memory, guard, sync), the next step of each component, health",
-        "What is running where and what still differs from the spec. Exit 0 converged, 2 not converged, 1 error.",
-        ["reconciler status", "reconciler status --watch", "reconciler status --probe --json"],
-        "observe:status",
-    )
-    spec_option(status)
-    json_option(status)
-    status.add_argument(
-        "--probe",
-        action="store_true",
-        help="also send the liveness probe (keyed one-token completion): /health says 200 while the engine is dead",
-    )
-    status.add_argument(
-        "--watch",
-        nargs="?",
-        type=refresh_seconds,
-        const=5.0,
-        default=None,
-        metavar="SECONDS",
-        help="refresh every SECONDS (5 when not given) until Ctrl-C; with --json one JSON object per line",
-    )
-
-    doctor = command(
-        commands,
-        "doctor",
-        "every prerequisite on every node: PASS/WARN/FAIL with the fix",
-        "Check SSH, Docker, the fabric (RoCE interface, HCAs, MTU), disk, memory, the image registry and the "
-        "Hub on every node; each FAIL says how to fix it. Exit 1 when anything fails.",
-        ["reconciler doctor", "reconciler doctor --json"],
-        "observe:doctor",
-    )
-    spec_option(doctor)
-    json_option(doctor)
-
-    logs = command(
-        commands,
-        "logs",
-        "logs of a rank (r0, r1, ...) or of the memory guard",
-        "Print a rank container's log, or a node's memory-guard log.",
-        ["reconciler logs r0 --tail 50", "reconciler logs r1 -f", "reconciler logs memguard --node spark-worker"],
-        "deploy:logs",
-    )
-    spec_option(logs)
-    logs.add_argument("which", metavar="r0|r1|...|memguard", help="r<N> for rank N's container, or memguard")
-    logs.add_argument("--node", help="node of the memory guard log (default: the head)")
-    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until Ctrl-C")
-    logs.add_argument("--tail", type=count, default=200, help="lines of history to print first")
-
-
-def _add_control_commands(commands: SubParsers) -> None:
-    stop = command(
-        commands,
-        "stop",
-        "stop the ranks in order and hold them down until `start`",
-        "Stop rank 0 then the workers, and record a hold so neither apply nor the loop starts them again "
-        "until `reconciler start`.",
-        ["reconciler stop", "reconciler stop --wait 60 --json"],
-        "deploy:stop",
-    )
-    spec_option(stop)
-    _wait_option(stop)
-    json_option(stop)
-
-    start = command(
-        commands,
-        "start",
-        "clear a hold or a memory-guard trip, then converge",
-        "Release a `stop` hold and any memory-guard trip, then converge (start the ranks in order).",
-        ["reconciler start", "reconciler start --json"],
-        "deploy:start",
-    )
-    spec_option(start)
-    _wait_option(start)
-    json_option(start)
-
-
-# --- smoke and bench ----------------------------------------------------------------------------
-
-
-def _api_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "url", nargs="?", metavar="URL", help="API base URL (default: the spec's head, port serving.port)"
-    )
-    parser.add_argument(
-        "--key-file", metavar="PATH", help="API key file (default: $DSV41_API_KEY, else the spec's api.key_file)"
-    )
-    parser.add_argument(
-        "--model", help="served model name (default: the spec's serving.served_model_name, else the first listed)"
-    )
-    spec_option(parser)
-    json_option(parser)
-
-
-def _add_smoke(commands: SubParsers) -> None:
-    smoke = command(
-        commands,
-        "smoke",
-        "does it work? content checks plus the protocol, PASS/FAIL each",
-        "Ask the API what a working model answers (a sum, a tool call, an image) and check the protocol (models, "
-        "401 without the key, streaming with usage). Exit 0 only if every check passes.",
-        ["reconciler smoke", "reconciler smoke http://10.10.10.1:8000 --key-file ~/.config/dsv41/api_key"],
-        "verify:smoke",
-    )
-    _api_options(smoke)
-    smoke.add_argument(
-        "--checks",
-        choices=("all", "protocol"),
-        default="all",
-        help="protocol: only models, 401 and streaming (for models that cannot answer)",
-    )
-    smoke.add_argument(
-        "--max-tokens",
-        type=positive,
-        default=None,
-        help="cap each content answer; default none, so reasoning is never cut short (a model that never stops "
-        "runs to max-model-len)",
-    )
-
-
-def _add_bench(commands: SubParsers) -> None:
-    bench = command(
-        commands,
-        "bench",
-        "how fast is it? prefill, decode, TTFT/TPOT/ITL, long-context recall; `bench compare A B`",
-        "Measure the API (definitions in the README, section Smoke and bench), writing a JSON report after "
-        "every step and a plot; or compare two reports.",
-        [
-            "reconciler bench --out bench.json --label tp2",
-            "reconciler bench --out quick.json --prefill 8192 --conc 1 --reps 1",
-            "reconciler bench compare before.json after.json",
-        ],
-        "verify:bench",
-    )
-    bench.usage = "reconciler bench [URL] --out FILE [options]\n       reconciler bench compare A.json B.json [--json]"
-    _api_options(bench)
-    bench.add_argument("files", nargs="*", metavar="FILE", help=argparse.SUPPRESS)
-    bench.add_argument("--out", metavar="FILE", help="JSON report, rewritten after every step (required to run)")
-    bench.add_argument(
-        "--plot",
-        metavar="FILE",
-        help="PNG plot, needs matplotlib (default: --out with .png; for compare, B-vs-A.png beside B)",
-    )
-    bench.add_argument("--label", default="", help="a name for this run in reports and comparisons (default: none)")
-    bench.add_argument(
-        "--conc", nargs="*", type=at_most(256), default=[1, 2], metavar="N", help="concurrent streams (at most 256)"
-    )
-    bench.add_argument("--prefill", nargs="*", type=positive, default=[8192, 32768], metavar="N", help="prompt tokens")
-    bench.add_argument(
-        "--kinds",
-        nargs="*",
-        choices=sorted(constants.ALL_DECODE_KINDS),
-        default=list(constants.DECODE_KINDS),
-        metavar="KIND",
-        help=f"decode prompts to measure: {', '.join(sorted(constants.ALL_DECODE_KINDS))} "
-        f"(default: {' '.join(constants.DECODE_KINDS)}; random is vllm bench serve's workload)",
-    )
-    bench.add_argument(
-        "--ctx",
-        nargs="*",
-        type=positive,
-        default=[],
-        metavar="N",
-        help="recall check lengths in tokens (default: none)",
-    )
-    bench.add_argument("--depth", type=fraction, default=0.5, help="where the needle sits: 0 start .. 1 end")
-    bench.add_argument(
-        "--reps", type=at_most(1000), default=3, help="repetitions of each prefill and decode step (at most 1000)"
-    )
-    bench.add_argument(
-        "--max-tokens",
-        type=positive,
-        default=None,
-        help="cap decode output (default: no cap; the random kind: exactly this many, default 128)",
-    )
-    bench.add_argument("--input-len", type=positive, default=256, help="prompt tokens of the random kind (default 256)")
-
-
-# --- the Pi coding agent on this machine ----------------------------------------------------
-
-
-def _add_pi(commands: SubParsers) -> None:
-    pi = command(
-        commands,
-        "pi",
-        "the Pi coding agent on this machine: install, uninstall, status",
-        "Wire the Pi coding agent to the deployment: a provider, the model and a key extension in Pi's config.",
-        ["reconciler pi install", "reconciler pi status", "reconciler pi uninstall"],
-        "pi:status",
-    )
-    actions = pi.add_subparsers(dest="pi_action", required=True, metavar="ACTION", parser_class=CommandParser)
-    install = command(
-        actions,
-        "install",
-        "install Pi with npm if missing; add the provider, model and extension to its config",
-        "Install Pi with npm when it is not on PATH, then add the deployment as a provider to Pi's config "
-        "(a backup of each file first; the API key is read from an environment variable, never written).",
-        ["reconciler pi install", "reconciler pi install http://10.10.10.1:8000 --set-default"],
-        "pi:install",
-    )
-    install.add_argument(
-        "base_url", nargs="?", metavar="BASE_URL", help="the API, e.g. http://10.10.10.10:8000 (default: the spec's)"
-    )
-    install.add_argument(
-        "--set-default", action="store_true", default=None, help="make it Pi's default model (default: pi.set_default)"
-    )
-    install.add_argument(
-        "--key-env", metavar="NAME", help=f"variable Pi reads the API key from (default {constants.PI_KEY_ENV})"
-    )
-    uninstall = command(
-        actions,
-        "uninstall",
-        "remove exactly what install added to Pi's config",
-        "Remove the provider, model and extension `pi install` added; everything else in Pi's config stays.",
-        ["reconciler pi uninstall"],
-        "pi:uninstall",
-    )
-    status = command(
-        actions,
-        "status",
-        "Pi on PATH, its config for the provider, the key variable's state",
-        "Where Pi is, what its config says about the deployment's provider, and whether the key variable is set.",
-        ["reconciler pi status --json"],
-        "pi:status",
-    )
-    for action in (install, uninstall):
-        _wait_option(action)
-    for action in (install, uninstall, status):
-        spec_option(action)
-        json_option(action)
-
-
-# --- running at boot ------------------------------------------------------------------------
-
-
-def _add_install_service(commands: SubParsers) -> None:
-    install = command(
-        commands,
-        "install-service",
-        f"run `reconciler run` at boot: write {constants.UNIT_DIR}/{constants.UNIT_NAME}, enable and start it",
-        "Write the systemd unit for this machine (the spec's absolute path, the user, this reconciler), enable "
-        "it and start it. Needs root.",
-        [
-            "sudo reconciler install-service --spec /home/me/spark/specs/deployment.yaml",
-            "reconciler install-service --dry-run",
-        ],
-        "boot:install_service",
-    )
-    spec_option(install)
-    install.add_argument("--user", help="the service's user (default: the invoking user, under sudo $SUDO_USER)")
-    install.add_argument("--dry-run", action="store_true", help="print the unit for this machine; change nothing")
-    json_option(install)
-
-
-def _add_init(commands: SubParsers) -> None:
-    init = command(
-        commands,
-        "init",
-        "probe the nodes and write a first spec, each value with the reason it was chosen",
-        "Probe every node over SSH (this machine is the head unless --head is given) and write a spec from "
-        "what they say: node names, fabric interface, address and HCAs, model dir, each with a comment; "
-        "what cannot be decided is marked REVIEW. Never overwrites a file; never adds a host key.",
-        [
-            "reconciler init --worker me@10.10.10.11",
-            "reconciler init --worker me@spark2 --worker me@spark3 --out specs/three.yaml",
-            "reconciler init --head me@10.10.10.13 --worker me@10.10.10.11 --ssh-port 2222",
-        ],
-        "init:cmd_init",
-    )
-    init.add_argument(
-        "--worker",
-        action="append",
-        required=True,
-        metavar="[USER@]HOST",
-        help="a worker, reached over SSH (its fabric address is best); repeat for each, in rank order",
-    )
-    init.add_argument(
-        "--head", metavar="[USER@]HOST", help="the head over SSH (default: this machine is the head, no ssh:)"
-    )
-    init.add_argument("--out", default=constants.DEFAULT_SPEC_PATH, metavar="PATH", help="where to write")
-    init.add_argument(
-        "--model-dir",
-        metavar="PATH",
-        help="the checkpoint's directory on every node, absolute or under ~ "
-        "(default ~/models/DeepSeek-V4.1-Flash-Spark)",
-    )
-    # No argparse defaults below: what is given is written into the spec, where it overrides
-    # ~/.ssh/config for good; what is left out keeps coming from the config.
-    init.add_argument(
-        "--ssh-port",
-        type=_port,
-        metavar="PORT",
-        help="sshd port of the nodes (default: the ssh config's Port for the host, else 22)",
-    )
-    init.add_argument(
-        "--identity-file",
-        metavar="PATH",
-        help="private key for SSH (default: the ssh config's IdentityFile, else ssh-agent and ~/.ssh)",
-    )
-    init.add_argument(
-        "--known-hosts",
-        metavar="PATH",
-        help="host keys to check the nodes against; never added to "
-        "(default: the ssh config's UserKnownHostsFile, else ~/.ssh/known_hosts)",
-    )
-    json_option(init)
-
-
 def _port(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
     return int(text)
 
 
-def _add_completion(commands: SubParsers) -> None:
-    completion = command(
-        commands,
-        "completion",
-        "print a shell completion script (bash or zsh)",
-        "Print the completion script for bash or zsh, generated from this command tree.",
-        [
-            "reconciler completion bash > ~/.local/share/bash-completion/completions/reconciler",
-            "reconciler completion zsh > ~/.zfunc/_reconciler   # with fpath+=(~/.zfunc) before compinit",
-        ],
-        "completion:print_script",
-    )
-    completion.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete for")
+# --- options several commands share ----------------------------------------------------------
+
+SPEC = arg(
+    "--spec",
+    default=None,
+    metavar="PATH",
+    help=f"spec file (default: ${constants.SPEC_PATH_ENV}, else {constants.DEFAULT_SPEC_PATH})",
+)
+JSON = arg("--json", action="store_true", help="machine-readable output on stdout")
+UPDATE_REVISION = arg(
+    "--update-revision",
+    action="store_true",
+    help="move a branch or tag in model.revision to where it points on the Hub now (else it stays pinned)",
+)
+WAIT = arg(
+    "--wait", type=seconds, default=600, metavar="SECONDS", help="how long to wait for a running loop's pass to finish"
+)
+# What smoke and bench ask: the API, found from the spec unless given.
+API = (
+    arg("url", nargs="?", metavar="URL", help="API base URL (default: the spec's head, port serving.port)"),
+    arg("--key-file", metavar="PATH", help="API key file (default: $DSV41_API_KEY, else the spec's api.key_file)"),
+    arg("--model", help="served model name (default: the spec's serving.served_model_name, else the first listed)"),
+    SPEC,
+    JSON,
+)
+
+
+def _commands() -> list[Command]:
+    """Every command, in the order --help lists them (built per parser: bench's list defaults are
+    the namespace's own)."""
+    return [
+        # --- the spec ---------------------------------------------------------------------------
+        Command(
+            "validate",
+            "check a spec; every problem with file:line:column",
+            "Load the spec and check every field; each problem is reported with its file, line, column and "
+            "what to do. Touches no node.",
+            ["reconciler validate", "reconciler validate --spec specs/testbed.yaml --json"],
+            "deploy:validate",
+            (SPEC, JSON),
+        ),
+        Command(
+            "schema",
+            f"write {constants.SCHEMA_PATH} from the spec model",
+            "Write the spec's JSON Schema (for editors and CI), or check that the committed one is current.",
+            ["reconciler schema", "reconciler schema --check", "reconciler schema --out -"],
+            "deploy:schema",
+            (
+                arg("--out", default=constants.SCHEMA_PATH, help="where to write; - for stdout"),
+                arg("--check", action="store_true", help="exit 1 if the file differs instead of writing it"),
+                JSON,
+            ),
+        ),
+        # --- converging -------------------------------------------------------------------------
+        Command(
+            "plan",
+            "show what apply would change",
+            "Observe every node (over SSH and the Docker API), compare with the spec and print the actions apply "
+            "would run, each with its cause. Changes nothing.",
+            [
+                "reconciler plan",
+                "reconciler plan --detailed-exitcode   # 0 nothing to do, 2 changes, 1 error",
+                "reconciler plan --out tonight.plan    # then: reconciler apply tonight.plan",
+                "reconciler plan --facts facts.json    # offline, from `reconciler facts` output",
+            ],
+            "deploy:plan",
+            (
+                SPEC,
+                arg("--facts", metavar="FILE", help="plan offline from a facts snapshot (JSON)"),
+                arg(
+                    "--detailed-exitcode",
+                    action="store_true",
+                    help="exit 0 when nothing changes, 2 when something does, 1 on error",
+                ),
+                arg("-v", "--verbose", action="store_true", help="also say why each in-sync part needs nothing"),
+                UPDATE_REVISION,
+                arg(
+                    "--out",
+                    metavar="FILE",
+                    help="save the plan (with a fingerprint of the facts) for `reconciler apply FILE`",
+                ),
+                JSON,
+            ),
+        ),
+        Command(
+            "apply",
+            "converge: show the plan, execute it with progress, plan again",
+            "Plan, then run the plan's actions in order with progress, then plan again to prove nothing is left. "
+            "With FILE, run exactly a saved plan, or refuse it when the deployment changed since. On a terminal, "
+            "asks before a group restart, a stop or removal, or moving more than 10 GB.",
+            ["reconciler apply", "reconciler apply --yes --json", "reconciler apply tonight.plan"],
+            "deploy:apply",
+            (
+                arg(
+                    "plan_file",
+                    nargs="?",
+                    metavar="FILE",
+                    help="a plan saved by `reconciler plan --out FILE`: run exactly it, or refuse it when the "
+                    "deployment changed",
+                ),
+                SPEC,
+                WAIT,
+                UPDATE_REVISION,
+                arg("-y", "--yes", action="store_true", help="do not ask before the disruptive or expensive"),
+                arg("--deep-verify", action="store_true", help="rehash every checkpoint file, ignoring the cache"),
+                JSON,
+            ),
+        ),
+        Command(
+            "run",
+            "converge, then stay up and heal (the boot-time service)",
+            "The reconcile loop: converge, then watch the spec file, Docker events, a periodic resync and the "
+            "API's liveness, and converge again on any change. What `install-service` runs at boot.",
+            ["reconciler run", "RECONCILER_SPEC=/etc/spark/deployment.yaml reconciler run"],
+            "deploy:run",
+            (SPEC,),
+        ),
+        # --- looking ----------------------------------------------------------------------------
+        Command(
+            "facts",
+            "print the observed state of every node (a facts snapshot)",
+            "Observe every node and print what was found as JSON: the input `plan --facts` plans from.",
+            ["reconciler facts > facts.json"],
+            "deploy:facts",
+            (SPEC,),
+            defaults={"json": True},
+        ),
+        Command(
+            "status",
+            "a table per node (containers, memory, guard, sync), the next step of each component, health",
+            "What is running where and what still differs from the spec. Exit 0 converged, 2 not converged, 1 error.",
+            ["reconciler status", "reconciler status --watch", "reconciler status --probe --json"],
+            "observe:status",
+            (
+                SPEC,
+                JSON,
+                arg(
+                    "--probe",
+                    action="store_true",
+                    help="also send the liveness probe (keyed one-token completion): /health says 200 while the "
+                    "engine is dead",
+                ),
+                arg(
+                    "--watch",
+                    nargs="?",
+                    type=refresh_seconds,
+                    const=5.0,
+                    default=None,
+                    metavar="SECONDS",
+                    help="refresh every SECONDS (5 when not given) until Ctrl-C; with --json one JSON object per line",
+                ),
+            ),
+        ),
+        Command(
+            "doctor",
+            "every prerequisite on every node: PASS/WARN/FAIL with the fix",
+            "Check SSH, Docker, the fabric (RoCE interface, HCAs, MTU), disk, memory, the image registry and the "
+            "Hub on every node; each FAIL says how to fix it. Exit 1 when anything fails.",
+            ["reconciler doctor", "reconciler doctor --json"],
+            "observe:doctor",
+            (SPEC, JSON),
+        ),
+        Command(
+            "logs",
+            "logs of a rank (r0, r1, ...) or of the memory guard",
+            "Print a rank container's log, or a node's memory-guard log.",
+            ["reconciler logs r0 --tail 50", "reconciler logs r1 -f", "reconciler logs memguard --node spark-worker"],
+            "deploy:logs",
+            (
+                SPEC,
+                arg("which", metavar="r0|r1|...|memguard", help="r<N> for rank N's container, or memguard"),
+                arg("--node", help="node of the memory guard log (default: the head)"),
+                arg("-f", "--follow", action="store_true", help="keep printing new lines until Ctrl-C"),
+                arg("--tail", type=count, default=200, help="lines of history to print first"),
+            ),
+        ),
+        # --- stopping and starting --------------------------------------------------------------
+        Command(
+            "stop",
+            "stop the ranks in order and hold them down until `start`",
+            "Stop rank 0 then the workers, and record a hold so neither apply nor the loop starts them again "
+            "until `reconciler start`.",
+            ["reconciler stop", "reconciler stop --wait 60 --json"],
+            "deploy:stop",
+            (SPEC, WAIT, JSON),
+        ),
+        Command(
+            "start",
+            "clear a hold or a memory-guard trip, then converge",
+            "Release a `stop` hold and any memory-guard trip, then converge (start the ranks in order).",
+            ["reconciler start", "reconciler start --json"],
+            "deploy:start",
+            (SPEC, WAIT, JSON),
+        ),
+        # --- smoke and bench --------------------------------------------------------------------
+        Command(
+            "smoke",
+            "does it work? content checks plus the protocol, PASS/FAIL each",
+            "Ask the API what a working model answers (a sum, a tool call, an image) and check the protocol "
+            "(models, 401 without the key, streaming with usage). Exit 0 only if every check passes.",
+            ["reconciler smoke", "reconciler smoke http://10.10.10.1:8000 --key-file ~/.config/dsv41/api_key"],
+            "verify:smoke",
+            (
+                *API,
+                arg(
+                    "--checks",
+                    choices=("all", "protocol"),
+                    default="all",
+                    help="protocol: only models, 401 and streaming (for models that cannot answer)",
+                ),
+                arg(
+                    "--max-tokens",
+                    type=positive,
+                    default=None,
+                    help="cap each content answer; default none, so reasoning is never cut short (a model that "
+                    "never stops runs to max-model-len)",
+                ),
+            ),
+        ),
+        Command(
+            "bench",
+            "how fast is it? prefill, decode, TTFT/TPOT/ITL, long-context recall; `bench compare A B`",
+            "Measure the API (definitions in the README, section Smoke and bench), writing a JSON report after "
+            "every step and a plot; or compare two reports.",
+            [
+                "reconciler bench --out bench.json --label tp2",
+                "reconciler bench --out quick.json --prefill 8192 --conc 1 --reps 1",
+                "reconciler bench compare before.json after.json",
+            ],
+            "verify:bench",
+            (
+                *API,
+                arg("files", nargs="*", metavar="FILE", help=argparse.SUPPRESS),
+                arg("--out", metavar="FILE", help="JSON report, rewritten after every step (required to run)"),
+                arg(
+                    "--plot",
+                    metavar="FILE",
+                    help="PNG plot, needs matplotlib (default: --out with .png; for compare, B-vs-A.png beside B)",
+                ),
+                arg("--label", default="", help="a name for this run in reports and comparisons (default: none)"),
+                arg(
+                    "--conc",
+                    nargs="*",
+                    type=at_most(256),
+                    default=[1, 2],
+                    metavar="N",
+                    help="concurrent streams (at most 256)",
+                ),
+                arg("--prefill", nargs="*", type=positive, default=[8192, 32768], metavar="N", help="prompt tokens"),
+                arg(
+                    "--kinds",
+                    nargs="*",
+                    choices=sorted(constants.ALL_DECODE_KINDS),
+                    default=list(constants.DECODE_KINDS),
+                    metavar="KIND",
+                    help=f"decode prompts to measure: {', '.join(sorted(constants.ALL_DECODE_KINDS))} "
+                    f"(default: {' '.join(constants.DECODE_KINDS)}; random is vllm bench serve's workload)",
+                ),
+                arg(
+                    "--ctx",
+                    nargs="*",
+                    type=positive,
+                    default=[],
+                    metavar="N",
+                    help="recall check lengths in tokens (default: none)",
+                ),
+                arg("--depth", type=fraction, default=0.5, help="where the needle sits: 0 start .. 1 end"),
+                arg(
+                    "--reps",
+                    type=at_most(1000),
+                    default=3,
+                    help="repetitions of each prefill and decode step (at most 1000)",
+                ),
+                arg(
+                    "--max-tokens",
+                    type=positive,
+                    default=None,
+                    help="cap decode output (default: no cap; the random kind: exactly this many, default 128)",
+                ),
+                arg(
+                    "--input-len",
+                    type=positive,
+                    default=256,
+                    help="prompt tokens of the random kind (default 256)",
+                ),
+            ),
+            usage="reconciler bench [URL] --out FILE [options]\n       reconciler bench compare A.json B.json [--json]",
+        ),
+        # --- the Pi coding agent on this machine ------------------------------------------------
+        Command(
+            "pi",
+            "the Pi coding agent on this machine: install, uninstall, status",
+            "Wire the Pi coding agent to the deployment: a provider, the model and a key extension in Pi's config.",
+            ["reconciler pi install", "reconciler pi status", "reconciler pi uninstall"],
+            "pi:status",
+            actions=(
+                Command(
+                    "install",
+                    "install Pi with npm if missing; add the provider, model and extension to its config",
+                    "Install Pi with npm when it is not on PATH, then add the deployment as a provider to Pi's "
+                    "config (a backup of each file first; the API key is read from an environment variable, "
+                    "never written).",
+                    ["reconciler pi install", "reconciler pi install http://10.10.10.1:8000 --set-default"],
+                    "pi:install",
+                    (
+                        arg(
+                            "base_url",
+                            nargs="?",
+                            metavar="BASE_URL",
+                            help="the API, e.g. http://10.10.10.10:8000 (default: the spec's)",
+                        ),
+                        arg(
+                            "--set-default",
+                            action="store_true",
+                            default=None,
+                            help="make it Pi's default model (default: pi.set_default)",
+                        ),
+                        arg(
+                            "--key-env",
+                            metavar="NAME",
+                            help=f"variable Pi reads the API key from (default {constants.PI_KEY_ENV})",
+                        ),
+                        WAIT,
+                        SPEC,
+                        JSON,
+                    ),
+                ),
+                Command(
+                    "uninstall",
+                    "remove exactly what install added to Pi's config",
+                    "Remove the provider, model and extension `pi install` added; everything else in Pi's "
+                    "config stays.",
+                    ["reconciler pi uninstall"],
+                    "pi:uninstall",
+                    (WAIT, SPEC, JSON),
+                ),
+                Command(
+                    "status",
+                    "Pi on PATH, its config for the provider, the key variable's state",
+                    "Where Pi is, what its config says about the deployment's provider, and whether the key "
+                    "variable is set.",
+                    ["reconciler pi status --json"],
+                    "pi:status",
+                    (SPEC, JSON),
+                ),
+            ),
+        ),
+        # --- running at boot, and setting up ----------------------------------------------------
+        Command(
+            "install-service",
+            f"run `reconciler run` at boot: write {constants.UNIT_DIR}/{constants.UNIT_NAME}, enable and start it",
+            "Write the systemd unit for this machine (the spec's absolute path, the user, this reconciler), "
+            "enable it and start it. Needs root.",
+            [
+                "sudo reconciler install-service --spec /home/me/spark/specs/deployment.yaml",
+                "reconciler install-service --dry-run",
+            ],
+            "boot:install_service",
+            (
+                SPEC,
+                arg("--user", help="the service's user (default: the invoking user, under sudo $SUDO_USER)"),
+                arg("--dry-run", action="store_true", help="print the unit for this machine; change nothing"),
+                JSON,
+            ),
+        ),
+        Command(
+            "init",
+            "probe the nodes and write a first spec, each value with the reason it was chosen",
+            "Probe every node over SSH (this machine is the head unless --head is given) and write a spec from "
+            "what they say: node names, fabric interface, address and HCAs, model dir, each with a comment; "
+            "what cannot be decided is marked REVIEW. Never overwrites a file; never adds a host key.",
+            [
+                "reconciler init --worker me@10.10.10.11",
+                "reconciler init --worker me@spark2 --worker me@spark3 --out specs/three.yaml",
+                "reconciler init --head me@10.10.10.13 --worker me@10.10.10.11 --ssh-port 2222",
+            ],
+            "init:cmd_init",
+            (
+                arg(
+                    "--worker",
+                    action="append",
+                    required=True,
+                    metavar="[USER@]HOST",
+                    help="a worker, reached over SSH (its fabric address is best); repeat for each, in rank order",
+                ),
+                arg(
+                    "--head",
+                    metavar="[USER@]HOST",
+                    help="the head over SSH (default: this machine is the head, no ssh:)",
+                ),
+                arg("--out", default=constants.DEFAULT_SPEC_PATH, metavar="PATH", help="where to write"),
+                arg(
+                    "--model-dir",
+                    metavar="PATH",
+                    help="the checkpoint's directory on every node, absolute or under ~ "
+                    "(default ~/models/DeepSeek-V4.1-Flash-Spark)",
+                ),
+                # No argparse defaults below: what is given is written into the spec, where it
+                # overrides ~/.ssh/config for good; what is left out keeps coming from the config.
+                arg(
+                    "--ssh-port",
+                    type=_port,
+                    metavar="PORT",
+                    help="sshd port of the nodes (default: the ssh config's Port for the host, else 22)",
+                ),
+                arg(
+                    "--identity-file",
+                    metavar="PATH",
+                    help="private key for SSH (default: the ssh config's IdentityFile, else ssh-agent and ~/.ssh)",
+                ),
+                arg(
+                    "--known-hosts",
+                    metavar="PATH",
+                    help="host keys to check the nodes against; never added to "
+                    "(default: the ssh config's UserKnownHostsFile, else ~/.ssh/known_hosts)",
+                ),
+                JSON,
+            ),
+        ),
+        Command(
+            "completion",
+            "print a shell completion script (bash or zsh)",
+            "Print the completion script for bash or zsh, generated from this command tree.",
+            [
+                "reconciler completion bash > ~/.local/share/bash-completion/completions/reconciler",
+                "reconciler completion zsh > ~/.zfunc/_reconciler   # with fpath+=(~/.zfunc) before compinit",
+            ],
+            "completion:print_script",
+            (arg("shell", choices=("bash", "zsh"), help="the shell to complete for"),),
+        ),
+    ]

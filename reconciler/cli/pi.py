@@ -10,8 +10,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reconciler.cli.common import EXIT_OK, emit_json
-from reconciler.constants import PI_PROVIDER, default_spec_path
+from reconciler.cli.common import EXIT_OK, emit_json, spec_path
+from reconciler.constants import PI_PROVIDER
 
 if TYPE_CHECKING:
     from reconciler.spec import Deployment
@@ -21,14 +21,13 @@ def _pi_spec(args: argparse.Namespace) -> Deployment | None:
     """The spec when one is given or found; Pi on a machine without one uses a two-node spec's defaults."""
     from reconciler.spec import load_spec
 
-    path = args.spec or default_spec_path()
+    path = spec_path(args.spec)
     if args.spec is None and not Path(path).exists():
         return None
     return load_spec(path).deployment
 
 
-def _pi_provider(args: argparse.Namespace) -> str:
-    deployment = _pi_spec(args)
+def _provider(deployment: Deployment | None) -> str:
     return deployment.pi.provider if deployment is not None else PI_PROVIDER
 
 
@@ -83,8 +82,7 @@ def uninstall(args: argparse.Namespace) -> int:
     from reconciler.pi import agent
 
     deployment = _pi_spec(args)
-    provider = deployment.pi.provider if deployment is not None else PI_PROVIDER
-    report = agent.uninstall(provider, _holding(deployment, args))
+    report = agent.uninstall(_provider(deployment), _holding(deployment, args))
     if args.json:
         emit_json(report)
     else:
@@ -95,7 +93,7 @@ def uninstall(args: argparse.Namespace) -> int:
 def status(args: argparse.Namespace) -> int:
     from reconciler.facts.pi import pi_status
 
-    report = pi_status(_pi_provider(args))
+    report = pi_status(_provider(_pi_spec(args)))
     if args.json:
         emit_json(report)
     else:

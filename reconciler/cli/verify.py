@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reconciler.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, emit_json, spec_path
+from reconciler.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, emit_json, load
 from reconciler.errors import PlotUnavailableError, ReconcilerError
 
 if TYPE_CHECKING:
@@ -19,12 +19,9 @@ if TYPE_CHECKING:
 
 
 def _api_target(args: argparse.Namespace) -> ApiTarget:
-    from reconciler.spec import load_spec
     from reconciler.verify.apiclient import resolve_target
 
-    return resolve_target(
-        args.url, args.key_file, args.model, os.environ, lambda: load_spec(spec_path(args.spec)).deployment
-    )
+    return resolve_target(args.url, args.key_file, args.model, os.environ, lambda: load(args).deployment)
 
 
 def smoke(args: argparse.Namespace) -> int:
