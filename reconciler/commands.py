@@ -59,14 +59,10 @@ def session(deployment: Deployment) -> Iterator[dict[str, Transport]]:
 
 
 def live_plan(
-    deployment: Deployment,
-    transports: dict[str, Transport],
-    *,
-    deep_verify: bool = False,
-    update_revision: bool = False,
+    deployment: Deployment, transports: dict[str, Transport], *, update_revision: bool = False
 ) -> tuple[Facts, Plan]:
     facts = gather(deployment, transports, update_revision=update_revision)
-    return facts, plan(deployment, facts, deep_verify=deep_verify, update_revision=update_revision)
+    return facts, plan(deployment, facts, update_revision=update_revision)
 
 
 @dataclass

@@ -102,10 +102,6 @@ def rank_states(ctx: ApplyContext, ranks: list[tuple[str, str]]) -> dict[str, An
     return {name: find_container(ctx.transport(node).docker(), name) for node, name in ranks}
 
 
-def _exited(states: dict[str, Any]) -> list[str]:
-    return [name for name, container in states.items() if container is None or container.status != "running"]
-
-
 def _log_tails(states: dict[str, Any]) -> str:
     lines: list[str] = []
     for name, container in states.items():
@@ -171,11 +167,9 @@ def wait_ready(ctx: ApplyContext, wait: WaitReady) -> str:
     deadline = started + wait.timeout_s
     shown = RankLines(ctx)
     while True:
+        # Fresh each poll: the lookup lists with sparse=False, which inspects every container.
         states = rank_states(ctx, wait.ranks)
-        for container in states.values():
-            if container is not None:
-                container.reload()
-        exited = _exited(states)
+        exited = [name for name, container in states.items() if container is None or container.status != "running"]
         if exited:
             summary = ", ".join(f"{name} running={name not in exited}".lower() for name in states)
             raise GroupFailedError(

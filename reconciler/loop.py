@@ -51,17 +51,11 @@ SPEC_CHANGED = "spec file changed"
 
 
 class Clock(Protocol):
+    """What the loop reads the time from: the `time` module, or a test's fake."""
+
     def monotonic(self) -> float: ...
 
     def time(self) -> float: ...
-
-
-class SystemClock:
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def time(self) -> float:
-        return time.time()
 
 
 class Triggers:
@@ -99,7 +93,7 @@ class LoopLogic:
     """The loop's decisions: no thread, socket or file, a clock and a jitter source handed in."""
 
     settings: LoopSettings
-    clock: Clock = field(default_factory=SystemClock)
+    clock: Clock = field(default_factory=lambda: time)
     jitter: Callable[[], float] = lambda: random.uniform(0.8, 1.2)
     status: LoopStatus = field(default_factory=LoopStatus)
     backoff_until: float = 0.0
@@ -215,8 +209,7 @@ class SpecKeeper:
         self.error = None
         before = self.deployment
         self.loaded = loaded
-        names = [node.name for node in before.nodes], [node.name for node in loaded.deployment.nodes]
-        changed_nodes = names[0] != names[1] or before.nodes != loaded.deployment.nodes
+        changed_nodes = before.nodes != loaded.deployment.nodes
         return SpecChange("new", deployment_changed=loaded.deployment != before, nodes_changed=changed_nodes)
 
 

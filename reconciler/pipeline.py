@@ -175,16 +175,7 @@ class Boards:
 
 # The checkpoint's steps that run before the rank group restarts: a run of them holding a
 # pipelined action is run by `run_group`.
-GROUP_STEPS = {
-    Step.PIN,
-    Step.LINK,
-    Step.DOWNLOAD,
-    Step.REASSEMBLE,
-    Step.VERIFY,
-    Step.COPY,
-    Step.PRUNE,
-    Step.STAGE_PLAN,
-}
+GROUP_STEPS = {Step.PIN, Step.LINK, Step.DOWNLOAD, Step.REASSEMBLE, Step.VERIFY, Step.COPY, Step.PRUNE, Step.STAGE_PLAN}
 
 Outcome = tuple[str, float, ReconcilerError | None]
 

@@ -74,23 +74,16 @@ def parse_line(line: str) -> Counter | None:
     if not isinstance(data, dict):
         return None
     what, name, unit = data.get("what"), data.get("name"), data.get("unit")
-    if not isinstance(what, str) or not all(isinstance(text, str | None) for text in (name, unit)):
+    shown_what = _shown(what, 40) if isinstance(what, str) else None
+    if shown_what is None or not all(isinstance(text, str | None) for text in (name, unit)):
         return None
-    counts = {key: data.get(key) for key in ("done", "total", "files_done", "files")}
-    if not all(value is None or _is_count(value) for value in counts.values()) or counts["done"] is None:
-        return None
-    shown_what = printable(what, 40).strip()
-    if not shown_what:
-        return None
-    return Counter(
-        what=shown_what,
-        done=counts["done"],
-        total=counts["total"],
-        files_done=counts["files_done"],
-        files=counts["files"],
-        name=(printable(name, _MAX_NAME).strip() or None) if name is not None else None,
-        unit=(printable(unit, 20).strip() or None) if unit is not None else None,
-    )
+    counts: dict[str, Any] = {key: data.get(key) for key in ("done", "total", "files_done", "files")}
+    counter = Counter(shown_what, **counts, name=_shown(name, _MAX_NAME), unit=_shown(unit, 20))
+    return counter if counter.done is not None and plausible(counter) else None
+
+
+def _shown(text: str | None, limit: int) -> str | None:
+    return (printable(text, limit).strip() or None) if text is not None else None
 
 
 def _no_constant(name: str) -> Any:

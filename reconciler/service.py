@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,14 +106,7 @@ def render_unit(settings: UnitSettings) -> str:
     """The unit file. Comments say why each choice was made: `systemctl cat` shows them."""
     writable = " ".join([settings.home, *(f"-{path}" for path in settings.extra_writable)])
     mounts = " ".join([settings.home, *settings.extra_writable])
-    return _UNIT_TEMPLATE.format(
-        executable=settings.executable,
-        spec=settings.spec,
-        user=settings.user,
-        home=settings.home,
-        writable=writable,
-        mounts=mounts,
-    )
+    return _UNIT_TEMPLATE.format(**asdict(settings), writable=writable, mounts=mounts)
 
 
 _UNIT_TEMPLATE = """\

@@ -103,13 +103,7 @@ class RankContainer(Record):
             "mounts": sorted((m.source, m.target, m.read_only) for m in self.mounts),
             "shm_size": self.shm_size,
             "stop_timeout_s": self.stop_timeout_s,
-            "host": [
-                self.network_mode,
-                self.ipc_mode,
-                self.privileged,
-                self.gpus,
-                self.restart_policy,
-            ],
+            "host": [self.network_mode, self.ipc_mode, self.privileged, self.gpus, self.restart_policy],
             "ulimits": sorted(self.ulimits),
             "commit": self.commit,
         }
@@ -165,72 +159,49 @@ def _speculative_config(deployment: Deployment) -> str:
     )
 
 
-def _engram_config(serving: Serving) -> str:
-    return _compact(serving.engram.model_dump())
-
-
 def group_args(deployment: Deployment, master_addr: str) -> list[str]:
-    """Arguments every rank gets, as the serving profile renders them."""
-    if deployment.serving.profile == "upstream":
-        return upstream_group_args(deployment, master_addr)
-    return reference_group_args(deployment, master_addr)
+    """Arguments every rank gets, in a fixed order (golden-tested).
 
-
-def upstream_group_args(deployment: Deployment, master_addr: str) -> list[str]:
-    """`profile: reference`'s group arguments limited to flags stock vLLM accepts on any hardware.
-
-    Dropped: the fork's flags (--engram-config, --linear-backend, --moe-backend,
-    --swa-block-size, the dspark speculative config) and the GPU tuning that ties that
-    profile to GB10 (KV bytes and dtype, block size, CUDA graphs, attention backend).
+    `profile: upstream` renders only flags stock vLLM accepts on any hardware: it drops the
+    fork's flags (--engram-config, --linear-backend, --moe-backend, --swa-block-size, the dspark
+    speculative config) and the GPU tuning that ties `profile: reference` to GB10 (KV bytes and
+    dtype, block size, CUDA graphs, attention backend).
     """
     s = deployment.serving
     size = str(len(deployment.nodes))
-    args = [
-        "/model",
-        *("--served-model-name", s.served_model_name, "--dtype", s.dtype),
-        *("--tensor-parallel-size", size, "--nnodes", size),
-        *("--master-addr", master_addr, "--master-port", str(s.master_port)),
-        *("--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs)),
-        *("--max-num-batched-tokens", str(s.max_num_batched_tokens)),
-        "--enable-chunked-prefill",
-        "--enable-prefix-caching",
-        *("--generation-config", s.generation_config, "--tokenizer-mode", s.tokenizer_mode),
+    tuned = s.profile != "upstream"
+    gb10_memory = [
+        *("--kv-cache-dtype", s.kv_cache_dtype, "--block-size", str(s.block_size)),
+        *("--swa-block-size", str(s.swa_block_size), "--kv-cache-memory-bytes", str(s.kv_bytes)),
+        *("--gpu-memory-utilization", str(s.gpu_util)),
     ]
-    if s.images_per_prompt > 0:
-        args += ["--limit-mm-per-prompt", _compact({"image": s.images_per_prompt})]
-    return args
-
-
-def reference_group_args(deployment: Deployment, master_addr: str) -> list[str]:
-    """Arguments every rank gets under `profile: reference`, in a fixed order (golden-tested)."""
-    s = deployment.serving
-    size = str(len(deployment.nodes))
+    cuda_graphs = [
+        *("--max-cudagraph-capture-size", str(max_capture_size(s))),
+        *("--compilation-config", _compilation_config(s)),
+    ]
+    fork = [
+        *("--safetensors-load-strategy", s.safetensors_load_strategy),
+        *("--engram-config", _compact(s.engram.model_dump())),
+        *("--attention-backend", s.backends.attention),
+        *("--linear-backend", s.backends.linear, "--moe-backend", s.backends.moe),
+        *("--speculative-config", _speculative_config(deployment)),
+    ]
+    images = ["--limit-mm-per-prompt", _compact({"image": s.images_per_prompt})]
     return [
         "/model",
         *("--served-model-name", s.served_model_name, "--dtype", s.dtype),
         *("--tensor-parallel-size", size, "--nnodes", size),
         *("--master-addr", master_addr, "--master-port", str(s.master_port)),
-        *("--kv-cache-dtype", s.kv_cache_dtype, "--block-size", str(s.block_size)),
-        *("--swa-block-size", str(s.swa_block_size), "--kv-cache-memory-bytes", str(s.kv_bytes)),
-        *("--gpu-memory-utilization", str(s.gpu_util), "--max-model-len", str(s.max_model_len)),
-        *(
-            "--max-num-seqs",
-            str(s.max_num_seqs),
-            "--max-num-batched-tokens",
-            str(s.max_num_batched_tokens),
-        ),
-        *("--max-cudagraph-capture-size", str(max_capture_size(s))),
-        *("--compilation-config", _compilation_config(s)),
+        *(gb10_memory if tuned else []),
+        *("--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs)),
+        *("--max-num-batched-tokens", str(s.max_num_batched_tokens)),
+        *(cuda_graphs if tuned else []),
         "--enable-chunked-prefill",
-        "--async-scheduling",
+        *(["--async-scheduling"] if tuned else []),
         "--enable-prefix-caching",
-        *("--safetensors-load-strategy", s.safetensors_load_strategy),
-        *("--engram-config", _engram_config(s)),
-        *("--attention-backend", s.backends.attention),
-        *("--linear-backend", s.backends.linear, "--moe-backend", s.backends.moe),
-        *("--speculative-config", _speculative_config(deployment)),
+        *(fork if tuned else []),
         *("--generation-config", s.generation_config, "--tokenizer-mode", s.tokenizer_mode),
-        *("--limit-mm-per-prompt", _compact({"image": s.images_per_prompt})),
+        *(images if tuned or s.images_per_prompt > 0 else []),
     ]
 
 
