@@ -15,24 +15,19 @@ and ends on its own after a day (`timeout`).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 from typing import Any, NoReturn
 
+from reconciler.nodeside.common import reply, stop_pid
+
 MODULE = "checkpoint"
 USER = "reconciler"
 LIFETIME_S = 24 * 3600
 _FILES = ("rsyncd.conf", "rsyncd.secrets", "rsyncd.pid", "rsyncd.lock")
-
-
-def _reply(value: Any) -> None:
-    json.dump(value, sys.stdout)
-    sys.stdout.write("\n")
 
 
 def _fail(message: str) -> NoReturn:
@@ -82,26 +77,7 @@ def config(directory: str, path: str, allow: str, connections: int) -> str:
 
 def _stop(directory: str) -> bool:
     """Stop the daemon of a previous copy (its pid file), if one still runs."""
-    try:
-        with open(f"{directory}/daemon.pid", encoding="utf-8") as handle:
-            pid = int(handle.read().strip() or "0")
-    except (OSError, ValueError):
-        return False
-    if pid <= 0:
-        return False
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        return False
-    for _ in range(50):
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-    return True
+    return stop_pid(f"{directory}/daemon.pid", group=True)
 
 
 def _free_port(address: str) -> int:
@@ -143,7 +119,7 @@ def start(args: dict[str, Any]) -> None:
         log.close()
         _private_file(f"{directory}/daemon.pid", f"{process.pid}\n")
         if _listening(args["address"], port, process):
-            _reply({"port": port})
+            reply({"port": port})
             return
         _stop(directory)
     _fail(f"rsync --daemon did not start on {args['address']} (see {directory}/rsyncd.log)")
@@ -156,4 +132,4 @@ def stop(args: dict[str, Any]) -> None:
     for name in (*_FILES, "daemon.pid"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(f"{directory}/{name}")
-    _reply({"stopped": stopped})
+    reply({"stopped": stopped})

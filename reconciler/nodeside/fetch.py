@@ -11,48 +11,12 @@ size) are skipped; nothing is ever deleted but this program's own stale partials
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import sys
-import time
 import urllib.parse
 import urllib.request
 from typing import Any
 
-CHUNK = 8 * 1024 * 1024
-
-
-def _progress(message: str) -> None:
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
-
-
-# The head's reconciler.progress.PREFIX (this program cannot import it; a unit test keeps them equal).
-PROGRESS_PREFIX = "@progress "
-REPORT_EVERY_S = 1.0
-
-
-class _Meter:
-    """The bytes and files of this run, for the head: a structured line (PREFIX + JSON) at most
-    once a second. The head measures the rate and shows a bar or a journal line."""
-
-    def __init__(self, total: int, files: int) -> None:
-        self.counts: dict[str, Any] = {"what": "download", "done": 0, "total": total, "files_done": 0, "files": files}
-        self.last = 0.0
-
-    def add(self, count: int, name: str) -> None:
-        self.counts["done"] += count
-        self.counts["name"] = name
-        if time.monotonic() - self.last >= REPORT_EVERY_S:
-            self.report()
-
-    def file_done(self) -> None:
-        self.counts["files_done"] += 1
-        self.report()
-
-    def report(self) -> None:
-        self.last = time.monotonic()
-        _progress(PROGRESS_PREFIX + json.dumps(self.counts, separators=(",", ":")))
+from reconciler.nodeside.common import CHUNK, Meter, progress, reply
 
 
 def _url(args: dict[str, Any], path: str) -> str:
@@ -80,23 +44,23 @@ def _drop_stale_partials(target: str, keep: str) -> None:
             os.unlink(os.path.join(directory, entry))
 
 
-def _download(args: dict[str, Any], item: dict[str, Any], target: str, meter: _Meter) -> int:
+def _download(args: dict[str, Any], item: dict[str, Any], target: str, meter: Meter) -> int:
     partial = _partial_path(target, item["etag"])
     _drop_stale_partials(target, partial)
     have = os.path.getsize(partial) if os.path.exists(partial) else 0
     if have:
-        _progress(f"resuming {item['path']} at byte {have} of {item['size']}")
+        progress(f"resuming {item['path']} at byte {have} of {item['size']}")
     with _request(args, item["path"], have) as response:
         # A 200 to a Range request means the server ignored it: start the file again.
         mode = "ab" if have and response.status == 206 else "wb"
         done = have if mode == "ab" else 0
-        meter.add(done, item["path"])
+        meter.add(done, name=item["path"])
         flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if mode == "ab" else os.O_TRUNC)
         with os.fdopen(os.open(partial, flags, 0o644), mode) as out:
             while block := response.read(CHUNK):
                 out.write(block)
                 done += len(block)
-                meter.add(len(block), item["path"])
+                meter.add(len(block), name=item["path"])
     return done
 
 
@@ -128,7 +92,7 @@ def fetch(args: dict[str, Any]) -> None:
             raise SystemExit(f"refusing {item['path']!r}: it would land outside {root}")
         if not _complete(target, item):
             wanted.append((item, target))
-    meter = _Meter(sum(item["size"] for item, _ in wanted), len(wanted))
+    meter = Meter("download", sum(item["size"] for item, _ in wanted), len(wanted))
     fetched = []
     for item, target in wanted:
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -136,5 +100,4 @@ def fetch(args: dict[str, Any]) -> None:
         _check_and_place(item, target)
         meter.file_done()
         fetched.append(item["path"])
-    json.dump({"fetched": fetched}, sys.stdout)
-    sys.stdout.write("\n")
+    reply({"fetched": fetched})

@@ -12,42 +12,23 @@ Usage: python3 memguard.py STATE_DIR   (config in STATE_DIR/memguard.json, writt
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import socket
 import sys
 import time
 import urllib.parse
 from typing import Any
 
+from reconciler.nodeside.common import docker_request
 from reconciler.nodeside.statedir import StateDir
 
 KIB_PER_GIB = 1024 * 1024
 LOW_WATER_GIB = 10.0
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str) -> None:
-        super().__init__("localhost", timeout=10)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._path)
-        self.sock = sock
-
-
 def _docker(method: str, path: str) -> Any:
-    host = os.environ.get("DOCKER_HOST", "")
-    connection = _UnixHTTPConnection(host[7:] if host.startswith("unix://") else "/var/run/docker.sock")
-    try:
-        connection.request(method, path)
-        body = connection.getresponse().read()
-        return json.loads(body) if body.strip() else None
-    finally:
-        connection.close()
+    body = docker_request(method, path)[1]
+    return json.loads(body) if body.strip() else None
 
 
 def now() -> str:

@@ -9,7 +9,7 @@ atomic (temporary file in the same directory, fsync, rename) so an interrupted a
 leaves a half-written key, plan or shard behind. The temporary file is created exclusively and
 never through a symlink, so nothing placed beforehand can redirect what is written (the key).
 The state dir is private (0700) and what is written there is 0600 unless the ranks must read
-it. Progress goes to stderr as structured lines (`_Meter`), which the head renders.
+it. Progress goes to stderr as structured lines (`Meter`), which the head renders.
 """
 
 from __future__ import annotations
@@ -20,18 +20,16 @@ import os
 import re
 import stat
 import sys
-import threading
-import time
 from collections.abc import Callable
 from typing import Any, TypedDict
 
+from reconciler.nodeside.common import CHUNK, Meter, free_bytes, reply, stop_pid
 from reconciler.nodeside.statedir import StateDir
 
 # Hashing, thread pools, processes and rmtree import their modules where they are used: the head
 # imports this module for atomic_write on every command, and every call on a node pays for what
 # its program imports, while most calls need none of them.
 
-CHUNK = 8 * 1024 * 1024
 PART_RE = re.compile(r"^(?P<shard>.+\.safetensors)\.part(?P<index>[0-9]{2})$")
 
 
@@ -173,19 +171,9 @@ class RevisionsRemoved(TypedDict):
     kept: list[str]
 
 
-def _reply(value: Any) -> None:
-    json.dump(value, sys.stdout)
-    sys.stdout.write("\n")
-
-
 def _token(size: int) -> str:
     """A random part for a temporary name (os.urandom, the source `secrets` uses)."""
     return os.urandom(size).hex()
-
-
-def _progress(message: str) -> None:
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
 
 
 PRIVATE = 0o600
@@ -311,40 +299,7 @@ def _cache_entry(entry: object) -> bool:
     )
 
 
-# The head's reconciler.progress.PREFIX (this program cannot import it; a unit test keeps them equal).
-PROGRESS_PREFIX = "@progress "
-REPORT_EVERY_S = 1.0
-
-
-class _Meter:
-    """Bytes and files of one operation, for the head: a structured line (PREFIX + JSON) at most
-    once a second. The head measures the rate and shows a bar or a journal line; the node sends
-    only counts. Threads may add at once (hashing runs in parallel)."""
-
-    def __init__(self, what: str, total: int, files: int) -> None:
-        self.counts: dict[str, Any] = {"what": what, "done": 0, "total": total, "files_done": 0, "files": files}
-        self.lock = threading.Lock()
-        self.last = 0.0
-
-    def add(self, count: int, *, name: str | None = None) -> None:
-        with self.lock:
-            self.counts["done"] += count
-            if name is not None:
-                self.counts["name"] = name
-            if time.monotonic() - self.last >= REPORT_EVERY_S:
-                self._report()
-
-    def file_done(self) -> None:
-        with self.lock:
-            self.counts["files_done"] += 1
-            self._report()
-
-    def _report(self) -> None:
-        self.last = time.monotonic()
-        _progress(PROGRESS_PREFIX + json.dumps(self.counts, separators=(",", ":")))
-
-
-def _sha256(path: str, meter: _Meter) -> str:
+def _sha256(path: str, meter: Meter) -> str:
     import hashlib
 
     digest = hashlib.sha256()
@@ -381,7 +336,7 @@ def hash_files(args: HashFilesArgs) -> dict[str, str | None]:
         if not deep and (cache.get(f"{root}/{name}") or [])[:3] != key and tuple(key) in by_inode:
             cache[f"{root}/{name}"] = [*key, by_inode[tuple(key)]]
     stale = [name for name, key in keys.items() if deep or (cache.get(f"{root}/{name}") or [])[:3] != key]
-    meter = _Meter("hash", sum(keys[name][0] for name in stale), len(stale))
+    meter = Meter("hash", sum(keys[name][0] for name in stale), len(stale))
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         digests = dict(zip(stale, pool.map(lambda name: _sha256(f"{root}/{name}", meter), stale), strict=True))
     for name, digest in digests.items():
@@ -411,7 +366,7 @@ def reassemble(args: ReassembleArgs) -> dict[str, int]:
         for shard in args["shards"]
     }
     total = sum(os.path.getsize(os.path.join(root, part)) for parts in parts_of.values() for part in parts)
-    meter = _Meter("reassemble", total, len(parts_of))
+    meter = Meter("reassemble", total, len(parts_of))
     built = {}
     for shard, parts in parts_of.items():
         if not parts:
@@ -469,36 +424,6 @@ def prune_parts(args: ModelDirArgs) -> Removed:
     return {"removed": removed}
 
 
-def _pid_of(pid_file: str) -> int | None:
-    try:
-        with open(pid_file, encoding="utf-8") as handle:
-            text = handle.read().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _stop_pid(pid_file: str) -> bool:
-    import signal
-
-    pid = _pid_of(pid_file)
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    for _ in range(50):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    return True
-
-
 def guard_start(args: GuardStartArgs) -> GuardStarted:
     """Install the guard program and its config in the state dir, then (re)start it detached."""
     import subprocess
@@ -506,7 +431,7 @@ def guard_start(args: GuardStartArgs) -> GuardStarted:
     state_dir = os.path.expanduser(args["state_dir"])
     layout = StateDir(state_dir)
     private_dir(state_dir)
-    _stop_pid(layout.guard_pid)
+    stop_pid(layout.guard_pid)
     atomic_write(layout.guard_program, args["program"].encode())
     atomic_write(layout.guard_config, json.dumps(args["config"]).encode())
     if args.get("clear_trip"):
@@ -526,7 +451,7 @@ def guard_start(args: GuardStartArgs) -> GuardStarted:
 
 def guard_stop(args: StateDirArgs) -> GuardStopped:
     pid_file = StateDir(os.path.expanduser(args["state_dir"])).guard_pid
-    stopped = _stop_pid(pid_file)
+    stopped = stop_pid(pid_file)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(pid_file)
     return {"stopped": stopped}
@@ -534,14 +459,7 @@ def guard_stop(args: StateDirArgs) -> GuardStopped:
 
 def disk_free(args: PathArgs) -> DiskFree:
     """Free bytes where `path` is, or would be once created."""
-    probe = os.path.expanduser(args["path"])
-    while probe and not os.path.exists(probe):
-        probe = os.path.dirname(probe.rstrip("/")) or "/"
-    try:
-        info = os.statvfs(probe or "/")
-    except OSError:
-        return {"free": None}
-    return {"free": info.f_bavail * info.f_frsize}
+    return {"free": free_bytes(os.path.expanduser(args["path"]))}
 
 
 def remove_file(args: PathArgs) -> Done:
@@ -649,7 +567,7 @@ def run(request: dict[str, Any]) -> None:
     its result."""
     if request.get("private_dir"):
         private_dir(os.path.expanduser(request["private_dir"]))
-    _reply(OPERATIONS[request["call"]](request["args"]))
+    reply(OPERATIONS[request["call"]](request["args"]))
 
 
 OPERATIONS: dict[str, Callable[[Any], object]] = {

@@ -8,7 +8,6 @@ parsers on the reconciler side, so the logic is tested there, not here.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import pwd
@@ -21,9 +20,9 @@ import time
 import urllib.parse
 from typing import Any
 
+from reconciler.nodeside.common import docker_request, free_bytes, pid_of, reply
 from reconciler.nodeside.statedir import StateDir
 
-DOCKER_SOCKET = "/var/run/docker.sock"
 MAX_PLAN_BYTES = 4 * 1024 * 1024
 # The testbed has no RDMA devices (and no Soft-RoCE): it points this at a Spark-shaped fixture
 # tree, and `rdma -j link` output is then read from rdma-link.json next to that tree.
@@ -32,40 +31,11 @@ SYSFS_ROOT_ENV = "RECONCILER_SYSFS_ROOT"
 TOOL_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    """HTTP over the Docker unix socket, without the docker SDK (not installed on nodes)."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._path)
-        self.sock = sock
-
-
-def docker_socket_path() -> str:
-    host = os.environ.get("DOCKER_HOST", "")
-    return host[len("unix://") :] if host.startswith("unix://") else DOCKER_SOCKET
-
-
-def docker_get(path: str, timeout: float = 10.0) -> Any:
-    connection = _UnixHTTPConnection(docker_socket_path(), timeout)
-    try:
-        connection.request("GET", path)
-        response = connection.getresponse()
-        body = response.read()
-        if response.status >= 400:
-            raise OSError(f"docker {path}: HTTP {response.status}: {body[:200].decode(errors='replace')}")
-        return json.loads(body)
-    finally:
-        connection.close()
-
-
-def expand(path: str) -> str:
-    return os.path.expanduser(path)
+def docker_get(path: str) -> Any:
+    status, body = docker_request("GET", path)
+    if status >= 400:
+        raise OSError(f"docker {path}: HTTP {status}: {body[:200].decode(errors='replace')}")
+    return json.loads(body)
 
 
 def read_text(path: str, limit: int = MAX_PLAN_BYTES) -> str | None:
@@ -111,32 +81,16 @@ def stat_key_file(path: str) -> dict[str, Any]:
 
 
 def process_alive(pid_file: str) -> bool:
-    text = read_text(pid_file)
-    if not text or not text.strip().isdigit():
+    pid = pid_of(pid_file)
+    if pid is None:
         return False
     try:
-        os.kill(int(text.strip()), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
     return True
-
-
-def disk_free(path: str) -> int | None:
-    """Free bytes on the filesystem that holds `path`, or would hold it once created."""
-    probe = path
-    while probe and not os.path.exists(probe):
-        probe = os.path.dirname(probe.rstrip("/")) or "/"
-    try:
-        info = os.statvfs(probe or "/")
-    except OSError:
-        return None
-    return info.f_bavail * info.f_frsize
-
-
-def meminfo() -> str | None:
-    return read_text("/proc/meminfo")
 
 
 def docker_state(label: str) -> dict[str, Any]:
@@ -305,18 +259,18 @@ def hub_listings(state_dir: str) -> list[Any]:
 
 
 def probe(args: dict[str, Any]) -> dict[str, Any]:
-    state_dir = expand(args["state_dir"])
+    state_dir = os.path.expanduser(args["state_dir"])
     layout = StateDir(state_dir)
-    model_dir = expand(args["model_dir"])
+    model_dir = os.path.expanduser(args["model_dir"])
     return {
         "hostname": socket.gethostname(),
         "home": os.path.expanduser("~"),
-        "meminfo": meminfo(),
+        "meminfo": read_text("/proc/meminfo"),
         "checkpoint": checkpoint_state(model_dir, state_dir, args["manifest"], args["exl3_plan"]),
         "hash_cache": read_json(layout.hash_cache) or {},
         "hub_listings": hub_listings(state_dir) if args.get("head") else [],
-        "disk_free": disk_free(model_dir),
-        "key_file": stat_key_file(expand(args["key_file"])) if args.get("key_file") else None,
+        "disk_free": free_bytes(model_dir),
+        "key_file": stat_key_file(os.path.expanduser(args["key_file"])) if args.get("key_file") else None,
         "guard_running": process_alive(layout.guard_pid),
         "guard_config": read_json(layout.guard_config),
         "guard_trip": read_json(layout.guard_trip),
@@ -329,5 +283,4 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_probe(args: dict[str, Any]) -> None:
-    json.dump(probe(args), sys.stdout)
-    sys.stdout.write("\n")
+    reply(probe(args))

@@ -20,8 +20,7 @@ from reconciler.components.image import Layers
 from reconciler.components.rsync import rsync_counter
 from reconciler.execution import PUBLISH_INTERVAL_S, Progress
 from reconciler.loopstatus import LoopStatus, read_status, render, status_path, write_pass, write_status
-from reconciler.nodeside import fetch as nodeside_fetch
-from reconciler.nodeside import ops as nodeside_ops
+from reconciler.nodeside import common as nodeside_common
 from reconciler.progress import (
     PREFIX,
     Counter,
@@ -65,8 +64,7 @@ def test_a_counter_survives_its_structured_line() -> None:
 
 
 def test_the_node_side_programs_spell_the_heads_prefix() -> None:
-    assert nodeside_ops.PROGRESS_PREFIX == PREFIX
-    assert nodeside_fetch.PROGRESS_PREFIX == PREFIX
+    assert nodeside_common.PROGRESS_PREFIX == PREFIX
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,124 @@
+"""What several node-side programs need (stdlib only): their answer, progress, Docker, pid files.
+
+Like statedir.py it has no `from __future__` line and imports no sibling, because
+`nodeside.source` ships it inside the programs that import it. Each name here lands in their
+namespace, so none may be one of theirs. Modules only some callers need (http.client, signal)
+are imported where they are used: every call on a node pays for what its program imports.
+"""
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+CHUNK = 8 * 1024 * 1024
+DOCKER_SOCKET = "/var/run/docker.sock"
+# The head's reconciler.progress.PREFIX (this program cannot import it; a unit test keeps them equal).
+PROGRESS_PREFIX = "@progress "
+REPORT_EVERY_S = 1.0
+
+
+def reply(value: Any) -> None:
+    """The program's answer: one line of JSON on stdout."""
+    json.dump(value, sys.stdout)
+    sys.stdout.write("\n")
+
+
+def progress(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+class Meter:
+    """Bytes and files of one operation, for the head: a structured line (PREFIX + JSON) at most
+    once a second. The head measures the rate and shows a bar or a journal line; the node sends
+    only counts. Threads may add at once (hashing runs in parallel)."""
+
+    def __init__(self, what: str, total: int, files: int) -> None:
+        self.counts: dict[str, Any] = {"what": what, "done": 0, "total": total, "files_done": 0, "files": files}
+        self.lock = threading.Lock()
+        self.last = 0.0
+
+    def add(self, count: int, *, name: str | None = None) -> None:
+        with self.lock:
+            self.counts["done"] += count
+            if name is not None:
+                self.counts["name"] = name
+            if time.monotonic() - self.last >= REPORT_EVERY_S:
+                self._report()
+
+    def file_done(self) -> None:
+        with self.lock:
+            self.counts["files_done"] += 1
+            self._report()
+
+    def _report(self) -> None:
+        self.last = time.monotonic()
+        progress(PROGRESS_PREFIX + json.dumps(self.counts, separators=(",", ":")))
+
+
+def docker_request(method: str, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    """HTTP status and body of one Docker API request over its unix socket (no docker SDK on nodes)."""
+    import http.client
+    import socket
+
+    host = os.environ.get("DOCKER_HOST", "")
+    connection = http.client.HTTPConnection("localhost", timeout=timeout)
+    connection.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.sock.settimeout(timeout)
+        connection.sock.connect(host[len("unix://") :] if host.startswith("unix://") else DOCKER_SOCKET)
+        connection.request(method, path)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def pid_of(pid_file: str) -> int | None:
+    """The process a pid file names; None when there is no file or no pid in it."""
+    try:
+        with open(pid_file, encoding="utf-8") as handle:
+            pid = int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid > 0 else None
+
+
+def stop_pid(pid_file: str, *, group: bool = False) -> bool:
+    """Stop the process (with `group`, the process group) a pid file names: SIGTERM, SIGKILL after
+    five seconds. Whether one was running that this user may stop."""
+    import signal
+
+    pid = pid_of(pid_file)
+    if pid is None:
+        return False
+    kill = os.killpg if group else os.kill
+    try:
+        kill(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return False
+    for _ in range(50):
+        try:
+            kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        kill(pid, signal.SIGKILL)
+    return True
+
+
+def free_bytes(path: str) -> int | None:
+    """Free bytes on the filesystem that holds `path`, or would hold it once created."""
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe.rstrip("/")) or "/"
+    try:
+        info = os.statvfs(probe or "/")
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
