@@ -1,4 +1,4 @@
-"""What several node-side programs need (stdlib only): their answer, progress, Docker, pid files.
+"""What several node-side programs need (stdlib only): answer, progress, Docker, private files, pids.
 
 Like statedir.py it has no `from __future__` line and imports no sibling, because
 `nodeside.source` ships it inside the programs that import it. Each name here lands in their
@@ -76,6 +76,15 @@ def docker_request(method: str, path: str, timeout: float = 10.0) -> tuple[int, 
         return response.status, response.read()
     finally:
         connection.close()
+
+
+def write_private(path: str, text: str) -> None:
+    """`path` replaced by a 0600 file holding `text`, never written through a symlink."""
+    temporary = f"{path}.tmp-{os.urandom(6).hex()}"
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(temporary, path)
 
 
 def pid_of(pid_file: str) -> int | None:

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from reconciler.nodeside.common import reply, stop_pid
+from reconciler.nodeside.common import reply, stop_pid, write_private
 
 MODULE = "checkpoint"
 USER = "reconciler"
@@ -33,15 +33,6 @@ _FILES = ("rsyncd.conf", "rsyncd.secrets", "rsyncd.pid", "rsyncd.lock")
 def _fail(message: str) -> NoReturn:
     sys.stderr.write(message + "\n")
     sys.exit(1)
-
-
-def _private_file(path: str, text: str) -> None:
-    """`path` replaced by a 0600 file holding `text`, never written through a symlink."""
-    temporary = f"{path}.{os.urandom(6).hex()}"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(temporary, path)
 
 
 def _plain_value(value: str, what: str) -> str:
@@ -108,8 +99,8 @@ def start(args: dict[str, Any]) -> None:
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
     _stop(directory)
-    _private_file(f"{directory}/rsyncd.secrets", f"{USER}:{args['secret']}\n")
-    _private_file(f"{directory}/rsyncd.conf", config(directory, args["path"], args["allow"], args["connections"]))
+    write_private(f"{directory}/rsyncd.secrets", f"{USER}:{args['secret']}\n")
+    write_private(f"{directory}/rsyncd.conf", config(directory, args["path"], args["allow"], args["connections"]))
     for _ in range(3):  # another program may take the free port before rsync binds it
         port = _free_port(args["address"])
         argv = ["timeout", str(LIFETIME_S), "rsync", "--daemon", "--no-detach", f"--config={directory}/rsyncd.conf"]
@@ -117,7 +108,7 @@ def start(args: dict[str, Any]) -> None:
         log = open(f"{directory}/rsyncd.log", "ab")  # noqa: SIM115 - handed to the daemon
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         log.close()
-        _private_file(f"{directory}/daemon.pid", f"{process.pid}\n")
+        write_private(f"{directory}/daemon.pid", f"{process.pid}\n")
         if _listening(args["address"], port, process):
             reply({"port": port})
             return

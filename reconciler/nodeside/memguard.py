@@ -19,7 +19,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from reconciler.nodeside.common import docker_request
+from reconciler.nodeside.common import docker_request, write_private
 from reconciler.nodeside.statedir import StateDir
 
 KIB_PER_GIB = 1024 * 1024
@@ -82,11 +82,7 @@ class Guard:
 
     def record_trip(self, available: float, floor: float, killed: list[str]) -> None:
         trip = {"at": now(), "mem_available_gib": round(available, 3), "floor_gib": floor, "killed": killed}
-        temporary = f"{self.layout.guard_trip}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        with os.fdopen(os.open(temporary, flags, 0o600), "w", encoding="utf-8") as handle:
-            json.dump(trip, handle)
-        os.replace(temporary, self.layout.guard_trip)
+        write_private(self.layout.guard_trip, json.dumps(trip))
 
     def tick(self, count: int) -> None:
         floor = float(self.config["floor_gib"])

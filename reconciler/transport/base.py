@@ -58,34 +58,30 @@ def run_program(
     transport: Transport, module: str, call: str, args: Any, *, timeout: float = 600.0, on_line: LineSink | None = None
 ) -> Any:
     """Run a nodeside program with `python3 -` and return its JSON output."""
+    node = transport.node
     result = transport.run(["python3", "-"], stdin=program(module, call, args), timeout=timeout, on_line=on_line)
-    if result.returncode != 0:
-        raise NodeCommandError(
-            f"{transport.node}: {module}.{call} failed (exit {result.returncode}): {stderr_tail(result)}",
-            f"check python3 on {transport.node}; rerun with the same command to retry",
-        )
+    check(result, node, f"{module}.{call}", f"check python3 on {node}; rerun with the same command to retry")
     try:
         return json.loads(result.stdout)
     except ValueError:
         raise NodeCommandError(
-            f"{transport.node}: {module}.{call} printed something that is not its JSON answer",
-            f"check that nothing on {transport.node} writes to stdout at login (a shell profile, a banner)",
+            f"{node}: {module}.{call} printed something that is not its JSON answer",
+            f"check that nothing on {node} writes to stdout at login (a shell profile, a banner)",
         ) from None
 
 
 def stderr_tail(result: CommandResult, lines: int = 3, limit: int = 400) -> str:
     """The last lines a node wrote to stderr, as one printable, redacted line for a message: a
     node's bytes must not reach the terminal as escapes, or a secret as itself."""
-    from reconciler.progress import printable  # only on a failure: the CLI starts without it
-
     text = result.stderr[-8 * limit :].decode("utf-8", errors="replace")
     return printable(" / ".join(line.strip() for line in text.strip().splitlines()[-lines:]), limit)
 
 
-def check(result: CommandResult, node: str, what: str) -> CommandResult:
+def check(result: CommandResult, node: str, what: str, hint: str | None = None) -> CommandResult:
     if result.returncode != 0:
         raise NodeCommandError(
-            f"{node}: {what} failed (exit {result.returncode}): {stderr_tail(result)}", f"see the message from {node}"
+            f"{node}: {what} failed (exit {result.returncode}): {stderr_tail(result)}",
+            hint or f"see the message from {node}",
         )
     return result
 

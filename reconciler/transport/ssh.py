@@ -23,7 +23,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import docker
@@ -37,7 +36,7 @@ from reconciler.transport.sshconnect import SshConnection, open_route
 from reconciler.transport.sshroute import route_for
 
 _CHUNK = 65536
-_RELAY = (Path(nodeside.__file__).parent / "dockerrelay.py").read_text(encoding="utf-8")
+_RELAY = nodeside.source("dockerrelay")
 
 
 class SshTransport:
@@ -109,15 +108,10 @@ class SshTransport:
         return self._docker
 
     def close(self) -> None:
-        if self._docker is not None:
-            self._docker.close()
-            self._docker = None
-        if self._forward is not None:
-            self._forward.close()
-            self._forward = None
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        for resource in (self._docker, self._forward, self._client):
+            if resource is not None:
+                resource.close()
+        self._docker = self._forward = self._client = None
 
 
 def _drain(
