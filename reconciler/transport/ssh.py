@@ -51,11 +51,10 @@ class SshTransport:
 
     def _transport(self) -> paramiko.Transport:
         with self._lock:
-            if self._client is None:
-                self._client = self._connect()
-            transport = self._client.get_transport()
+            transport = self._client.get_transport() if self._client is not None else None
             if transport is None or not transport.is_active():
-                self._client.close()
+                if self._client is not None:
+                    self._client.close()
                 self._client = self._connect()
                 transport = self._client.get_transport()
             assert transport is not None
