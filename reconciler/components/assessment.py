@@ -135,9 +135,6 @@ class NodeView(Record):
             return observed.link, observed.revisions.get(observed.link)
         return observed.legacy_commit, observed.legacy
 
-    def staged_path(self, commit: str, plan_name: str) -> str:
-        return self.layout.staged_plan(commit, plan_name)
-
 
 def view_of(deployment: Deployment, facts: Facts, node: Node) -> NodeView | None:
     observed = facts.nodes[node.name]
