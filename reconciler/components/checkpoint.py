@@ -48,6 +48,7 @@ from reconciler.components.assessment import (
     assess,
     expectation,
     human_bytes,
+    rewritten_plan,
     shard_of,
     staged_plan_current,
     view_of,
@@ -60,7 +61,6 @@ from reconciler.facts.revisions import is_commit, pinned, revision_dir, short
 from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record, field, replace
 from reconciler.repofiles import HubFile
-from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import Deployment, Node
 
 COMPONENT = Component.CHECKPOINT
@@ -509,19 +509,9 @@ def _plan_staging(
     payload = StagePlan(
         source=f"{revision_dir(view.model_dir, commit)}/exl3/plan/{plan_name}",
         target=view.layout.staged_plan(commit, plan_name),
-        content=_rewritten(tree.exl3_plan if tree is not None else None) if not actions else None,
+        content=rewritten_plan(tree.exl3_plan if tree is not None else None) if not actions else None,
     )
     return [_action(payload, "create", view.node, summary, cause, actions)]
-
-
-def _rewritten(plan_text: str | None) -> str | None:
-    """The staged plan as the ranks need it, when the model's plan is known and readable now."""
-    if plan_text is None:
-        return None
-    try:
-        return rewrite_exl3_plan(plan_text)
-    except (ValueError, KeyError, AttributeError, TypeError):
-        return None
 
 
 def _action(

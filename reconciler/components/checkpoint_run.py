@@ -29,13 +29,12 @@ from reconciler.actions import (
     shorten,
 )
 from reconciler.clock import utc_iso
-from reconciler.components.assessment import human_bytes, shard_of
+from reconciler.components.assessment import human_bytes, rewritten_plan, shard_of
 from reconciler.components.rsync import rsync_streams
 from reconciler.errors import FactsChangedError, NodeCommandError
 from reconciler.execution import ApplyContext
 from reconciler.nodeside.ops import ReassembleArgs, RemoveRevisionsArgs, SwitchArgs
 from reconciler.repofiles import HubFile, parse_manifest
-from reconciler.serving import rewrite_exl3_plan
 from reconciler.transport.base import run_program
 
 _INCOMPLETE_HINT = "run `reconciler apply` again: it re-fetches exactly the files named (nothing else is deleted)"
@@ -273,12 +272,10 @@ def _stage_plan(ctx: ApplyContext, action: Action, stage: StagePlan) -> str:
         if text is None:
             message = f"{action.node}: {stage.source} is missing; the checkpoint is incomplete"
             raise NodeCommandError(message, _INCOMPLETE_HINT)
-        try:
-            content = rewrite_exl3_plan(text)
-        except (ValueError, KeyError, AttributeError, TypeError):
-            raise NodeCommandError(
-                f"{action.node}: {stage.source} is not an EXL3 plan (JSON with a qdir)", _INCOMPLETE_HINT
-            ) from None
+        content = rewritten_plan(text)
+        if content is None:
+            message = f"{action.node}: {stage.source} is not an EXL3 plan (JSON with a qdir)"
+            raise NodeCommandError(message, _INCOMPLETE_HINT)
     directory = stage.target.rsplit("/", 1)[0]
     node = ctx.ops(action.node)
     node.mkdirs(directory, ctx.state_dir(action.node).engine_cache)
