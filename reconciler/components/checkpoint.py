@@ -86,28 +86,24 @@ def plan_checkpoint(
         return plan_without_hub(deployment, facts, error)
     staging = Staging(commit=commit)
     expect = expectation(deployment, listing.manifest, listing)
-    head_outcome = _plan_node(deployment, head_view, expect, listings, commit, deep_verify, source=None)
-    staging.extend(head_outcome)
-    head_done = _last_copyable(head_outcome.actions)
+    workers = (view_of(deployment, facts, node) for _, node in deployment.ranked_nodes[1:])
+    views = [head_view, *(view for view in workers if view is not None)]
+    head_done = ""
     relay: tuple[NodeView, str] | None = None
-    for _, node in deployment.ranked_nodes[1:]:
-        view = view_of(deployment, facts, node)
-        if view is None:
-            continue
-        if deployment.source_of(node) == "hub":
-            staging.extend(_plan_node(deployment, view, expect, listings, commit, deep_verify, source=None))
-            continue
-        source = peer_source(deployment, facts, head_view, head_done, relay, node)
-        outcome = _plan_node(deployment, view, expect, listings, commit, deep_verify, source=source)
+    for view in views:
+        # The head and hub-sourced workers download; a peer-sourced worker copies from a peer.
+        kind = deployment.source_of(view.node)
+        source = peer_source(deployment, facts, head_view, head_done, relay, view.node) if kind == "peer" else None
+        outcome = _plan_node(deployment, view, expect, listings, commit, deep_verify, source)
         staging.extend(outcome)
-        if not outcome.blockers:
+        if kind == "head":
+            head_done = _last_copyable(outcome.actions)
+        elif kind == "peer" and not outcome.blockers:
             relay = (view, _last_copyable(outcome.actions))
     if not any(blocker.node == head.name for blocker in staging.blockers):
         staging.actions[:0] = _pin(deployment, head_view, commit)
-    for _, node in deployment.ranked_nodes:
-        view = view_of(deployment, facts, node)
-        if view is not None:
-            staging.after_ready += switch_and_prune(deployment, view, commit)
+    for view in views:
+        staging.after_ready += switch_and_prune(deployment, view, commit)
     return staging
 
 
@@ -175,9 +171,8 @@ def plan_without_hub(deployment: Deployment, facts: Facts, error: str) -> Stagin
         else:
             incomplete.append(node.name)
     hint = "the next pass asks the Hub again; check model.endpoint, the network and the token"
-    for name in incomplete:
-        message = f"checkpoint incomplete and the Hub cannot be asked: {error}"
-        staging.blockers.append(Blocker(name, COMPONENT, message, hint))
+    message = f"checkpoint incomplete and the Hub cannot be asked: {error}"
+    staging.blockers += [Blocker(name, COMPONENT, message, hint) for name in incomplete]
     if not incomplete:
         message = f"cannot check the checkpoint against the Hub: {error}"
         hint = f"the files on disk match {deployment.model.manifest}, so the ranks keep serving; {hint}"

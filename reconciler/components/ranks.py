@@ -268,7 +268,6 @@ def _match(
     deployment: Deployment, facts: Facts, desired: list[RankContainer]
 ) -> tuple[list[RankState], list[tuple[str, ContainerFacts]]]:
     """Pair each desired rank with its container; anything else we own is a stray."""
-    states: list[RankState] = []
     strays: list[tuple[str, ContainerFacts]] = []
     wanted = {(rank.node, str(rank.rank)): rank for rank in desired}
     found: dict[tuple[str, str], ContainerFacts] = {}
@@ -279,9 +278,7 @@ def _match(
                 found[key] = container
             else:
                 strays.append((node.name, container))
-    for key, rank in wanted.items():
-        states.append(assess_rank(rank, found.get(key)))
-    return states, strays
+    return [assess_rank(rank, found.get(key)) for key, rank in wanted.items()], strays
 
 
 def _remove_stray(container: ContainerFacts, node: str, deployment: Deployment) -> Action:

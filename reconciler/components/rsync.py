@@ -19,7 +19,7 @@ import shlex
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from reconciler.actions import Copy
 from reconciler.errors import NodeCommandError, PipelineStoppedError, ReconcilerError
@@ -193,7 +193,7 @@ class StreamMeter:
                 return
             with self._lock:  # reported under the lock too, so the bytes never go backwards
                 before = self._before[index]
-                self._counters[index] = counter if before is None else _plus(before, counter)
+                self._counters[index] = counter if before is None else _sum([before, counter])
                 self._report(self._combined())
 
         return take
@@ -206,29 +206,25 @@ class StreamMeter:
     def _combined(self) -> Counter:
         """Every stream's bytes; totals and file counts once every stream has said its own."""
         known = [counter for counter in self._counters if counter is not None]
-        done = sum(counter.done for counter in known)
-        everyone = len(known) == len(self._counters)
-        total: int | None = max(self._size, done) if self._size else None
-        if total is None and everyone:
-            total = _sum_of_all([counter.total for counter in known])
-        files = _sum_of_all([counter.files for counter in known]) if everyone else None
-        files_done = _sum_of_all([counter.files_done for counter in known]) if everyone else None
-        return Counter("copy", done, total, files_done, files)
+        summed = _sum(known)
+        if len(known) < len(self._counters):
+            summed = Counter("copy", summed.done)
+        return replace(summed, total=max(self._size, summed.done)) if self._size else summed
 
 
-def _plus(before: Counter, now: Counter) -> Counter:
-    total = None if before.total is None or now.total is None else before.total + now.total
+def _sum(counters: list[Counter]) -> Counter:
+    """Counters added up; a total or a file count only when every one of them has its own."""
+
+    def of_all(values: list[int | None]) -> int | None:
+        return None if any(value is None for value in values) else sum(value or 0 for value in values)
+
     return Counter(
         "copy",
-        before.done + now.done,
-        total,
-        _sum_of_all([before.files_done, now.files_done]),
-        _sum_of_all([before.files, now.files]),
+        sum(counter.done for counter in counters),
+        of_all([counter.total for counter in counters]),
+        of_all([counter.files_done for counter in counters]),
+        of_all([counter.files for counter in counters]),
     )
-
-
-def _sum_of_all(values: list[int | None]) -> int | None:
-    return None if any(value is None for value in values) else sum(value or 0 for value in values)
 
 
 # `--info=progress2`: '  1,234,567  45%  110.52MB/s    0:01:23 (xfr#3, to-chk=10/20)'; the part in
