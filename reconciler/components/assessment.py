@@ -147,6 +147,12 @@ def view_of(deployment: Deployment, facts: Facts, node: Node) -> NodeView | None
     return NodeView(node, observed.checkpoint, model_dir, StateDir(expand_home(deployment.state_dir, home)))
 
 
+def views_of(deployment: Deployment, facts: Facts) -> list[NodeView]:
+    """The views of the nodes that answered with their home, in rank order."""
+    views = (view_of(deployment, facts, node) for _, node in deployment.ranked_nodes)
+    return [view for view in views if view is not None]
+
+
 def checkpoint_on(deployment: Deployment, facts: Facts, node: Node) -> tuple[RevisionFacts | None, Expectation]:
     """A node's tree of the commit to serve (else of the one it serves) and what it must hold."""
     head = facts.nodes[deployment.head.name].checkpoint

@@ -51,7 +51,7 @@ from reconciler.components.assessment import (
     rewritten_plan,
     shard_of,
     staged_plan_current,
-    view_of,
+    views_of,
 )
 from reconciler.components.revisionswitch import switch_and_prune
 from reconciler.components.routing import PeerSource, copy_route, peer_source, pipelined_cause
@@ -76,9 +76,10 @@ def plan_checkpoint(
     """Bring every reachable node to revision `commit`: the actions before the rank group may
     restart onto it, and those for after it is ready (link model_dir, prune old revisions)."""
     head = deployment.head
-    head_view = view_of(deployment, facts, head)
-    if head_view is None:
+    views = views_of(deployment, facts)
+    if not views or views[0].node.name != head.name:
         return Staging()
+    head_view = views[0]
     listings = head_view.observed.hub
     listing = listings.get(commit) if commit is not None else None
     if commit is None or listing is None:
@@ -86,8 +87,6 @@ def plan_checkpoint(
         return plan_without_hub(deployment, facts, error)
     staging = Staging(commit=commit)
     expect = expectation(deployment, listing.manifest, listing)
-    workers = (view_of(deployment, facts, node) for _, node in deployment.ranked_nodes[1:])
-    views = [head_view, *(view for view in workers if view is not None)]
     head_done = ""
     relay: tuple[NodeView, str] | None = None
     for view in views:
@@ -134,17 +133,16 @@ class Placement(Record):
 def placements(deployment: Deployment, facts: Facts, commit: str | None) -> dict[str, Placement]:
     """Where each rank finds revision `commit` (None: what each node serves now)."""
     found: dict[str, Placement] = {}
-    for _, node in deployment.ranked_nodes:
-        view = view_of(deployment, facts, node)
-        if view is None:
-            continue
+    for view in views_of(deployment, facts):
         serving, _ = view.serving()
         # Without a revision to serve, a node that has no revisions yet serves model_dir itself.
         chosen = commit if commit is not None else serving if view.observed.link is not None else None
         if chosen is not None:
-            found[node.name] = Placement(revision_dir(view.model_dir, chosen), view.layout.plans_of(chosen), chosen)
+            found[view.node.name] = Placement(
+                revision_dir(view.model_dir, chosen), view.layout.plans_of(chosen), chosen
+            )
         else:
-            found[node.name] = Placement(view.model_dir, view.layout.plans, serving)
+            found[view.node.name] = Placement(view.model_dir, view.layout.plans, serving)
     return found
 
 
@@ -157,10 +155,8 @@ def plan_without_hub(deployment: Deployment, facts: Facts, error: str) -> Stagin
     """
     staging = Staging()
     incomplete: list[str] = []
-    for _, node in deployment.ranked_nodes:
-        view = view_of(deployment, facts, node)
-        if view is None:
-            continue
+    for view in views_of(deployment, facts):
+        node = view.node
         commit, tree = view.serving()
         state = assess(tree.files, expectation(deployment, tree.manifest, None)) if tree is not None else None
         staged = tree is not None and (view.observed.link is None or staged_plan_current(tree))

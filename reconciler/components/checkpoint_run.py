@@ -269,13 +269,12 @@ def _stage_plan(ctx: ApplyContext, action: Action, stage: StagePlan) -> str:
     content = stage.content
     if content is None:
         text = ctx.ops(action.node).read_text(stage.source)["text"]
-        if text is None:
-            message = f"{action.node}: {stage.source} is missing; the checkpoint is incomplete"
-            raise NodeCommandError(message, _INCOMPLETE_HINT)
         content = rewritten_plan(text)
         if content is None:
-            message = f"{action.node}: {stage.source} is not an EXL3 plan (JSON with a qdir)"
-            raise NodeCommandError(message, _INCOMPLETE_HINT)
+            problem = (
+                "is missing; the checkpoint is incomplete" if text is None else "is not an EXL3 plan (JSON with a qdir)"
+            )
+            raise NodeCommandError(f"{action.node}: {stage.source} {problem}", _INCOMPLETE_HINT)
     directory = stage.target.rsplit("/", 1)[0]
     node = ctx.ops(action.node)
     node.mkdirs(directory, ctx.state_dir(action.node).engine_cache)
