@@ -29,12 +29,14 @@ FULL_SIZE_HEAD = 700 * GB
 FULL_SIZE_WORKER = 470 * GB
 
 
+def shard_of(path: str) -> str | None:
+    """The shard a `.partNN` file is part of (None: not a part)."""
+    match = _PART_RE.match(path)
+    return match.group("shard") if match else None
+
+
 def is_part(name: str) -> bool:
-    return _PART_RE.match(name) is not None
-
-
-def part_files(files: Mapping[str, object]) -> list[str]:
-    return sorted(name for name in files if is_part(name))
+    return shard_of(name) is not None
 
 
 class Expectation(Record):
@@ -64,8 +66,8 @@ def expectation(deployment: Deployment, manifest: dict[str, str] | None, hub: Hu
     }
     sizes = {name: info.size for name, info in hub_files.items() if not is_part(name)}
     for name, info in hub_files.items():
-        if (match := _PART_RE.match(name)) is not None:
-            sizes[match.group("shard")] = sizes.get(match.group("shard"), 0) + info.size
+        if (shard := shard_of(name)) is not None:
+            sizes[shard] = sizes.get(shard, 0) + info.size
     hashes = {name: info.sha256 for name, info in hub_files.items() if info.sha256 and not is_part(name)}
     hashes.update(manifest or {})
     return Expectation(sorted(name for name in names if not is_part(name)), sizes, hashes)
@@ -88,8 +90,8 @@ class CheckpointState(Record):
 
 
 def assess(files: Mapping[str, FileFacts], expect: Expectation) -> CheckpointState:
-    parts = part_files(files)
-    shards_with_parts = {match.group("shard") for part in parts if (match := _PART_RE.match(part))}
+    parts = sorted(name for name in files if is_part(name))
+    shards_with_parts = {shard_of(part) for part in parts}
     absent = [name for name in expect.files if name not in files]
     assemblable = [name for name in absent if name in PARTED_SHARDS and name in shards_with_parts]
     missing = [name for name in absent if name not in assemblable]
@@ -135,9 +137,6 @@ class NodeView(Record):
             return observed.link, observed.revisions.get(observed.link)
         return observed.legacy_commit, observed.legacy
 
-    def staged_path(self, commit: str, plan_name: str) -> str:
-        return self.layout.staged_plan(commit, plan_name)
-
 
 def view_of(deployment: Deployment, facts: Facts, node: Node) -> NodeView | None:
     observed = facts.nodes[node.name]
@@ -146,6 +145,12 @@ def view_of(deployment: Deployment, facts: Facts, node: Node) -> NodeView | None
     home = observed.home
     model_dir = expand_home(node.model_dir, home).rstrip("/")
     return NodeView(node, observed.checkpoint, model_dir, StateDir(expand_home(deployment.state_dir, home)))
+
+
+def views_of(deployment: Deployment, facts: Facts) -> list[NodeView]:
+    """The views of the nodes that answered with their home, in rank order."""
+    views = (view_of(deployment, facts, node) for _, node in deployment.ranked_nodes)
+    return [view for view in views if view is not None]
 
 
 def checkpoint_on(deployment: Deployment, facts: Facts, node: Node) -> tuple[RevisionFacts | None, Expectation]:
@@ -165,14 +170,15 @@ def checkpoint_on(deployment: Deployment, facts: Facts, node: Node) -> tuple[Rev
 
 def staged_plan_current(tree: RevisionFacts | None) -> bool:
     """Whether the staged EXL3 plan is the revision's plan rewritten for the /model mount."""
-    if tree is None or tree.exl3_plan is None or tree.staged_plan is None:
-        return False
+    return tree is not None and tree.staged_plan is not None and tree.staged_plan == rewritten_plan(tree.exl3_plan)
+
+
+def rewritten_plan(plan_text: str | None) -> str | None:
+    """The EXL3 plan as the ranks need it (its banks under /model); None when there is no plan
+    or it is not one."""
+    if plan_text is None:
+        return None
     try:
-        return tree.staged_plan == rewrite_exl3_plan(tree.exl3_plan)
+        return rewrite_exl3_plan(plan_text)
     except (ValueError, KeyError, AttributeError, TypeError):
-        return False
-
-
-def shard_of(path: str) -> str | None:
-    match = _PART_RE.match(path)
-    return match.group("shard") if match else None
+        return None

@@ -48,9 +48,10 @@ from reconciler.components.assessment import (
     assess,
     expectation,
     human_bytes,
+    rewritten_plan,
     shard_of,
     staged_plan_current,
-    view_of,
+    views_of,
 )
 from reconciler.components.revisionswitch import switch_and_prune
 from reconciler.components.routing import PeerSource, copy_route, peer_source, pipelined_cause
@@ -60,7 +61,6 @@ from reconciler.facts.revisions import is_commit, pinned, revision_dir, short
 from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record, field, replace
 from reconciler.repofiles import HubFile
-from reconciler.serving import rewrite_exl3_plan
 from reconciler.spec import Deployment, Node
 
 COMPONENT = Component.CHECKPOINT
@@ -76,38 +76,33 @@ def plan_checkpoint(
     """Bring every reachable node to revision `commit`: the actions before the rank group may
     restart onto it, and those for after it is ready (link model_dir, prune old revisions)."""
     head = deployment.head
-    head_view = view_of(deployment, facts, head)
-    listing = head_view.observed.hub.get(commit) if head_view is not None and commit is not None else None
-    if head_view is None:
+    views = views_of(deployment, facts)
+    if not views or views[0].node.name != head.name:
         return Staging()
+    head_view = views[0]
+    listings = head_view.observed.hub
+    listing = listings.get(commit) if commit is not None else None
     if commit is None or listing is None:
         error = head_view.observed.hub_error or "the Hub was not asked (no listing for this revision)"
         return plan_without_hub(deployment, facts, error)
     staging = Staging(commit=commit)
     expect = expectation(deployment, listing.manifest, listing)
-    listings = head_view.observed.hub
-    head_outcome = _plan_node(deployment, head_view, expect, listings, commit, deep_verify, source=None)
-    staging.extend(head_outcome)
-    head_done = _last_id(head_outcome.actions, exclude=(Step.PRUNE, Step.STAGE_PLAN))
+    head_done = ""
     relay: tuple[NodeView, str] | None = None
-    for _, node in deployment.ranked_nodes[1:]:
-        view = view_of(deployment, facts, node)
-        if view is None:
-            continue
-        if deployment.source_of(node) == "hub":
-            staging.extend(_plan_node(deployment, view, expect, listings, commit, deep_verify, source=None))
-            continue
-        source = peer_source(deployment, facts, head_view, head_done, relay, node)
-        outcome = _plan_node(deployment, view, expect, listings, commit, deep_verify, source=source)
+    for view in views:
+        # The head and hub-sourced workers download; a peer-sourced worker copies from a peer.
+        kind = deployment.source_of(view.node)
+        source = peer_source(deployment, facts, head_view, head_done, relay, view.node) if kind == "peer" else None
+        outcome = _plan_node(deployment, view, expect, listings, commit, deep_verify, source)
         staging.extend(outcome)
-        if not outcome.blockers:
-            relay = (view, _last_id(outcome.actions, exclude=(Step.PRUNE, Step.STAGE_PLAN)))
+        if kind == "head":
+            head_done = _last_copyable(outcome.actions)
+        elif kind == "peer" and not outcome.blockers:
+            relay = (view, _last_copyable(outcome.actions))
     if not any(blocker.node == head.name for blocker in staging.blockers):
         staging.actions[:0] = _pin(deployment, head_view, commit)
-    for _, node in deployment.ranked_nodes:
-        view = view_of(deployment, facts, node)
-        if view is not None:
-            staging.after_ready += switch_and_prune(deployment, view, commit)
+    for view in views:
+        staging.after_ready += switch_and_prune(deployment, view, commit)
     return staging
 
 
@@ -138,18 +133,16 @@ class Placement(Record):
 def placements(deployment: Deployment, facts: Facts, commit: str | None) -> dict[str, Placement]:
     """Where each rank finds revision `commit` (None: what each node serves now)."""
     found: dict[str, Placement] = {}
-    for _, node in deployment.ranked_nodes:
-        view = view_of(deployment, facts, node)
-        if view is None:
-            continue
-        if commit is not None:
-            found[node.name] = Placement(revision_dir(view.model_dir, commit), view.layout.plans_of(commit), commit)
-            continue
+    for view in views_of(deployment, facts):
         serving, _ = view.serving()
-        if view.observed.link is not None and serving is not None:
-            found[node.name] = Placement(revision_dir(view.model_dir, serving), view.layout.plans_of(serving), serving)
+        # Without a revision to serve, a node that has no revisions yet serves model_dir itself.
+        chosen = commit if commit is not None else serving if view.observed.link is not None else None
+        if chosen is not None:
+            found[view.node.name] = Placement(
+                revision_dir(view.model_dir, chosen), view.layout.plans_of(chosen), chosen
+            )
         else:
-            found[node.name] = Placement(view.model_dir, view.layout.plans, serving)
+            found[view.node.name] = Placement(view.model_dir, view.layout.plans, serving)
     return found
 
 
@@ -162,10 +155,8 @@ def plan_without_hub(deployment: Deployment, facts: Facts, error: str) -> Stagin
     """
     staging = Staging()
     incomplete: list[str] = []
-    for _, node in deployment.ranked_nodes:
-        view = view_of(deployment, facts, node)
-        if view is None:
-            continue
+    for view in views_of(deployment, facts):
+        node = view.node
         commit, tree = view.serving()
         state = assess(tree.files, expectation(deployment, tree.manifest, None)) if tree is not None else None
         staged = tree is not None and (view.observed.link is None or staged_plan_current(tree))
@@ -176,9 +167,8 @@ def plan_without_hub(deployment: Deployment, facts: Facts, error: str) -> Stagin
         else:
             incomplete.append(node.name)
     hint = "the next pass asks the Hub again; check model.endpoint, the network and the token"
-    for name in incomplete:
-        message = f"checkpoint incomplete and the Hub cannot be asked: {error}"
-        staging.blockers.append(Blocker(name, COMPONENT, message, hint))
+    message = f"checkpoint incomplete and the Hub cannot be asked: {error}"
+    staging.blockers += [Blocker(name, COMPONENT, message, hint) for name in incomplete]
     if not incomplete:
         message = f"cannot check the checkpoint against the Hub: {error}"
         hint = f"the files on disk match {deployment.model.manifest}, so the ranks keep serving; {hint}"
@@ -186,8 +176,10 @@ def plan_without_hub(deployment: Deployment, facts: Facts, error: str) -> Stagin
     return staging
 
 
-def _last_id(actions: list[Action], exclude: tuple[Step, ...]) -> str:
-    ids = [item.id for item in actions if item.step not in exclude]
+def _last_copyable(actions: list[Action]) -> str:
+    """The step after which a peer may copy from the node: the files are there and verified
+    (pruning the parts and staging the plan change nothing a peer copies)."""
+    ids = [item.id for item in actions if item.step not in (Step.PRUNE, Step.STAGE_PLAN)]
     return ids[-1] if ids else ""
 
 
@@ -221,20 +213,24 @@ def _plan_node(
     files = tree.files if tree is not None else {}
     state = assess(files, expect)
     serving_commit, _ = view.serving()
-    serving_here = serving_commit == commit and view.observed.link == commit
     links = _linkable(view, expect, listings, commit, [*state.missing, *state.corrupt])
-    fetch = [name for name in [*state.missing, *state.corrupt] if name not in links]
+    # What no other revision here holds is fetched: from here on, the missing and corrupt files.
     fetch_state = replace(
-        state, missing=[n for n in state.missing if n in fetch], corrupt=[n for n in state.corrupt if n in fetch]
+        state,
+        missing=[name for name in state.missing if name not in links],
+        corrupt=[name for name in state.corrupt if name not in links],
     )
+    fetch = [*fetch_state.missing, *fetch_state.corrupt]
     fetch_bytes = sum(expect.sizes.get(name, 0) for name in fetch)
     blocker = _preflight(
         view, fetch_bytes, all(name in expect.sizes for name in fetch), bool(fetch or state.assemblable)
     )
     if blocker is not None:
         return Staging(blockers=[blocker])
-    moving = serving_commit is not None and serving_commit != commit
-    why = _revision_cause(serving_commit, commit, fetch, fetch_bytes) if moving else ""
+    why = ""
+    if serving_commit is not None and serving_commit != commit:
+        moved = f"{len(fetch)} files change, {human_bytes(fetch_bytes)}" if fetch else "no file changes"
+        why = f"revision {short(serving_commit)} -> {short(commit)}: {moved}"
     actions: list[Action] = []
     if links:
         linked_bytes = sum(expect.sizes.get(name, 0) for name in links)
@@ -245,13 +241,8 @@ def _plan_node(
         payload = Link(target_dir=target, files=dict(sorted(links.items())))
         cause = why or "these files are the same in a revision the node already has"
         actions.append(_action(payload, "create", node, summary, cause, actions))
-    after = "" if source is None else source.after
     if fetch:
-        actions.append(
-            _fetch_action(
-                deployment, view, target, expect, listings[commit], fetch_state, fetch, why, source, after, actions
-            )
-        )
+        actions.append(_fetch_action(deployment, view, expect, listings[commit], fetch_state, why, source, actions))
     assemble = [*state.assemblable, *(name for name in fetch if name in PARTED_SHARDS)]
     if assemble and (source is None):
         # Behind the head's own download: each shard once its parts have landed, meanwhile.
@@ -278,25 +269,16 @@ def _plan_node(
             pipelined=pipelined,
         )
         actions.append(_action(payload_assemble, "create", node, summary, cause, actions))
-    restart = _restart_cause(state.corrupt) if serving_here and state.corrupt else None
-    fetched_state = replace(state, missing=fetch_state.missing, corrupt=fetch_state.corrupt)
-    actions += _verify_and_prune(deployment, view, target, fetched_state, expect, actions, source, deep)
-    staging = Staging(actions=actions, restart=[restart] if restart else [])
-    staging.extend(_with_plan_staging(deployment, view, commit, tree, actions))
-    if not staging.actions:
-        staging.in_sync.append(InSync(node.name, COMPONENT, _in_sync_reason(deployment, view, commit)))
-    return staging
+    actions += _verify_and_prune(deployment, view, target, fetch_state, expect, actions, source, deep)
+    actions += _plan_staging(deployment, view, commit, tree, actions)
+    serving_here = serving_commit == commit and view.observed.link == commit
+    restart = _restart_cause(state.corrupt) if serving_here else None
+    in_sync = [] if actions else [InSync(node.name, COMPONENT, _in_sync_reason(deployment, view, commit))]
+    return Staging(actions=actions, in_sync=in_sync, restart=[restart] if restart else [])
 
 
 def _shown(node: Node, commit: str) -> str:
     return f"{node.model_dir}@{short(commit)}"
-
-
-def _revision_cause(before: str | None, after: str, fetch: list[str], fetch_bytes: int) -> str:
-    moved = f"{len(fetch)} files change, {human_bytes(fetch_bytes)}" if fetch else "no file changes"
-    if before is None:
-        return f"revision {short(after)}: {moved}"
-    return f"revision {short(before)} -> {short(after)}: {moved}"
 
 
 def _in_sync_reason(deployment: Deployment, view: NodeView, commit: str) -> str:
@@ -382,47 +364,45 @@ def _preflight(view: NodeView, need: int, sizes_known: bool, fetching: bool) -> 
 def _fetch_action(
     deployment: Deployment,
     view: NodeView,
-    target: str,
     expect: Expectation,
     listing: HubFacts,
     state: CheckpointState,
-    fetch: list[str],
     why: str,
     source: PeerSource | None,
-    after: str,
     earlier: list[Action],
 ) -> Action:
-    node, model = view.node, deployment.model
+    """Fetch the state's missing and corrupt files: a download, or a copy from `source`."""
+    node, model, commit = view.node, deployment.model, listing.commit
+    fetch = [*state.missing, *state.corrupt]
+    fetch_bytes = sum(expect.sizes.get(name, 0) for name in fetch)
     chain = source.why if source is not None else ""
     cause = "; ".join(part for part in (why, _files_cause(state, len(expect.files)), chain) if part)
-    size = human_bytes(sum(expect.sizes.get(name, 0) for name in fetch))
-    nothing_here = not view.observed.revisions.get(listing.commit) and not _link_sources(view, listing.commit)
+    size, where, target = human_bytes(fetch_bytes), _shown(node, commit), revision_dir(view.model_dir, commit)
+    nothing_here = not view.observed.revisions.get(commit) and not _link_sources(view, commit)
     if source is not None:
-        where = _shown(node, listing.commit)
         origin = source.origin
         summary = f"copy {len(fetch)} files ({size}) from {origin.node.name} into {where} {copy_route(source)}"
-        pipelined = bool(after)
+        pipelined = bool(source.after)
         if pipelined:
             summary += f", each file as soon as it is complete and verified on {origin.node.name}"
             cause = "; ".join(part for part in (cause, pipelined_cause(origin)) if part)
         payload_copy = Copy(
             source_node=origin.node.name,
-            source_dir=revision_dir(origin.model_dir, listing.commit),
+            source_dir=revision_dir(origin.model_dir, commit),
             destination_dir=target,
             files=None if nothing_here else sorted(fetch),
-            bytes=sum(expect.sizes.get(name, 0) for name in fetch),
+            bytes=fetch_bytes,
             sizes={name: expect.sizes.get(name, 0) for name in sorted(fetch)},
             fabric=source.fabric,
             pipelined=pipelined,
             hashes={name: expect.hashes[name] for name in sorted(fetch) if name in expect.hashes},
             cache=view.layout.hash_cache,
         )
-        return _action(payload_copy, "create", node, summary, cause, earlier, after=after)
-    where = _shown(node, listing.commit)
-    summary = f"download {len(fetch)} files, {size} of {model.repo}@{short(listing.commit)} into {where}"
+        return _action(payload_copy, "create", node, summary, cause, earlier, after=source.after)
+    summary = f"download {len(fetch)} files, {size} of {model.repo}@{short(commit)} into {where}"
     payload = Download(
         repo=model.repo,
-        commit=listing.commit,
+        commit=commit,
         model_dir=target,
         files=sorted(listing.files.values(), key=lambda item: item.path)
         if nothing_here
@@ -503,12 +483,12 @@ def _verify_and_prune(
     return actions
 
 
-def _with_plan_staging(
+def _plan_staging(
     deployment: Deployment, view: NodeView, commit: str, tree: RevisionFacts | None, actions: list[Action]
-) -> Staging:
+) -> list[Action]:
     staged = staged_plan_current(tree)
     if not actions and staged:
-        return Staging()
+        return []
     cause = (
         "the staged EXL3 plan is missing or differs from the model's"
         if not staged
@@ -519,20 +499,10 @@ def _with_plan_staging(
     summary = f"stage {shown} with banks under /model/exl3"
     payload = StagePlan(
         source=f"{revision_dir(view.model_dir, commit)}/exl3/plan/{plan_name}",
-        target=view.staged_path(commit, plan_name),
-        content=_rewritten(tree.exl3_plan if tree is not None else None) if not actions else None,
+        target=view.layout.staged_plan(commit, plan_name),
+        content=rewritten_plan(tree.exl3_plan if tree is not None else None) if not actions else None,
     )
-    return Staging(actions=[_action(payload, "create", view.node, summary, cause, actions)])
-
-
-def _rewritten(plan_text: str | None) -> str | None:
-    """The staged plan as the ranks need it, when the model's plan is known and readable now."""
-    if plan_text is None:
-        return None
-    try:
-        return rewrite_exl3_plan(plan_text)
-    except (ValueError, KeyError, AttributeError, TypeError):
-        return None
+    return [_action(payload, "create", view.node, summary, cause, actions)]
 
 
 def _action(

@@ -29,35 +29,33 @@ from reconciler.actions import (
     shorten,
 )
 from reconciler.clock import utc_iso
-from reconciler.components.assessment import human_bytes, shard_of
+from reconciler.components.assessment import human_bytes, rewritten_plan, shard_of
 from reconciler.components.rsync import rsync_streams
 from reconciler.errors import FactsChangedError, NodeCommandError
 from reconciler.execution import ApplyContext
 from reconciler.nodeside.ops import ReassembleArgs, RemoveRevisionsArgs, SwitchArgs
 from reconciler.repofiles import HubFile, parse_manifest
-from reconciler.serving import rewrite_exl3_plan
 from reconciler.transport.base import run_program
 
 _INCOMPLETE_HINT = "run `reconciler apply` again: it re-fetches exactly the files named (nothing else is deleted)"
 
 
-def _read_record(ctx: ApplyContext, node: str, path: str) -> dict[str, object]:
-    text = ctx.ops(node).read_text(path)["text"]
+def _update_record(ctx: ApplyContext, node: str, path: str, **fields: object) -> None:
+    """Set these fields of the node's checkpoint record, keeping the rest (an unreadable record
+    starts over)."""
+    ops = ctx.ops(node)
+    text = ops.read_text(path)["text"]
     try:
         loaded = json.loads(text) if text is not None else {}
     except ValueError:
         loaded = {}
-    return loaded if isinstance(loaded, dict) else {}
-
-
-def _write_record(ctx: ApplyContext, node: str, path: str, record: dict[str, object]) -> None:
-    ctx.ops(node).write_file(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
+    record = {**(loaded if isinstance(loaded, dict) else {}), **fields}
+    ops.write_file(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
 def _pin(ctx: ApplyContext, action: Action, pin: Pin) -> str:
-    record = _read_record(ctx, action.node, pin.record)
-    record.update(repo=pin.repo, resolved={"revision": pin.revision, "commit": pin.commit, "since": utc_iso()})
-    _write_record(ctx, action.node, pin.record, record)
+    resolved = {"revision": pin.revision, "commit": pin.commit, "since": utc_iso()}
+    _update_record(ctx, action.node, pin.record, repo=pin.repo, resolved=resolved)
     return f"{pin.revision} = {pin.commit[:12]}"
 
 
@@ -203,10 +201,12 @@ def _reassemble(ctx: ApplyContext, action: Action, reassemble: Reassemble) -> st
     node = action.node
     wanted = {part: 0 for shard in reassemble.shards for part in shard.parts}
     expected = {shard.name: shard.sha256 for shard in reassemble.shards if shard.sha256}
-    if len(expected) < len(reassemble.shards):
+    # A shard the Hub gave no sha256 for is checked against the manifest, once it has landed.
+    from_manifest = len(expected) < len(reassemble.shards)
+    if from_manifest:
         wanted[reassemble.manifest] = 0
     feed = ctx.boards.feed(action, node, wanted)
-    if len(expected) < len(reassemble.shards):
+    if from_manifest:
         feed.wait_for([reassemble.manifest])
         manifest = _manifest_hashes(ctx, node, reassemble.model_dir, reassemble.manifest)
         expected = {**{s.name: manifest[s.name] for s in reassemble.shards if s.name in manifest}, **expected}
@@ -227,16 +227,6 @@ def _reassemble(ctx: ApplyContext, action: Action, reassemble: Reassemble) -> st
     return ", ".join(f"{name} ({human_bytes(size)})" for name, size in built.items())
 
 
-def _hash(ctx: ApplyContext, node: str, verify: Verify, names: list[str], deep: bool) -> dict[str, str | None]:
-    return ctx.ops(node).hash_files(verify.model_dir, names, verify.cache, deep=deep)
-
-
-def _differing(expected: dict[str, str], actual: dict[str, str | None]) -> tuple[list[str], list[str]]:
-    missing = sorted(name for name in expected if actual.get(name) is None)
-    wrong = sorted(name for name in expected if actual.get(name) not in (None, expected[name]))
-    return missing, wrong
-
-
 def _verify(ctx: ApplyContext, action: Action, verify: Verify) -> str:
     """Hash what changed (or everything, deep) against the plan's hashes and the manifest's.
 
@@ -249,7 +239,9 @@ def _verify(ctx: ApplyContext, action: Action, verify: Verify) -> str:
     node = action.node
     manifest = _manifest_hashes(ctx, node, verify.model_dir, verify.manifest)
     expected = {**{name: digest for name, digest in verify.files.items() if digest}, **manifest}
-    missing, wrong = _differing(expected, _hash(ctx, node, verify, sorted(expected), verify.deep))
+    actual = ctx.ops(node).hash_files(verify.model_dir, sorted(expected), verify.cache, deep=verify.deep)
+    missing = sorted(name for name in expected if actual.get(name) is None)
+    wrong = sorted(name for name in expected if actual.get(name) not in (None, expected[name]))
     if missing:
         raise NodeCommandError(f"{node}: files missing after the transfer: {shorten(missing)}", _INCOMPLETE_HINT)
     if wrong:
@@ -266,23 +258,10 @@ def _copy(ctx: ApplyContext, action: Action, copy: Copy) -> str:
     _room_for(ctx, action.node, copy.destination_dir, copy.bytes)
     names = copy.files if copy.files is not None else sorted(copy.sizes)
     sizes = {name: copy.sizes.get(name, 0) for name in names}
-    recopy = copy.files is not None
     node, origin = action.node, copy.source_node
     feed = ctx.boards.feed(action, origin, sizes)
     with Landed(ctx, node, copy.destination_dir, copy.cache, copy.hashes) as landed:
-        streams = rsync_streams(
-            ctx,
-            node,
-            copy.source_dir,
-            copy.destination_dir,
-            sizes,
-            recopy,
-            copy.bytes,
-            copy.fabric,
-            origin,
-            feed=feed,
-            landed=landed.add,
-        )
+        streams = rsync_streams(ctx, node, copy, sizes, feed, landed.add)
     return f"copied {len(names)} files from {origin} to {node}:{copy.destination_dir} in {streams} rsync streams"
 
 
@@ -290,15 +269,12 @@ def _stage_plan(ctx: ApplyContext, action: Action, stage: StagePlan) -> str:
     content = stage.content
     if content is None:
         text = ctx.ops(action.node).read_text(stage.source)["text"]
-        if text is None:
-            message = f"{action.node}: {stage.source} is missing; the checkpoint is incomplete"
-            raise NodeCommandError(message, _INCOMPLETE_HINT)
-        try:
-            content = rewrite_exl3_plan(text)
-        except (ValueError, KeyError, AttributeError, TypeError):
-            raise NodeCommandError(
-                f"{action.node}: {stage.source} is not an EXL3 plan (JSON with a qdir)", _INCOMPLETE_HINT
-            ) from None
+        content = rewritten_plan(text)
+        if content is None:
+            problem = (
+                "is missing; the checkpoint is incomplete" if text is None else "is not an EXL3 plan (JSON with a qdir)"
+            )
+            raise NodeCommandError(f"{action.node}: {stage.source} {problem}", _INCOMPLETE_HINT)
     directory = stage.target.rsplit("/", 1)[0]
     node = ctx.ops(action.node)
     node.mkdirs(directory, ctx.state_dir(action.node).engine_cache)
@@ -315,9 +291,7 @@ def _prune(ctx: ApplyContext, action: Action, prune: Prune) -> str:
 def _switch(ctx: ApplyContext, action: Action, switch: Switch) -> str:
     args = SwitchArgs(model_dir=switch.model_dir, target=switch.target, legacy_to=switch.legacy_to)
     ctx.ops(action.node).switch_model_dir(args)
-    record = _read_record(ctx, action.node, switch.record)
-    record.update(repo=switch.repo, history=switch.history, serving_since=utc_iso())
-    _write_record(ctx, action.node, switch.record, record)
+    _update_record(ctx, action.node, switch.record, repo=switch.repo, history=switch.history, serving_since=utc_iso())
     return f"{switch.model_dir} -> {switch.target}"
 
 

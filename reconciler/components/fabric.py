@@ -54,44 +54,29 @@ def subnet_blockers(deployment: Deployment, facts: Facts, contexts: dict[str, No
             ip = contexts[node.name].fabric.ip
             detected = facts.nodes[node.name].fabric
             addresses[node.name] = (ip, detected.prefixlen if detected.ip == ip else None)
-    return [
-        Blocker(
-            node,
-            COMPONENT,
-            message,
-            "give every node's QSFP port an address in one subnet (netplan), or fix nodes[].fabric.ip; "
-            "`ip -br addr` shows them",
-        )
-        for node, message in subnet_mismatches(addresses)
-    ]
+    hint = (
+        "give every node's QSFP port an address in one subnet (netplan), or fix nodes[].fabric.ip; "
+        "`ip -br addr` shows them"
+    )
+    return [Blocker(node, COMPONENT, message, hint) for node, message in subnet_mismatches(addresses)]
 
 
 def node_contexts(deployment: Deployment, facts: Facts) -> tuple[dict[str, NodeContext], list[Blocker]]:
+    """What each rank's container is rendered from (home, fabric); whatever is unknown blocks."""
     contexts: dict[str, NodeContext] = {}
     blockers: list[Blocker] = []
     for _, node in deployment.ranked_nodes:
         observed = facts.nodes[node.name]
         if not observed.reachable:
-            blockers.append(
-                Blocker(
-                    node.name,
-                    COMPONENT,
-                    f"node unreachable: {observed.error or 'no answer'}",
-                    "the rank group is left as it is until every node answers",
-                )
-            )
+            hint = "the rank group is left as it is until every node answers"
+            blockers.append(Blocker(node.name, COMPONENT, f"node unreachable: {observed.error or 'no answer'}", hint))
             continue
         fabric = resolve_fabric(node, facts)
         if isinstance(fabric, Blocker):
             blockers.append(fabric)
         elif observed.home is None:
             blockers.append(
-                Blocker(
-                    node.name,
-                    COMPONENT,
-                    "home directory unknown",
-                    "facts must include the node's home",
-                )
+                Blocker(node.name, COMPONENT, "home directory unknown", "facts must include the node's home")
             )
         else:
             contexts[node.name] = NodeContext(home=observed.home, fabric=fabric)

@@ -47,16 +47,15 @@ def _pull(ctx: ApplyContext, action: Action, pull: Pull) -> str:
 
     layers = Layers()
     report = ctx.progress.reporter()
+    failed = f"{action.node}: pull of {short_ref(ref)} failed"
     try:
         for event in client.api.pull(ref, stream=True, decode=True):
             if layers.take(event):
                 report(layers.counter())
             if "error" in event:
-                raise NodeCommandError(f"{action.node}: pull of {short_ref(ref)} failed: {event['error']}", _PULL_HINT)
+                raise NodeCommandError(f"{failed}: {event['error']}", _PULL_HINT)
     except docker.errors.APIError as exc:
-        raise NodeCommandError(
-            f"{action.node}: pull of {short_ref(ref)} failed: {exc.explanation}", _PULL_HINT
-        ) from None
+        raise NodeCommandError(f"{failed}: {exc.explanation}", _PULL_HINT) from None
     if not _present(client, ref):
         raise NodeCommandError(f"{action.node}: {short_ref(ref)} still missing after the pull", _PULL_HINT)
     return f"pulled {short_ref(ref)}"

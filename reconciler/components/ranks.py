@@ -114,17 +114,13 @@ def describe_drift(desired: RankContainer, observed: ContainerFacts) -> str:
 
 
 def _flags(argv: list[str]) -> dict[str, str]:
-    flags: dict[str, str] = {}
-    index = 0
-    while index < len(argv):
-        token = argv[index]
-        has_value = index + 1 < len(argv) and not argv[index + 1].startswith("--")
-        if token.startswith("--"):
-            flags[token] = argv[index + 1] if has_value else ""
-            index += 2 if has_value else 1
-        else:
-            index += 1
-    return flags
+    """Each `--flag` with the token after it as its value, "" when that is another flag or none."""
+    following = [*argv[1:], "--"]  # longer than argv only when that is empty
+    return {
+        token: "" if value.startswith("--") else value
+        for token, value in zip(argv, following, strict=False)
+        if token.startswith("--")
+    }
 
 
 def _flag_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
@@ -272,7 +268,6 @@ def _match(
     deployment: Deployment, facts: Facts, desired: list[RankContainer]
 ) -> tuple[list[RankState], list[tuple[str, ContainerFacts]]]:
     """Pair each desired rank with its container; anything else we own is a stray."""
-    states: list[RankState] = []
     strays: list[tuple[str, ContainerFacts]] = []
     wanted = {(rank.node, str(rank.rank)): rank for rank in desired}
     found: dict[tuple[str, str], ContainerFacts] = {}
@@ -283,9 +278,7 @@ def _match(
                 found[key] = container
             else:
                 strays.append((node.name, container))
-    for key, rank in wanted.items():
-        states.append(assess_rank(rank, found.get(key)))
-    return states, strays
+    return [assess_rank(rank, found.get(key)) for key, rank in wanted.items()], strays
 
 
 def _remove_stray(container: ContainerFacts, node: str, deployment: Deployment) -> Action:
@@ -321,10 +314,7 @@ def group_restart(
         actions.append(_start_action(deployment, state, group_cause, waits_for))
         previous_start = [actions[-1].id]
     group = [(state.desired.node, state.desired.name) for state in ordered]
-    actions.append(_wait_ready(deployment, group, actions[-1].id))
-    if deployment.startup.smoke != "off":
-        actions.append(_smoke(deployment, actions[-1].id))
-    return actions
+    return actions + _ready_checks(deployment, group, actions[-1].id)
 
 
 _STOPPABLE = {"running", "restarting", "paused", "created"}
@@ -340,31 +330,30 @@ def _start_action(deployment: Deployment, state: RankState, group_cause: str, de
     return action(payload, node, verb, summary, state.problem or group_cause, tuple(dict.fromkeys(depends)), name)
 
 
-def _wait_ready(deployment: Deployment, group: list[tuple[str, str]], after: str) -> Action:
-    startup = deployment.startup
-    summary = (
-        f"wait until GET /v1/models answers 200 with the key (up to {startup.timeout_s // 60} min); "
-        "any rank exit fails the group"
-    )
-    payload = WaitReady(timeout_s=startup.timeout_s, poll_s=startup.poll_s, url=api_base(deployment), ranks=group)
-    return action(payload, deployment.head.name, "run", summary, "the group was (re)started", (after,))
-
-
 SMOKE_SCOPES = {
     "all": "models, unauthorized, stream, text, reasoning, tools, vision",
     "protocol": "models, unauthorized, stream",
 }
 
 
-def _smoke(deployment: Deployment, after: str) -> Action:
-    """A started group that cannot answer is not done: the apply fails with the failing checks."""
-    startup = deployment.startup
-    checks: Literal["all", "protocol"] = "protocol" if startup.smoke == "protocol" else "all"
+def _ready_checks(deployment: Deployment, group: list[tuple[str, str]], after: str) -> list[Action]:
+    """Wait for the API, then smoke-test it unless startup.smoke is off: a started group that
+    cannot answer is not done, the apply fails with the failing checks."""
+    startup, head, cause = deployment.startup, deployment.head.name, "the group was (re)started"
     summary = (
-        f"smoke-test the API: {SMOKE_SCOPES[checks]} (startup.smoke: {startup.smoke}); a failing check fails the apply"
+        f"wait until GET /v1/models answers 200 with the key (up to {startup.timeout_s // 60} min); "
+        "any rank exit fails the group"
     )
-    payload = Smoke(checks=checks, timeout_s=startup.smoke_timeout_s)
-    return action(payload, deployment.head.name, "run", summary, "the group was (re)started", (after,))
+    payload = WaitReady(timeout_s=startup.timeout_s, poll_s=startup.poll_s, url=api_base(deployment), ranks=group)
+    checks = [action(payload, head, "run", summary, cause, (after,))]
+    if startup.smoke == "off":
+        return checks
+    scope: Literal["all", "protocol"] = "protocol" if startup.smoke == "protocol" else "all"
+    summary = (
+        f"smoke-test the API: {SMOKE_SCOPES[scope]} (startup.smoke: {startup.smoke}); a failing check fails the apply"
+    )
+    smoke = Smoke(checks=scope, timeout_s=startup.smoke_timeout_s)
+    return [*checks, action(smoke, head, "run", summary, cause, (checks[0].id,))]
 
 
 def _last(actions: list[Action]) -> tuple[str, ...]:
@@ -380,11 +369,6 @@ def record_intent(ctx: ApplyContext, cause: str) -> None:
     content = json.dumps({"since": utc_iso(), "cause": redact(cause)}) + "\n"
     path = ctx.state_dir(head).restart_intent
     ctx.ops(head).write_file(path, content, keep_existing=True)
-
-
-def _clear_intent(ctx: ApplyContext) -> None:
-    head = ctx.deployment.head.name
-    ctx.ops(head).remove_file(ctx.state_dir(head).restart_intent)
 
 
 def _stop_rank(ctx: ApplyContext, action: Action, stop: StopRank) -> str:
@@ -464,7 +448,8 @@ def _await_ready(ctx: ApplyContext, action: Action, wait: WaitReady) -> str:
 
     del action
     result = health.wait_ready(ctx, wait)
-    _clear_intent(ctx)
+    head = ctx.deployment.head.name  # ready: the restart the intent recorded is done
+    ctx.ops(head).remove_file(ctx.state_dir(head).restart_intent)
     return result
 
 

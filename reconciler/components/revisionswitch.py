@@ -3,15 +3,8 @@ and revisions beyond `model.keep_revisions` go (only then: nothing served is eve
 
 from __future__ import annotations
 
-from reconciler.actions import (
-    Action,
-    PruneRevisions,
-    Switch,
-    action,
-)
-from reconciler.components.assessment import (
-    NodeView,
-)
+from reconciler.actions import Action, PruneRevisions, Switch, action
+from reconciler.components.assessment import NodeView
 from reconciler.facts.revisions import pre_revisions_dir, revision_dir, short
 from reconciler.spec import Deployment
 
@@ -25,17 +18,14 @@ def switch_and_prune(deployment: Deployment, view: NodeView, commit: str) -> lis
     serving, _ = view.serving()
     if serving is not None and serving not in history:
         history.insert(1, serving)
+    # A model_dir from before revisions moves aside: to the revision it holds when that is known
+    # and not here already (then kept like any other revision), else to a directory pruned below.
+    legacy_commit = observed.legacy_commit if observed.legacy is not None else None
+    if legacy_commit == commit or legacy_commit in observed.revisions:
+        legacy_commit = None
     legacy_to = None
     if observed.legacy is not None:
-        legacy_commit = observed.legacy_commit
-        keep_as_revision = (
-            legacy_commit is not None and legacy_commit != commit and legacy_commit not in observed.revisions
-        )
-        legacy_to = (
-            revision_dir(view.model_dir, legacy_commit)
-            if keep_as_revision and legacy_commit
-            else pre_revisions_dir(view.model_dir)
-        )
+        legacy_to = revision_dir(view.model_dir, legacy_commit) if legacy_commit else pre_revisions_dir(view.model_dir)
     if observed.link != commit:
         moved = f"; the directory that was there moves to {legacy_to}" if legacy_to else ""
         summary = f"point {view.node.model_dir} at {short(commit)}{moved}"
@@ -50,9 +40,7 @@ def switch_and_prune(deployment: Deployment, view: NodeView, commit: str) -> lis
         )
         actions.append(action(payload, view.node.name, "update", summary, cause))
     kept = history[1 : 1 + deployment.model.keep_revisions]
-    known = set(observed.revisions)
-    if legacy_to is not None and observed.legacy_commit is not None and legacy_to.endswith(observed.legacy_commit):
-        known.add(observed.legacy_commit)
+    known = {*observed.revisions, *([legacy_commit] if legacy_commit else [])}
     doomed = sorted(c for c in known if c != commit and c not in kept)
     leftovers = [pre_revisions_dir(view.model_dir)] if legacy_to == pre_revisions_dir(view.model_dir) else []
     if doomed or leftovers:

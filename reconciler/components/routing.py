@@ -3,12 +3,8 @@ once that one holds the verified revision; over the fabric to a copy daemon, or 
 
 from __future__ import annotations
 
-from reconciler.actions import (
-    Blocker,
-)
-from reconciler.components.assessment import (
-    NodeView,
-)
+from reconciler.actions import Blocker
+from reconciler.components.assessment import NodeView
 from reconciler.components.fabric import resolve_fabric
 from reconciler.facts.node import Facts
 from reconciler.record import Record

@@ -19,8 +19,9 @@ import shlex
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from reconciler.actions import Copy
 from reconciler.errors import NodeCommandError, PipelineStoppedError, ReconcilerError
 from reconciler.execution import ApplyContext
 from reconciler.nodeside.copydaemon import MODULE as DAEMON_MODULE
@@ -50,40 +51,28 @@ def stream_count(cores: int | None, files: int) -> int:
 
 
 def rsync_streams(
-    ctx: ApplyContext,
-    node: str,
-    source_dir: str,
-    destination: str,
-    sizes: dict[str, int],
-    recopy: bool,
-    size: int | None = None,
-    fabric: tuple[str, str] | None = None,
-    origin: str | None = None,
-    *,
-    feed: Feed | None = None,
-    landed: Callable[[list[str]], None] | None = None,
+    ctx: ApplyContext, node: str, copy: Copy, sizes: dict[str, int], feed: Feed, landed: Callable[[list[str]], None]
 ) -> int:
-    """rsync head -> worker in parallel streams; resumable. Returns the number of streams.
+    """rsync the copy's source node -> worker `node` in parallel streams; resumable. Returns the
+    number of streams.
 
     `sizes`: the files to copy (relative names) and their sizes, which the streams are split
-    by. `recopy`: copy them again ignoring size and time (a flipped byte keeps both), else
-    files already complete on the worker are skipped. Nothing else on the worker is touched.
-    `size`: the bytes to copy, if known. `fabric`: (origin, worker) fabric addresses, for a
-    daemon on the worker's (see nodeside/copydaemon.py); without them, over SSH. `origin`:
-    the node whose files are sent and that runs the streams, the head unless named. `feed`:
-    where the files come from as they are ready on the origin (pipelined), else all at once;
-    `landed` is told each batch once it is on the worker.
+    by. A copy that names its files copies them again ignoring size and time (a flipped byte
+    keeps both), else files already complete on the worker are skipped. Nothing else on the
+    worker is touched. The copy's fabric addresses (origin, worker) send the streams to a daemon
+    on the worker's (see nodeside/copydaemon.py); without them, over SSH. `feed`: where the
+    files come from as they are ready on the origin (all at once unless pipelined); `landed` is
+    told each batch once it is on the worker.
     """
-    origin = origin or ctx.deployment.head.name
+    origin, destination, recopy = copy.source_node, copy.destination_dir, copy.files is not None
     worker = ctx.node(node)
     if worker.ssh is None:
         raise NodeCommandError(f"{node}: a peer copy needs an ssh: target", "add nodes[].ssh for this worker")
-    if fabric is None and origin != ctx.deployment.head.name:
+    if copy.fabric is None and origin != ctx.deployment.head.name:
         raise NodeCommandError(
             f"{node}: a copy from {origin} goes over the fabric, and its addresses are not known",
             "run `reconciler plan` again: without fabric addresses the head copies itself, over SSH",
         )
-    feed = feed or Feed(ctx.boards.board(origin), sizes, released=True)
     ctx.ops(node).mkdirs(destination)
     # Sized by the head's cores (this process runs there): the nodes are alike.
     count = stream_count(os.cpu_count(), len(sizes))
@@ -91,23 +80,22 @@ def rsync_streams(
     fixed = split_streams(sizes, count) if feed.all_ready() else None
     count = len(fixed) if fixed is not None else count
     label = f"{origin}->{node}"
-    meter = StreamMeter(ctx.progress.reporter(label), ctx.progress.sink(label), size, count)
+    meter = StreamMeter(ctx.progress.reporter(label), ctx.progress.sink(label), copy.bytes, count)
     transport = ctx.transport(origin)
     # A pipelined stream runs one rsync per batch, each a connection of its own: room for the
     # next to connect before the daemon has reaped the one before.
     connections = count if fixed is not None else 2 * count
-    with _channel(ctx, node, worker.ssh, destination, fabric, connections) as channel:
+    with _channel(ctx, node, worker.ssh, destination, copy.fabric, connections) as channel:
         waiting = "" if fixed is not None else f", each file once it is verified on {origin}"
         ctx.progress.line(f"    {label}: {count} rsync streams {channel.shown}{waiting}")
 
         def send(index: int, names: list[str]) -> None:
             # rsync's progress goes to stdout; redirect it to stderr so it streams like ours.
-            command = ["sh", "-c", 'exec "$@" 1>&2', "rsync", *channel.argv(source_dir, names, recopy)]
+            command = ["sh", "-c", 'exec "$@" 1>&2', "rsync", *channel.argv(copy.source_dir, names, recopy)]
             result = transport.run(command, stdin=channel.stdin, timeout=24 * 3600, on_line=meter.lines(index))
             meter.finished(index)
             check(result, origin, "rsync to " + node)
-            if landed is not None:
-                landed(names)
+            landed(names)
 
         def stream(index: int) -> None:
             try:
@@ -172,13 +160,18 @@ def _channel(
 _EXCLUDES = ["--exclude", "*.safetensors.part[0-9][0-9]", "--exclude", ".cache/"]
 
 
+def _named(source_dir: str, names: list[str], recopy: bool) -> list[str]:
+    """Exactly these files, by name relative to `source_dir`; again even if size and time match
+    when `recopy`."""
+    source = f"{source_dir.rstrip('/')}/"
+    return ["-R", *(["--ignore-times"] if recopy else []), *(f"{source}./{name}" for name in names)]
+
+
 def daemon_argv(address: str, port: int, source_dir: str, names: list[str], *, recopy: bool) -> list[str]:
     """One stream to the copy's rsync daemon: exactly these files, by name relative to
     `source_dir`; the password on stdin (never in argv), the module root is the destination."""
-    source = f"{source_dir.rstrip('/')}/"
-    again = ["--ignore-times"] if recopy else []
-    argv = ["rsync", "-a", "--partial", "--info=progress2", *_EXCLUDES, "--password-file=-", "-R", *again]
-    return [*argv, *(f"{source}./{name}" for name in names), f"rsync://{DAEMON_USER}@{address}:{port}/{DAEMON_MODULE}/"]
+    argv = ["rsync", "-a", "--partial", "--info=progress2", *_EXCLUDES, "--password-file=-"]
+    return [*argv, *_named(source_dir, names, recopy), f"rsync://{DAEMON_USER}@{address}:{port}/{DAEMON_MODULE}/"]
 
 
 class StreamMeter:
@@ -200,7 +193,7 @@ class StreamMeter:
                 return
             with self._lock:  # reported under the lock too, so the bytes never go backwards
                 before = self._before[index]
-                self._counters[index] = counter if before is None else _plus(before, counter)
+                self._counters[index] = counter if before is None else _sum([before, counter])
                 self._report(self._combined())
 
         return take
@@ -213,29 +206,25 @@ class StreamMeter:
     def _combined(self) -> Counter:
         """Every stream's bytes; totals and file counts once every stream has said its own."""
         known = [counter for counter in self._counters if counter is not None]
-        done = sum(counter.done for counter in known)
-        everyone = len(known) == len(self._counters)
-        total: int | None = max(self._size, done) if self._size else None
-        if total is None and everyone:
-            total = _sum_of_all([counter.total for counter in known])
-        files = _sum_of_all([counter.files for counter in known]) if everyone else None
-        files_done = _sum_of_all([counter.files_done for counter in known]) if everyone else None
-        return Counter("copy", done, total, files_done, files)
+        summed = _sum(known)
+        if len(known) < len(self._counters):
+            summed = Counter("copy", summed.done)
+        return replace(summed, total=max(self._size, summed.done)) if self._size else summed
 
 
-def _plus(before: Counter, now: Counter) -> Counter:
-    total = None if before.total is None or now.total is None else before.total + now.total
+def _sum(counters: list[Counter]) -> Counter:
+    """Counters added up; a total or a file count only when every one of them has its own."""
+
+    def of_all(values: list[int | None]) -> int | None:
+        return None if any(value is None for value in values) else sum(value or 0 for value in values)
+
     return Counter(
         "copy",
-        before.done + now.done,
-        total,
-        _sum_of_all([before.files_done, now.files_done]),
-        _sum_of_all([before.files, now.files]),
+        sum(counter.done for counter in counters),
+        of_all([counter.total for counter in counters]),
+        of_all([counter.files_done for counter in counters]),
+        of_all([counter.files for counter in counters]),
     )
-
-
-def _sum_of_all(values: list[int | None]) -> int | None:
-    return None if any(value is None for value in values) else sum(value or 0 for value in values)
 
 
 # `--info=progress2`: '  1,234,567  45%  110.52MB/s    0:01:23 (xfr#3, to-chk=10/20)'; the part in
@@ -279,8 +268,6 @@ def rsync_argv(
     remote = f"{target.user}@{target.name}:{destination.rstrip('/')}/"
     argv = ["rsync", "-a", "--protect-args", "--partial", "--info=progress2", *_EXCLUDES]
     argv += ["-e", shlex.join([*openssh_command(route), "-o", CIPHER_OPTION])]
-    source = f"{source_dir.rstrip('/')}/"
     if only is None:
-        return [*argv, source, remote]
-    again = ["--ignore-times"] if recopy else []
-    return [*argv, "-R", *again, *(f"{source}./{name}" for name in only), remote]
+        return [*argv, f"{source_dir.rstrip('/')}/", remote]
+    return [*argv, *_named(source_dir, only, recopy), remote]
