@@ -30,6 +30,8 @@ CONNECT_TIMEOUT_S = 10.0
 SHOWN_BODY_CHARS = 200
 
 JsonObject = dict[str, Any]
+# A streamed request that ends with a usage chunk (choices: [], the token counts) before [DONE].
+STREAM_WITH_USAGE: JsonObject = {"stream": True, "stream_options": {"include_usage": True}}
 
 
 @dataclass(frozen=True)
