@@ -34,6 +34,7 @@ from reconciler.verify.apiclient import (
     chunk_json,
     client,
     error_text,
+    first_choice,
     listed_models,
     shorten,
     sse_payloads,
@@ -198,7 +199,7 @@ def judge_stream(content_type: str, payloads: list[str]) -> str:
         chunks = [chunk_json(payload) for payload in payloads[:-1]]
     except ValueError as exc:
         raise CheckFailedError(str(exc)) from None
-    choices = [first for chunk in chunks if isinstance(first := _first_choice(chunk), dict)]
+    choices = [first for chunk in chunks if (first := first_choice(chunk)) is not None]
     if not choices or (choices[0].get("delta") or {}).get("role") != "assistant":
         raise CheckFailedError("the first chunk does not carry delta.role 'assistant'")
     finishes = [choice["finish_reason"] for choice in choices if choice.get("finish_reason")]
@@ -213,16 +214,11 @@ def judge_stream(content_type: str, payloads: list[str]) -> str:
     return f"{len(chunks)} chunks, finish_reason {finishes[-1]}, usage chunk ({tokens} completion tokens), [DONE]"
 
 
-def _first_choice(chunk: JsonObject) -> object:
-    choices = chunk.get("choices")
-    return choices[0] if isinstance(choices, list) and choices else None
-
-
 def _message(body: object) -> JsonObject:
-    choices = body.get("choices") if isinstance(body, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+    choice = first_choice(body)
+    if choice is None:
         raise CheckFailedError("the answer has no choices")
-    message = choices[0].get("message")
+    message = choice.get("message")
     if not isinstance(message, dict):
         raise CheckFailedError("the answer has no message")
     return message
@@ -236,8 +232,8 @@ def _content(message: JsonObject) -> str:
 def _quoted(content: str, body: object) -> str:
     if content:
         return repr(shorten(content, 120))
-    choices = body.get("choices") if isinstance(body, dict) else None
-    finish = choices[0].get("finish_reason") if isinstance(choices, list) and choices else None
+    choice = first_choice(body)
+    finish = choice.get("finish_reason") if choice else None
     return f"empty content (finish_reason {finish})"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from reconciler.verify.benchmark.records import OUTLIER_FACTOR, percentile, rounded, stats
+from reconciler.verify.benchmark.records import OUTLIER_FACTOR, rounded, stats
 
 FORMAT = "spark-reconciler-bench/1"
 
@@ -146,16 +146,12 @@ def _per(count: float, duration: float) -> float | None:
 
 
 def _ms_stats(name: str, values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {f"{which}_{name}_ms": None for which in VLLM_STATS}
     ms = [value * 1000 for value in values]
-    return {
-        f"mean_{name}_ms": rounded(statistics.fmean(ms)),
-        f"median_{name}_ms": rounded(statistics.median(ms)),
-        f"std_{name}_ms": rounded(statistics.pstdev(ms)),  # numpy.std's default: the population's
-        f"p90_{name}_ms": rounded(percentile(ms, 90)),
-        f"p99_{name}_ms": rounded(percentile(ms, 99)),
-    }
+    figures = stats(ms)
+    if figures is None:
+        return {f"{which}_{name}_ms": None for which in VLLM_STATS}
+    figures["std"] = statistics.pstdev(ms)  # numpy.std's default: the population's
+    return {f"{which}_{name}_ms": rounded(figures[which]) for which in VLLM_STATS}
 
 
 VLLM_STATS = ("mean", "median", "std", "p90", "p99")
