@@ -6,16 +6,10 @@ after every step, so an interrupted or failed run keeps every step it finished (
 with all its repetitions: its streams are parsed when it ends). The
 arithmetic lives in reconciler/verify/benchmark/; this module only sends requests and times them.
 
-How streams are read decides what the numbers mean. The streams of a step are read as
-`vllm bench serve` reads them: one event loop, one connection per stream (opened before the
-clock starts, so TTFT holds no TCP handshake), every network read timed the moment it returns.
-The loop does nothing else while streams run: the chunks are parsed after the step, so the
-client's own CPU time (on a machine it may share with the engine) cannot hold a read back and
-let chunks pile up in the socket. A reader that still falls behind (its process descheduled,
-or a server that holds small writes back for the client's delayed ACK) sees a whole answer at
-once, and so does one whose server writes several chunks together: no timing can tell the two
-apart afterwards, so the bench's records flag such streams and counts them, as `vllm bench serve`
-does (what the server sends in bursts reaches its users in bursts).
+How streams are read decides what the numbers mean: as `vllm bench serve` reads them, one
+event loop, one connection per stream opened before the clock starts, every network read timed
+the moment it returns and parsed only after the step (README.md, Bench, says why; the streams
+no timing can vindicate are flagged and counted: docs/bench-metrics.md).
 """
 
 from __future__ import annotations
