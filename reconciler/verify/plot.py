@@ -162,13 +162,7 @@ Panel = Callable[["Axes", Report], None]
 
 
 def report_figure(report: Report) -> Figure:
-    summary = report["summary"]
-    sections: list[tuple[Panel, list[Any]]] = [
-        (_prefill_panel, summary["prefill"]),
-        (_decode_panel, summary["decode"]),
-        (_recall_panel, summary["recall"]),
-    ]
-    panels = [draw for draw, rows in sections if rows]
+    panels = [draw for part, draw in PANELS.items() if report["summary"][part]]
     figure, axes = _figure([5.0] * max(1, len(panels)))
     label, model = report.get("label") or "", report.get("model") or "?"
     reps = report["settings"].get("reps")
@@ -238,6 +232,10 @@ def _recall_panel(axes: Axes, report: Report) -> None:
     axes.set_title("Long-context recall (pass key)", loc="left", fontweight="bold")
     _log2_axis(axes, lengths, [token_label(n) for n in lengths], "context length (tokens)")
     _zero_based(axes, [p.median for p in points.values()], "time to first token (s)", headroom=1.3, thousands=False)
+
+
+# The panels of one run, each drawn when its part of the summary has entries.
+PANELS: dict[str, Panel] = {"prefill": _prefill_panel, "decode": _decode_panel, "recall": _recall_panel}
 
 
 # --- A against B --------------------------------------------------------------------------------
