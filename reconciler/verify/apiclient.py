@@ -30,6 +30,8 @@ CONNECT_TIMEOUT_S = 10.0
 SHOWN_BODY_CHARS = 200
 
 JsonObject = dict[str, Any]
+# A streamed request that ends with a usage chunk (choices: [], the token counts) before [DONE].
+STREAM_WITH_USAGE: JsonObject = {"stream": True, "stream_options": {"include_usage": True}}
 
 
 @dataclass(frozen=True)
@@ -199,3 +201,10 @@ def chunk_json(payload: str) -> JsonObject:
     if not isinstance(value, dict):
         raise ValueError(f"a chunk is not a JSON object: {shorten(payload, 80)}")
     return value
+
+
+def first_choice(answer: object) -> JsonObject | None:
+    """The first choice of an answer or a streamed chunk (None when it has none)."""
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    return first if isinstance(first, dict) else None

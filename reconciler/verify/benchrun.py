@@ -6,16 +6,10 @@ after every step, so an interrupted or failed run keeps every step it finished (
 with all its repetitions: its streams are parsed when it ends). The
 arithmetic lives in reconciler/verify/benchmark/; this module only sends requests and times them.
 
-How streams are read decides what the numbers mean. The streams of a step are read as
-`vllm bench serve` reads them: one event loop, one connection per stream (opened before the
-clock starts, so TTFT holds no TCP handshake), every network read timed the moment it returns.
-The loop does nothing else while streams run: the chunks are parsed after the step, so the
-client's own CPU time (on a machine it may share with the engine) cannot hold a read back and
-let chunks pile up in the socket. A reader that still falls behind (its process descheduled,
-or a server that holds small writes back for the client's delayed ACK) sees a whole answer at
-once, and so does one whose server writes several chunks together: no timing can tell the two
-apart afterwards, so the bench's records flag such streams and counts them, as `vllm bench serve`
-does (what the server sends in bursts reaches its users in bursts).
+How streams are read decides what the numbers mean: as `vllm bench serve` reads them, one
+event loop, one connection per stream opened before the clock starts, every network read timed
+the moment it returns and parsed only after the step (README.md, Bench, says why; the streams
+no timing can vindicate are flagged and counted: docs/bench-metrics.md).
 """
 
 from __future__ import annotations
@@ -39,7 +33,15 @@ from reconciler.clock import utc_iso
 from reconciler.constants import RANDOM_KIND
 from reconciler.errors import BenchError, ReconcilerError, StreamError
 from reconciler.verify import benchmark
-from reconciler.verify.apiclient import ApiTarget, JsonObject, async_client, client, discover_model, error_text
+from reconciler.verify.apiclient import (
+    STREAM_WITH_USAGE,
+    ApiTarget,
+    JsonObject,
+    async_client,
+    client,
+    discover_model,
+    error_text,
+)
 
 WARM_UP_PROMPT = "Say hello."
 # The warm-up is capped: a model that never emits EOS (random weights, a broken tokenizer)
@@ -140,7 +142,7 @@ class BenchRun:
 
     def _prefill(self, model: str, length: int, rep: int) -> str:
         ids = benchmark.prefill_ids(length, self.rng)
-        body: JsonObject = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0, **_STREAM}
+        body: JsonObject = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0, **STREAM_WITH_USAGE}
         record = benchmark.prefill_record(length, rep, timed_stream(self.target, "/v1/completions", body), len(ids))
         self.report["prefill"].append(record)
         return (
@@ -176,7 +178,7 @@ class BenchRun:
         if kind == RANDOM_KIND:
             return self._random_body(model)
         prompt = benchmark.decode_prompt(kind, _nonce(self.rng))
-        body: JsonObject = {"model": model, "messages": [{"role": "user", "content": prompt}], **_STREAM}
+        body: JsonObject = {"model": model, "messages": [{"role": "user", "content": prompt}], **STREAM_WITH_USAGE}
         if self.settings.max_tokens is not None:
             body["max_tokens"] = self.settings.max_tokens
         return body
@@ -188,40 +190,30 @@ class BenchRun:
             "prompt": benchmark.prefill_ids(self.settings.input_len, self.rng),
             "max_tokens": self.settings.max_tokens or RANDOM_OUTPUT_TOKENS,
             "ignore_eos": True,
-            **_STREAM,
+            **STREAM_WITH_USAGE,
         }
 
     def _recall(self, model: str, length: int) -> str:
         key = str(self.rng.randrange(10_000, 100_000))
         prompt = benchmark.recall_prompt(length, self.settings.depth, key, _nonce(self.rng))
         body: JsonObject = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0}
-        stream = timed_stream(self.target, "/v1/chat/completions", {**body, **_STREAM})
+        stream = timed_stream(self.target, "/v1/chat/completions", {**body, **STREAM_WITH_USAGE})
         record = benchmark.recall_record(length, self.settings.depth, key, stream)
         self.report["recall"].append(record)
         verdict = "PASS" if record["pass"] else f"FAIL (answered {record['answer']!r})"
         return f"recall {length} tokens at depth {self.settings.depth:g}: {verdict}"
 
 
-_STREAM: JsonObject = {"stream": True, "stream_options": {"include_usage": True}}
-
-
 def timed_stream(target: ApiTarget, path: str, body: JsonObject) -> benchmark.Stream:
-    return concurrent_streams(target, path, [body])[0]
-
-
-def concurrent_streams(target: ApiTarget, path: str, bodies: list[JsonObject]) -> list[benchmark.Stream]:
-    """The streams sent together, each on its own connection, all read by one event loop."""
-    return asyncio.run(_streams(target, path, bodies, time.perf_counter))
+    return slotted_streams(target, path, [[body]])[1][0][0]
 
 
 async def _streams(
     target: ApiTarget, path: str, bodies: list[JsonObject], clock: Callable[[], float]
 ) -> list[benchmark.Stream]:
-    contents = [_encoded(body) for body in bodies]
-    async with async_client(target, connections=len(bodies)) as http:
-        await _open_connections(http, len(bodies))
-        reads = await asyncio.gather(*(_timed_reads(http, path, content, clock) for content in contents))
-    return [benchmark.parse_stream(sent, timed) for sent, timed in reads]
+    """The streams sent together, each on its own connection, all read by one event loop."""
+    _origin, rows = await _slotted(target, path, [bodies], clock)
+    return rows[0]
 
 
 def slotted_streams(

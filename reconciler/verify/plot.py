@@ -162,13 +162,7 @@ Panel = Callable[["Axes", Report], None]
 
 
 def report_figure(report: Report) -> Figure:
-    summary = report["summary"]
-    sections: list[tuple[Panel, list[Any]]] = [
-        (_prefill_panel, summary["prefill"]),
-        (_decode_panel, summary["decode"]),
-        (_recall_panel, summary["recall"]),
-    ]
-    panels = [draw for draw, rows in sections if rows]
+    panels = [draw for part, draw in PANELS.items() if report["summary"][part]]
     figure, axes = _figure([5.0] * max(1, len(panels)))
     label, model = report.get("label") or "", report.get("model") or "?"
     reps = report["settings"].get("reps")
@@ -211,26 +205,20 @@ def _decode_panel(axes: Axes, report: Report) -> None:
     aggregate, per_stream = decode_points(report, "aggregate_tok_s"), decode_points(report, "per_stream_tok_s")
     kinds = list(dict.fromkeys(kind for _, kind in [*aggregate, *per_stream]))
     for index, kind in enumerate(kinds):
-        colour = _kind_colour(index)
+        colour = KIND_COLOURS[index % len(KIND_COLOURS)]
         for points, style, marker, what in ((aggregate, "-", "o", "aggregate"), (per_stream, "--", "s", "per stream")):
             concs = sorted(conc for conc, k in points if k == kind)
             _whiskered(axes, concs, [points[c, kind] for c in concs], colour, style, marker, f"{kind}, {what}")
-    for index, kind in enumerate(kinds):
         # Only the line's end is labelled (the peak, usually): more numbers would cover the lines.
         last = max((conc for conc, k in aggregate if k == kind), default=None)
         if last is not None:
-            _note_beside(
-                axes, last, aggregate[last, kind].median, rate(aggregate[last, kind].median), _kind_colour(index)
-            )
+            peak = aggregate[last, kind].median
+            _note_beside(axes, last, peak, rate(peak), colour)
     axes.set_title("Decode", loc="left", fontweight="bold")
     concs = sorted({conc for conc, _ in [*aggregate, *per_stream]})
     _log2_axis(axes, concs, [str(conc) for conc in concs], "concurrent streams")
     _zero_based(axes, [p.high for p in [*aggregate.values(), *per_stream.values()]], "decode rate (tok/s)")
     axes.legend(loc="best", fontsize=8, framealpha=0.9)
-
-
-def _kind_colour(index: int) -> str:
-    return KIND_COLOURS[index % len(KIND_COLOURS)]
 
 
 def _recall_panel(axes: Axes, report: Report) -> None:
@@ -244,6 +232,10 @@ def _recall_panel(axes: Axes, report: Report) -> None:
     axes.set_title("Long-context recall (pass key)", loc="left", fontweight="bold")
     _log2_axis(axes, lengths, [token_label(n) for n in lengths], "context length (tokens)")
     _zero_based(axes, [p.median for p in points.values()], "time to first token (s)", headroom=1.3, thousands=False)
+
+
+# The panels of one run, each drawn when its part of the summary has entries.
+PANELS: dict[str, Panel] = {"prefill": _prefill_panel, "decode": _decode_panel, "recall": _recall_panel}
 
 
 # --- A against B --------------------------------------------------------------------------------

@@ -28,11 +28,13 @@ import httpx
 from reconciler.errors import CheckFailedError
 from reconciler.verify.apiclient import (
     REQUEST_TIMEOUT_S,
+    STREAM_WITH_USAGE,
     ApiTarget,
     JsonObject,
     chunk_json,
     client,
     error_text,
+    first_choice,
     listed_models,
     shorten,
     sse_payloads,
@@ -197,7 +199,7 @@ def judge_stream(content_type: str, payloads: list[str]) -> str:
         chunks = [chunk_json(payload) for payload in payloads[:-1]]
     except ValueError as exc:
         raise CheckFailedError(str(exc)) from None
-    choices = [first for chunk in chunks if isinstance(first := _first_choice(chunk), dict)]
+    choices = [first for chunk in chunks if (first := first_choice(chunk)) is not None]
     if not choices or (choices[0].get("delta") or {}).get("role") != "assistant":
         raise CheckFailedError("the first chunk does not carry delta.role 'assistant'")
     finishes = [choice["finish_reason"] for choice in choices if choice.get("finish_reason")]
@@ -212,16 +214,11 @@ def judge_stream(content_type: str, payloads: list[str]) -> str:
     return f"{len(chunks)} chunks, finish_reason {finishes[-1]}, usage chunk ({tokens} completion tokens), [DONE]"
 
 
-def _first_choice(chunk: JsonObject) -> object:
-    choices = chunk.get("choices")
-    return choices[0] if isinstance(choices, list) and choices else None
-
-
 def _message(body: object) -> JsonObject:
-    choices = body.get("choices") if isinstance(body, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+    choice = first_choice(body)
+    if choice is None:
         raise CheckFailedError("the answer has no choices")
-    message = choices[0].get("message")
+    message = choice.get("message")
     if not isinstance(message, dict):
         raise CheckFailedError("the answer has no message")
     return message
@@ -235,8 +232,8 @@ def _content(message: JsonObject) -> str:
 def _quoted(content: str, body: object) -> str:
     if content:
         return repr(shorten(content, 120))
-    choices = body.get("choices") if isinstance(body, dict) else None
-    finish = choices[0].get("finish_reason") if isinstance(choices, list) and choices else None
+    choice = first_choice(body)
+    finish = choice.get("finish_reason") if choice else None
     return f"empty content (finish_reason {finish})"
 
 
@@ -256,15 +253,18 @@ class _Probe:
         self.timeout_s = timeout_s
         self._text: Any = None
 
-    def chat(self, content: object, **extra: object) -> Any:
+    def body(self, content: object, max_tokens: int | None, **extra: object) -> JsonObject:
         body: JsonObject = {"messages": [{"role": "user", "content": content}], "temperature": 0, **extra}
-        if self.max_tokens is not None:
-            # No cap unless asked; without one, a model that never emits EOS (random weights, a
-            # broken tokenizer) generates up to max-model-len tokens per content check.
-            body["max_tokens"] = self.max_tokens
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
         if self.model is not None:
             body["model"] = self.model
-        response = self.http.post("/v1/chat/completions", json=body)
+        return body
+
+    def chat(self, content: object, **extra: object) -> Any:
+        # No cap unless asked; without one, a model that never emits EOS (random weights, a
+        # broken tokenizer) generates up to max-model-len tokens per content check.
+        response = self.http.post("/v1/chat/completions", json=self.body(content, self.max_tokens, **extra))
         if response.status_code != 200:
             raise CheckFailedError(f"POST /v1/chat/completions: {error_text(response)}")
         return response.json()
@@ -292,33 +292,13 @@ def _check_unauthorized(probe: _Probe) -> str:
 
 
 def _check_stream(probe: _Probe) -> str:
-    body: JsonObject = {
-        "messages": [{"role": "user", "content": STREAM_PROMPT}],
-        "temperature": 0,
-        "max_tokens": STREAM_MAX_TOKENS,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if probe.model is not None:
-        body["model"] = probe.model
+    body = probe.body(STREAM_PROMPT, STREAM_MAX_TOKENS, **STREAM_WITH_USAGE)
     with probe.http.stream("POST", "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             response.read()
             raise CheckFailedError(f"POST /v1/chat/completions (stream): {error_text(response)}")
         payloads = list(sse_payloads(response.iter_lines()))
         return judge_stream(response.headers.get("content-type", ""), payloads)
-
-
-def _check_text(probe: _Probe) -> str:
-    return judge_text(probe.text_answer())
-
-
-def _check_reasoning(probe: _Probe) -> str:
-    return judge_reasoning(probe.text_answer())
-
-
-def _check_tools(probe: _Probe) -> str:
-    return judge_tools(probe.chat(TOOL_PROMPT, tools=[WEATHER_TOOL]))
 
 
 def vision_image() -> str:
@@ -336,9 +316,9 @@ CHECKS: dict[str, Callable[[_Probe], str]] = {
     "models": _check_models,
     "unauthorized": _check_unauthorized,
     "stream": _check_stream,
-    "text": _check_text,
-    "reasoning": _check_reasoning,
-    "tools": _check_tools,
+    "text": lambda probe: judge_text(probe.text_answer()),
+    "reasoning": lambda probe: judge_reasoning(probe.text_answer()),
+    "tools": lambda probe: judge_tools(probe.chat(TOOL_PROMPT, tools=[WEATHER_TOOL])),
     "vision": _check_vision,
 }
 

@@ -8,51 +8,19 @@ in reconciler/verify/plot.py, its timed requests in reconciler/verify/benchrun.p
     table.py     the summary as terminal tables
     compare.py   two runs side by side (ours or vLLM's --save-result)
 
-Definitions follow `vllm bench serve` (see docs/sources.md) so numbers can be compared
-with what users measure there; decode rates are measured between output chunks:
-
-- TTFT: request sent -> first streamed chunk carrying output (content, reasoning or a tool
-  call; for /v1/completions the first chunk with a choice, as vLLM counts it). A role-only
-  chunk is not output: vLLM sends it together with the first token, other servers may not.
-- E2EL (`latency_s`): sent -> the last chunk with a choice (vLLM's end; the usage chunk after
-  it carries no token).
-- TPOT, per request: (E2EL - TTFT) / (output tokens - 1).
-- ITL: the gaps between successive output chunks, pooled over requests. With speculative
-  decoding one chunk carries several tokens: compare TPOT.
-- Output tokens: `completion_tokens` of the final usage chunk; output chunks only when a
-  server sends no usage.
-- Prefill tok/s: prompt tokens / TTFT of a 1-token completion of a fresh random prompt
-  (prefix caching cannot serve it); TTFT also holds one decode step and the network, so this
-  is a slight underestimate.
-- Decode tok/s per stream: (output tokens - 1) / (last output chunk - first output chunk).
-  Aggregate at concurrency C, per repetition (the k-th request of each of the C slots): the
-  output tokens every stream of the step delivered from the first output chunk of those C
-  requests to the last of them, less one, over that span. The slots drift apart when answers
-  differ in length, so the repetition's own requests may hardly overlap; counting every
-  stream's tokens in the span measures what the engine delivered then. Not all n tokens
-  count: the first one arrives at the start of the span, not within it, and without the
-  -1 a single stream's aggregate would exceed its own rate by n/(n-1).
-- mean, median, p90 and p99 (linear interpolation, numpy's default) over the samples; the
-  summary's `vllm` object has vLLM's `--save-result` keys (std as numpy's, the population's).
-- Every statistic counts every completed stream, as vLLM's bench counts every successful
-  request. Sanity: a stream whose chunks came faster than an engine makes them (`burst`) or
-  whose rate is far beyond its step's others (`rate_outlier`) is listed as flagged, and still
-  counted: a server that sends its chunks in bursts delivers them so to its users (and vLLM's
-  bench times them so), while a reader that fell behind is told by the flag, not hidden.
+The metric definitions (TTFT, E2EL, TPOT, ITL, prefill and decode rates, flags) and why they
+are so: docs/bench-metrics.md, and README.md (Bench) beside `vllm bench serve`'s.
 """
 
 from reconciler.verify.benchmark.compare import VLLM_COMPARED, VLLM_FORMAT, compare, is_vllm_result, render_compare
 from reconciler.verify.benchmark.prompts import (
     CHARS_PER_TOKEN,
-    DECODE_PROMPTS,
-    PROMPT_ID_RANGE,
     RECALL_QUESTION,
     decode_prompt,
     prefill_ids,
     recall_prompt,
 )
 from reconciler.verify.benchmark.records import (
-    Stats,
     aggregate_tok_s,
     burst_flags,
     decode_record,
@@ -69,14 +37,11 @@ from reconciler.verify.benchmark.table import render_table
 
 __all__ = [
     "CHARS_PER_TOKEN",
-    "DECODE_PROMPTS",
     "FORMAT",
-    "PROMPT_ID_RANGE",
     "RECALL_QUESTION",
     "VLLM_COMPARED",
     "VLLM_FORMAT",
     "Report",
-    "Stats",
     "Stream",
     "TimedRead",
     "aggregate_tok_s",

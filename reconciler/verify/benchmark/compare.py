@@ -25,20 +25,12 @@ def compare(a: Report, b: Report) -> list[dict[str, Any]]:
         left, right = _serving_metrics(a, conc), _serving_metrics(b, conc)
     else:
         left, right = _metrics(a), _metrics(b)
-    rows = []
-    for name in [*left, *(name for name in right if name not in left)]:
-        value_a, better = left.get(name, (None, ""))
-        value_b, better_b = right.get(name, (None, ""))
-        rows.append(
-            {
-                "metric": name,
-                "a": value_a,
-                "b": value_b,
-                "change_pct": _change(value_a, value_b),
-                "better": better or better_b,
-            }
-        )
-    return rows
+    return [_row(name, *left.get(name, (None, "")), *right.get(name, (None, ""))) for name in {**left, **right}]
+
+
+def _row(name: str, value_a: Any, better: str, value_b: Any, better_b: str) -> dict[str, Any]:
+    change = _change(value_a, value_b)
+    return {"metric": name, "a": value_a, "b": value_b, "change_pct": change, "better": better or better_b}
 
 
 VLLM_FORMAT = "vllm bench serve --save-result"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from reconciler.verify.benchmark.records import OUTLIER_FACTOR, percentile, rounded, stats
+from reconciler.verify.benchmark.records import OUTLIER_FACTOR, rounded, stats
 
 FORMAT = "spark-reconciler-bench/1"
 
@@ -64,13 +64,14 @@ def _decode_summary(key: tuple[Any, ...], reps: list[dict[str, Any]]) -> dict[st
     """Statistics over every stream of the step, as `vllm bench serve` counts every request;
     the streams the sanity checks flag are listed in `flagged` with the reason."""
     streams = [stream for rep in reps for stream in rep["streams"]]
+    placed = {(rep["rep"], index): stream for rep in reps for index, stream in enumerate(rep["streams"])}
     return {
         "conc": key[0],
         "kind": key[1],
         "reps": len(reps),
         "streams": len(streams),
         "flagged": [
-            {"rep": rep, "stream": index, "flags": reasons, "tok_s": _stream(reps, rep, index)["tok_s"]}
+            {"rep": rep, "stream": index, "flags": reasons, "tok_s": placed[rep, index]["tok_s"]}
             for (rep, index), reasons in group_flags(reps).items()
         ],
         "per_stream_tok_s": stats(stream["tok_s"] for stream in streams),
@@ -81,11 +82,6 @@ def _decode_summary(key: tuple[Any, ...], reps: list[dict[str, Any]]) -> dict[st
         "completion_tokens": stats(stream["completion_tokens"] for stream in streams),
         "vllm": vllm_metrics(reps),
     }
-
-
-def _stream(reps: list[dict[str, Any]], rep: int, index: int) -> dict[str, Any]:
-    streams: list[dict[str, Any]] = next(r for r in reps if r["rep"] == rep)["streams"]
-    return streams[index]
 
 
 def group_flags(reps: list[dict[str, Any]]) -> dict[tuple[int, int], list[str]]:
@@ -146,16 +142,12 @@ def _per(count: float, duration: float) -> float | None:
 
 
 def _ms_stats(name: str, values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {f"{which}_{name}_ms": None for which in VLLM_STATS}
     ms = [value * 1000 for value in values]
-    return {
-        f"mean_{name}_ms": rounded(statistics.fmean(ms)),
-        f"median_{name}_ms": rounded(statistics.median(ms)),
-        f"std_{name}_ms": rounded(statistics.pstdev(ms)),  # numpy.std's default: the population's
-        f"p90_{name}_ms": rounded(percentile(ms, 90)),
-        f"p99_{name}_ms": rounded(percentile(ms, 99)),
-    }
+    figures = stats(ms)
+    if figures is None:
+        return {f"{which}_{name}_ms": None for which in VLLM_STATS}
+    figures["std"] = statistics.pstdev(ms)  # numpy.std's default: the population's
+    return {f"{which}_{name}_ms": rounded(figures[which]) for which in VLLM_STATS}
 
 
 VLLM_STATS = ("mean", "median", "std", "p90", "p99")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler.errors import StreamError
-from reconciler.verify.apiclient import chunk_json, shorten, sse_payloads
+from reconciler.verify.apiclient import chunk_json, first_choice, shorten, sse_payloads
 
 OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
 
@@ -44,10 +44,8 @@ def sse_events(reads: Iterable[TimedRead]) -> Iterator[tuple[float, str]]:
     for arrived, data in reads:
         pending += data
         *lines, pending = pending.split(b"\n")
-        for line in lines:
-            text = line.decode("utf-8", "replace").rstrip("\r")
-            if text.startswith("data:"):
-                yield arrived, text[5:].strip()
+        for payload in sse_payloads(line.decode("utf-8", "replace").rstrip("\r") for line in lines):
+            yield arrived, payload
 
 
 def read_stream(sent: float, lines: Iterable[str], clock: Callable[[], float]) -> Stream:
@@ -57,8 +55,8 @@ def read_stream(sent: float, lines: Iterable[str], clock: Callable[[], float]) -
 
 def stream_from_events(sent: float, events: Iterable[tuple[float, str]]) -> Stream:
     output_times: list[float] = []
-    first_choice: float | None = None
-    last_choice: float | None = None
+    first_choice_at: float | None = None
+    last_choice_at: float | None = None
     end = sent
     usage: dict[str, Any] = {}
     content: list[str] = []
@@ -71,11 +69,11 @@ def stream_from_events(sent: float, events: Iterable[tuple[float, str]]) -> Stre
         end = now
         if isinstance(chunk.get("usage"), dict):
             usage = chunk["usage"]
-        choice = _first_choice(chunk)
+        choice = first_choice(chunk)
         if choice is None:
             continue
-        first_choice = now if first_choice is None else first_choice
-        last_choice = now
+        first_choice_at = now if first_choice_at is None else first_choice_at
+        last_choice_at = now
         piece, carries = _output(choice)
         content.append(piece)
         if carries:
@@ -83,19 +81,13 @@ def stream_from_events(sent: float, events: Iterable[tuple[float, str]]) -> Stre
     return Stream(
         sent,
         tuple(output_times),
-        first_choice,
+        first_choice_at,
         end,
         _count(usage, "completion_tokens"),
         _count(usage, "prompt_tokens"),
         "".join(content),
-        last_choice,
+        last_choice_at,
     )
-
-
-def _first_choice(chunk: dict[str, Any]) -> dict[str, Any] | None:
-    choices = chunk.get("choices")
-    first = choices[0] if isinstance(choices, list) and choices else None
-    return first if isinstance(first, dict) else None
 
 
 def _output(choice: dict[str, Any]) -> tuple[str, bool]:

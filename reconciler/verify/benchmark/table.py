@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from reconciler.verify.benchmark.records import Stats
@@ -13,98 +13,73 @@ def render_table(report: Report) -> str:
     summary = report["summary"]
     parts = [f"bench {report['label'] or ''} model {report['model']} at {report['url']}".replace("  ", " ")]
     if summary["prefill"]:
-        parts += [
-            "",
-            "Prefill (prompt tokens / TTFT, unique prompts)",
-            text_table(_PREFILL_HEAD, _prefill_rows(summary)),
-        ]
+        parts += _section("Prefill (prompt tokens / TTFT, unique prompts)", _PREFILL, summary["prefill"])
     if summary["decode"]:
         cap = report["settings"].get("max_tokens")
         title = f"Decode (output capped at {cap} tokens)" if cap else "Decode (no output cap)"
-        parts += ["", title, text_table(_DECODE_HEAD, _decode_rows(summary))]
-        parts += ["", "Serving, in `vllm bench serve` terms", text_table(_VLLM_HEAD, _vllm_rows(summary))]
+        parts += _section(title, _DECODE, summary["decode"])
+        parts += _section("Serving, in `vllm bench serve` terms", _VLLM, summary["decode"])
         parts += _flag_lines(summary)
     if summary["recall"]:
-        parts += ["", "Long-context recall (pass key)", text_table(_RECALL_HEAD, _recall_rows(summary))]
+        parts += _section("Long-context recall (pass key)", _RECALL, summary["recall"])
     if not report["complete"]:
         parts += ["", f"INCOMPLETE: {report['error'] or 'interrupted'}"]
     return "\n".join(parts) + "\n"
 
 
-_PREFILL_HEAD = ("target", "prompt tok", "tok/s median", "TTFT s median", "runs")
+# A table's columns: each one's heading and how a summary entry fills its cell.
+Column = tuple[str, Callable[[dict[str, Any]], str]]
 
 
-_DECODE_HEAD = (
-    "conc",
-    "kind",
-    "tok/s/stream med",
-    "aggregate tok/s med",
-    "TTFT s mean/med/p99",
-    "TPOT ms mean/med/p99",
-    "ITL ms mean/med/p99",
-    "out tok mean",
-    "flagged",
+def _section(title: str, columns: Sequence[Column], entries: list[dict[str, Any]]) -> list[str]:
+    rows = [tuple(cell(entry) for _, cell in columns) for entry in entries]
+    return ["", title, text_table([head for head, _ in columns], rows)]
+
+
+_PREFILL: tuple[Column, ...] = (
+    ("target", lambda s: str(s["target"])),
+    ("prompt tok", lambda s: f"{s['prompt_tokens']:g}"),
+    ("tok/s median", lambda s: _fmt(s["tok_s"], "median")),
+    ("TTFT s median", lambda s: _fmt(s["ttft_s"], "median", 3)),
+    ("runs", lambda s: str(s["runs"])),
 )
 
 
-_VLLM_HEAD = (
-    "conc",
-    "kind",
-    "requests",
-    "req/s",
-    "output tok/s",
-    "TTFT ms mean/med/p99",
-    "TPOT ms mean/med/p99",
-    "ITL ms mean/med/p99",
-    "E2EL ms mean/med/p99",
+_STEP: tuple[Column, ...] = (("conc", lambda s: str(s["conc"])), ("kind", lambda s: s["kind"]))
+
+
+_DECODE: tuple[Column, ...] = (
+    *_STEP,
+    ("tok/s/stream med", lambda s: _fmt(s["per_stream_tok_s"], "median")),
+    ("aggregate tok/s med", lambda s: _fmt(s["aggregate_tok_s"], "median")),
+    ("TTFT s mean/med/p99", lambda s: _triple(s["ttft_s"], 1, 3)),
+    ("TPOT ms mean/med/p99", lambda s: _triple(s["tpot_s"], 1000, 1)),
+    ("ITL ms mean/med/p99", lambda s: _triple(s["itl_s"], 1000, 1)),
+    ("out tok mean", lambda s: _fmt(s["completion_tokens"], "mean", 0)),
+    ("flagged", lambda s: f"{len(s['flagged'])}/{s['streams']}"),
 )
 
 
-_RECALL_HEAD = ("length", "depth", "prompt tok", "TTFT s", "result")
+def _vllm_latency(name: str) -> Column:
+    return f"{name.upper()} ms mean/med/p99", lambda s: _vllm_triple(s["vllm"], name)
 
 
-def _prefill_rows(summary: dict[str, Any]) -> list[tuple[str, ...]]:
-    return [
-        (
-            str(s["target"]),
-            f"{s['prompt_tokens']:g}",
-            _fmt(s["tok_s"], "median"),
-            _fmt(s["ttft_s"], "median", 3),
-            str(s["runs"]),
-        )
-        for s in summary["prefill"]
-    ]
+_VLLM: tuple[Column, ...] = (
+    *_STEP,
+    ("requests", lambda s: str(s["vllm"]["completed"])),
+    ("req/s", lambda s: _number_cell(s["vllm"]["request_throughput"], 2)),
+    ("output tok/s", lambda s: _number_cell(s["vllm"]["output_throughput"], 1)),
+    *(_vllm_latency(name) for name in VLLM_LATENCIES),
+)
 
 
-def _decode_rows(summary: dict[str, Any]) -> list[tuple[str, ...]]:
-    return [
-        (
-            str(s["conc"]),
-            s["kind"],
-            _fmt(s["per_stream_tok_s"], "median"),
-            _fmt(s["aggregate_tok_s"], "median"),
-            _triple(s["ttft_s"], 1, 3),
-            _triple(s["tpot_s"], 1000, 1),
-            _triple(s["itl_s"], 1000, 1),
-            _fmt(s["completion_tokens"], "mean", 0),
-            f"{len(s['flagged'])}/{s['streams']}",
-        )
-        for s in summary["decode"]
-    ]
-
-
-def _vllm_rows(summary: dict[str, Any]) -> list[tuple[str, ...]]:
-    return [
-        (
-            str(s["conc"]),
-            s["kind"],
-            str(s["vllm"]["completed"]),
-            _number_cell(s["vllm"]["request_throughput"], 2),
-            _number_cell(s["vllm"]["output_throughput"], 1),
-            *(_vllm_triple(s["vllm"], name) for name in VLLM_LATENCIES),
-        )
-        for s in summary["decode"]
-    ]
+_RECALL: tuple[Column, ...] = (
+    ("length", lambda r: str(r["length"])),
+    ("depth", lambda r: f"{r['depth']:g}"),
+    ("prompt tok", lambda r: str(r["prompt_tokens"] if r["prompt_tokens"] is not None else "?")),
+    ("TTFT s", lambda r: f"{r['ttft_s']:.3f}" if r["ttft_s"] is not None else "-"),
+    ("result", lambda r: "PASS" if r["pass"] else "FAIL"),
+)
 
 
 def _vllm_triple(metrics: dict[str, Any], name: str) -> str:
@@ -131,19 +106,6 @@ FLAG_NOTE = (
     "them together, or the client read them late from a buffer); "
     "rate_outlier: over 3x the median rate of the other streams of its step"
 )
-
-
-def _recall_rows(summary: dict[str, Any]) -> list[tuple[str, ...]]:
-    return [
-        (
-            str(r["length"]),
-            f"{r['depth']:g}",
-            str(r["prompt_tokens"] if r["prompt_tokens"] is not None else "?"),
-            f"{r['ttft_s']:.3f}" if r["ttft_s"] is not None else "-",
-            "PASS" if r["pass"] else "FAIL",
-        )
-        for r in summary["recall"]
-    ]
 
 
 def _fmt(values: Stats | None, which: str, digits: int = 1, scale: float = 1.0) -> str:
