@@ -10,6 +10,7 @@ import contextlib
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeGuard, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -302,13 +303,8 @@ def with_hub_listing(
             problem = exc.message
     commit = desired_commit(model, checkpoint, update=update_revision)
     if commit is not None and commit not in checkpoint.hub:
-        wanted = commit
         try:
-            listing = hub.within_deadline(
-                model,
-                f"listing {model.repo}@{wanted[:12]}",
-                lambda: _listed(model, wanted),
-            )
+            listing = hub.within_deadline(model, f"listing {model.repo}@{commit[:12]}", partial(_listed, model, commit))
         except ReconcilerError as exc:
             problem = exc.message
         else:
