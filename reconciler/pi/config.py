@@ -286,18 +286,17 @@ def _install_models(files: PiFiles, target: PiTarget) -> tuple[str | None, list[
     data = load_object(files, MODELS)
     text = files.text(MODELS)
     desired = provider_entry(target)
-    added = [f"{MODELS}: provider {target.provider} added"]
+    messages = [f"{MODELS}: provider {target.provider} added"]
     if text is None:
-        return jsonc.set_member(_EMPTY_MODELS, ("providers",), target.provider, desired), added
+        return jsonc.set_member(_EMPTY_MODELS, ("providers",), target.provider, desired), messages
     if "providers" not in (data or {}):
-        return jsonc.set_member(text, (), "providers", {target.provider: desired}), added
+        return jsonc.set_member(text, (), "providers", {target.provider: desired}), messages
     current = (providers_of(files) or {}).get(target.provider)
     if current == desired:
         return None, []
-    if current is None:
-        return jsonc.set_member(text, ("providers",), target.provider, desired), added
-    replaced = f"{MODELS}: provider {target.provider} replaced ({describe_change(current, desired)})"
-    return jsonc.set_member(text, ("providers",), target.provider, desired), [replaced]
+    if current is not None:
+        messages = [f"{MODELS}: provider {target.provider} replaced ({describe_change(current, desired)})"]
+    return jsonc.set_member(text, ("providers",), target.provider, desired), messages
 
 
 def describe_change(current: object, desired: dict[str, Any]) -> str:
