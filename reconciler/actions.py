@@ -534,13 +534,7 @@ class Blocker(Record):
     holds_ranks: bool = True
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "node": self.node,
-            "component": self.component,
-            "message": self.message,
-            "hint": self.hint,
-            "holds_ranks": self.holds_ranks,
-        }
+        return dict(payload_data(self))
 
 
 class InSync(Record):
@@ -551,7 +545,7 @@ class InSync(Record):
     reason: str
 
     def to_dict(self) -> dict[str, object]:
-        return {"node": self.node, "component": self.component, "reason": self.reason}
+        return dict(payload_data(self))
 
 
 class Outcome(MutableRecord):

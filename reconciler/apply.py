@@ -14,6 +14,7 @@ anything else stops the apply with the failed action and its cause.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -91,35 +92,21 @@ def batches(actions: list[Action]) -> list[list[Action]]:
     """The plan's actions in order, neighbouring concurrent-safe ones on distinct nodes grouped,
     and a run of checkpoint actions holding a pipelined one as one group (see pipeline.py)."""
     grouped: list[list[Action]] = []
-    for run in _checkpoint_runs(actions):
-        if any(is_pipelined(action) for action in run):
-            grouped.append(run)
-            continue
-        grouped += _pulls_grouped(run)
+    # Maximal runs of the checkpoint's staging steps and runs of the rest.
+    for run in _runs(actions, lambda run, action: (run[-1].step in GROUP_STEPS) == (action.step in GROUP_STEPS)):
+        grouped += [run] if any(is_pipelined(action) for action in run) else _runs(run, _joins)
     return grouped
 
 
-def _checkpoint_runs(actions: list[Action]) -> list[list[Action]]:
-    """The actions cut into maximal runs of the checkpoint's staging steps and runs of the rest."""
+def _runs(actions: list[Action], joins: Callable[[list[Action], Action], bool]) -> list[list[Action]]:
+    """The actions in order, each joining the run before it when `joins` says so."""
     runs: list[list[Action]] = []
     for action in actions:
-        inside = action.step in GROUP_STEPS
-        if runs and (runs[-1][-1].step in GROUP_STEPS) == inside:
+        if runs and joins(runs[-1], action):
             runs[-1].append(action)
         else:
             runs.append([action])
     return runs
-
-
-def _pulls_grouped(actions: list[Action]) -> list[list[Action]]:
-    grouped: list[list[Action]] = []
-    for action in actions:
-        last = grouped[-1] if grouped else []
-        if last and _joins(last, action):
-            last.append(action)
-        else:
-            grouped.append([action])
-    return grouped
 
 
 def _joins(batch: list[Action], action: Action) -> bool:

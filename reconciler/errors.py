@@ -175,13 +175,13 @@ class ApplyError(ReconcilerError):
 class ReadError(ProgramError):
     """A reader's or parser's finding, for its caller to place in the user's terms."""
 
+    @property
+    def reason(self) -> str:
+        return self.message
+
 
 class UntrustedFileError(ReadError):
     """The file cannot be read as a small regular file; `reason` says why, without its content."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class UntrustedTextError(ReadError):
@@ -238,7 +238,3 @@ class RangesIgnoredError(ReadError):
 
 class CheckFailedError(ReadError):
     """A smoke check's judgement: the reason it failed, shown after FAIL."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason

@@ -2,7 +2,10 @@
 
 Anything a user can point the reconciler at (a spec, a facts snapshot, a key or token file) may
 be a FIFO that blocks forever, `/dev/zero` that never ends, or simply huge; `read_bounded`
-refuses all of those before reading a byte too many. Writes go through the node-side
+refuses all of those before reading a byte too many. `read_untrusted_text` adds what a text
+loader needs on top (`--spec` and `--facts` can name binary garbage): strict UTF-8 and no NUL
+byte, each refusal at its line and column, so that none of these inputs becomes a hang, a
+MemoryError or a UnicodeDecodeError escaping as an internal error. Writes go through the node-side
 `atomic_write` (it is plain stdlib and runs here as well), so there is one implementation of
 "exclusive temporary file, fsync, rename" for every file the program writes.
 """
@@ -14,10 +17,10 @@ import os
 import stat
 from pathlib import Path
 
-from reconciler.errors import UntrustedFileError
+from reconciler.errors import UntrustedFileError, UntrustedTextError
 from reconciler.nodeside.ops import PRIVATE, atomic_write, private_dir
 
-__all__ = ["PRIVATE", "atomic_write", "private_dir", "read_bounded"]
+__all__ = ["PRIVATE", "atomic_write", "private_dir", "read_bounded", "read_untrusted_text"]
 
 
 def read_bounded(path: str | os.PathLike[str], *, limit: int) -> bytes:
@@ -56,6 +59,53 @@ def _kind(mode: int) -> str:
 
 def _size(count: int) -> str:
     return f"{count // (1024 * 1024)} MiB" if count >= 1024 * 1024 else f"{count} bytes"
+
+
+def read_untrusted_text(path: str | os.PathLike[str], *, what: str, limit: int) -> str:
+    """The text of the regular file at `path` (symlinks followed): strict UTF-8, no NUL, at most `limit` bytes.
+
+    `what` names the file in messages ("spec", "facts file").
+    """
+    try:
+        data = read_bounded(path, limit=limit)
+    except UntrustedFileError as exc:
+        raise UntrustedTextError(f"cannot read the {what}: {exc.reason}") from None
+    except ValueError:
+        raise UntrustedTextError(f"cannot read the {what}: the path contains a NUL character") from None
+    _refuse_nul(data, what)
+    return _decode(data, what)
+
+
+def _refuse_nul(data: bytes, what: str) -> None:
+    offset = data.find(b"\0")
+    if offset >= 0:
+        line, column = _position(data, offset)
+        raise UntrustedTextError(
+            f"the {what} contains a NUL byte: it is not a text file",
+            line,
+            column,
+            f"check that the path names the {what}; a NUL byte never belongs in it",
+        )
+
+
+def _decode(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, column = _position(data, exc.start)
+        raise UntrustedTextError(
+            f"the {what} is not valid UTF-8 (byte 0x{data[exc.start]:02x})",
+            line,
+            column,
+            "save the file as UTF-8",
+        ) from None
+
+
+def _position(data: bytes, offset: int) -> tuple[int, int]:
+    """1-based line and column (in characters, as YAML and JSON errors count) of a byte offset."""
+    line_start = data.rfind(b"\n", 0, offset) + 1
+    column = len(data[line_start:offset].decode("utf-8", errors="replace")) + 1
+    return data.count(b"\n", 0, offset) + 1, column
 
 
 def write_private(path: Path, text: str, *, durable: bool = True) -> None:

@@ -136,15 +136,8 @@ def plan(
         outcome.extend(ranks)
         outcome.actions += _after_ready(staging.after_ready, ranks)
     outcome.extend(plan_pi(deployment, facts))  # after the ranks, and never one of their prerequisites
-    return Plan(
-        deployment=deployment.name,
-        nodes=[(rank, node.name, node.role) for rank, node in deployment.ranked_nodes],
-        actions=outcome.actions,
-        blockers=outcome.blockers,
-        in_sync=outcome.in_sync,
-        notes=outcome.notes,
-        held=outcome.held,
-    )
+    nodes: list[tuple[int, str, str]] = [(rank, node.name, node.role) for rank, node in deployment.ranked_nodes]
+    return Plan(deployment.name, nodes, outcome.actions, outcome.blockers, outcome.in_sync, outcome.notes, outcome.held)
 
 
 def _after_ready(after_ready: list[Action], ranks: Outcome) -> list[Action]:

@@ -53,13 +53,12 @@ def checked_secret(raw: str, *, what: str, source: str, hint: str) -> str:
     return value
 
 
+_NAMED = {"\r": "a line break", "\n": "a line break", "\t": "a tab", " ": "a space"}
+
+
 def _describe(char: str) -> str:
-    if char in "\r\n":
-        return "a line break"
-    if char == "\t":
-        return "a tab"
-    if char == " ":
-        return "a space"
+    if char in _NAMED:
+        return _NAMED[char]
     if ord(char) < 0x20 or ord(char) == 0x7F:
         return f"a control character (U+{ord(char):04X})"
     if 0xD800 <= ord(char) <= 0xDFFF:

@@ -10,6 +10,10 @@ from pydantic import Field
 
 from reconciler.record import KeywordRecord
 
+# A git commit or blob id, and a sha256, as the Hub and sha256sum spell them.
+GIT_ID = r"^[0-9a-f]{40}$"
+SHA256 = r"^[0-9a-f]{64}$"
+
 
 class HubFile(KeywordRecord):
     """A file of the repo at one commit (a shard's `.partNN` too), as the Hub lists it: the
@@ -18,9 +22,9 @@ class HubFile(KeywordRecord):
     path: str
     size: Annotated[int, Field(ge=0)]
     # The LFS sha256 of a large file; None for a small file kept in git itself.
-    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    sha256: Annotated[str, Field(pattern=SHA256)] | None = None
     # The git blob id: what tells two versions of a small (non-LFS) file apart.
-    blob_id: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")] | None = None
+    blob_id: Annotated[str, Field(pattern=GIT_ID)] | None = None
 
     @property
     def etag(self) -> str:
@@ -38,12 +42,9 @@ def parse_manifest(text: str) -> dict[str, str]:
     for line in text.splitlines():
         digest, _, path = line.strip().partition(" ")
         path = path.lstrip(" *").removeprefix("./")
-        if _SHA256_RE.match(digest.lower()) and is_inside(path):
+        if re.match(SHA256, digest.lower()) and is_inside(path):
             entries[path] = digest.lower()
     return entries
-
-
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 def is_inside(path: str) -> bool:

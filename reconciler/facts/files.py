@@ -13,17 +13,17 @@ revision keeps its inode and so its verified hash.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, TypeVar
 
-from pydantic import Field, field_serializer, field_validator
+from pydantic import AfterValidator, Field, field_serializer, field_validator
 
 from reconciler.facts.base import FactsModel
-from reconciler.repofiles import HubFile, is_inside
+from reconciler.repofiles import GIT_ID, SHA256, HubFile, is_inside
 
-COMMIT_PATTERN = r"^[0-9a-f]{40}$"
+V = TypeVar("V")
 
 
-def _inside_model_dir(files: dict[str, Any]) -> dict[str, Any]:
+def _inside_model_dir(files: dict[str, V]) -> dict[str, V]:
     """Every file name must stay inside the model dir: such names become fetch and copy paths."""
     for name in files:
         if not is_inside(name):
@@ -31,26 +31,31 @@ def _inside_model_dir(files: dict[str, Any]) -> dict[str, Any]:
     return files
 
 
-def _commits(value: dict[str, Any]) -> dict[str, Any]:
+def _commits(value: dict[str, V]) -> dict[str, V]:
     for commit in value:
-        if not re.match(COMMIT_PATTERN, commit):
+        if not re.match(GIT_ID, commit):
             raise ValueError(f"{commit!r:.60} is not a 40-hex commit")
     return value
 
 
+# Files by name, and revisions or listings by commit.
+InsideModelDir = Annotated[dict[str, V], AfterValidator(_inside_model_dir)]
+ByCommit = Annotated[dict[str, V], AfterValidator(_commits)]
+
+
 class FileFacts(FactsModel):
     size: int = Field(ge=0)
-    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    sha256: str | None = Field(default=None, pattern=SHA256)
 
 
 class HubFacts(FactsModel):
     """The repo at one commit, as the Hub lists it, with the entries of its manifest (cached in
     STATE_DIR/hub/ on the head, one file per commit)."""
 
-    commit: str = Field(pattern=COMMIT_PATTERN)
-    files: dict[str, HubFile] = Field(default_factory=dict)
+    commit: str = Field(pattern=GIT_ID)
+    files: InsideModelDir[HubFile] = Field(default_factory=dict)
     # The manifest's sha256 of every native shard: the Hub lists two of them only as parts.
-    manifest: dict[str, str] | None = None
+    manifest: InsideModelDir[str] | None = None
 
     @field_validator("files", mode="before")
     @classmethod
@@ -59,11 +64,6 @@ class HubFacts(FactsModel):
         if not isinstance(files, dict):
             return files
         return {name: {**entry, "path": name} if isinstance(entry, dict) else entry for name, entry in files.items()}
-
-    @field_validator("files", "manifest")
-    @classmethod
-    def _inside(cls, files: dict[str, Any] | None) -> dict[str, Any] | None:
-        return None if files is None else _inside_model_dir(files)
 
     @field_serializer("files")
     def _stored(self, files: dict[str, HubFile]) -> dict[str, dict[str, object]]:
@@ -80,23 +80,18 @@ class RevisionFacts(FactsModel):
     """One checkpoint tree on a node: its files, its manifest and EXL3 plan, its staged plan."""
 
     path: str
-    files: dict[str, FileFacts] = Field(default_factory=dict)
-    manifest: dict[str, str] | None = None
+    files: InsideModelDir[FileFacts] = Field(default_factory=dict)
+    manifest: InsideModelDir[str] | None = None
     # The model's EXL3 plan and the one staged for the ranks (STATE_DIR/plans/<commit>/), as text.
     exl3_plan: str | None = None
     staged_plan: str | None = None
-
-    @field_validator("files", "manifest")
-    @classmethod
-    def _inside(cls, files: dict[str, Any] | None) -> dict[str, Any] | None:
-        return None if files is None else _inside_model_dir(files)
 
 
 class Resolved(FactsModel):
     """A branch or tag of the spec pinned to the commit it pointed at when first converged."""
 
     revision: str
-    commit: str = Field(pattern=COMMIT_PATTERN)
+    commit: str = Field(pattern=GIT_ID)
     since: str | None = None
 
 
@@ -113,24 +108,19 @@ class CheckpointRecord(FactsModel):
 class CheckpointFacts(FactsModel):
     """The revisions on a node, what model_dir is, free disk, and (on the head) the Hub's view."""
 
-    revisions: dict[str, RevisionFacts] = Field(default_factory=dict)
+    revisions: ByCommit[RevisionFacts] = Field(default_factory=dict)
     # The commit whose directory model_dir links to; None when it is no such link.
     link: str | None = None
     legacy: RevisionFacts | None = None
-    legacy_commit: str | None = Field(default=None, pattern=COMMIT_PATTERN)
+    legacy_commit: str | None = Field(default=None, pattern=GIT_ID)
     record: CheckpointRecord | None = None
     disk_free: int | None = None
     # Listings by commit; on the head only.
-    hub: dict[str, HubFacts] = Field(default_factory=dict)
+    hub: ByCommit[HubFacts] = Field(default_factory=dict)
     # Why a listing that was needed is unknown: the Hub was asked and failed.
     hub_error: str | None = None
     # The commit model.revision points at on the Hub now (asked for a branch or tag).
-    upstream: str | None = Field(default=None, pattern=COMMIT_PATTERN)
-
-    @field_validator("revisions", "hub")
-    @classmethod
-    def _by_commit(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return _commits(value)
+    upstream: str | None = Field(default=None, pattern=GIT_ID)
 
 
 class KeyFileFacts(FactsModel):

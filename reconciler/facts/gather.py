@@ -10,6 +10,7 @@ import contextlib
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeGuard, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -34,7 +35,7 @@ from reconciler.facts.revisions import desired_commit, is_commit
 from reconciler.nodeops import NodeOps
 from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record
-from reconciler.repofiles import parse_manifest
+from reconciler.repofiles import SHA256, parse_manifest
 from reconciler.serving import LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, Model, Node, expand_home
 from reconciler.transport.base import Transport, run_program
@@ -152,7 +153,7 @@ def _cache_entry(entry: object) -> TypeGuard[list[Any]]:
     """A hash cache entry: [size, mtime_ns, inode, sha256]."""
     if not isinstance(entry, list) or len(entry) != 4 or not all(isinstance(value, int) for value in entry[:3]):
         return False
-    return isinstance(entry[3], str) and _SHA256_RE.match(entry[3]) is not None
+    return isinstance(entry[3], str) and re.match(SHA256, entry[3]) is not None
 
 
 class _Digests:
@@ -181,9 +182,6 @@ class _Digests:
             exl3_plan=_text(raw.get("exl3_plan")),
             staged_plan=_text(raw.get("staged_plan")),
         )
-
-
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _cached_listings(raw: object) -> dict[str, HubFacts]:
@@ -305,13 +303,8 @@ def with_hub_listing(
             problem = exc.message
     commit = desired_commit(model, checkpoint, update=update_revision)
     if commit is not None and commit not in checkpoint.hub:
-        wanted = commit
         try:
-            listing = hub.within_deadline(
-                model,
-                f"listing {model.repo}@{wanted[:12]}",
-                lambda: _listed(model, wanted),
-            )
+            listing = hub.within_deadline(model, f"listing {model.repo}@{commit[:12]}", partial(_listed, model, commit))
         except ReconcilerError as exc:
             problem = exc.message
         else:

@@ -22,7 +22,7 @@ from reconciler.facts.fabric import FabricFacts
 from reconciler.facts.files import CheckpointFacts, KeyFileFacts
 from reconciler.facts.memory import GuardFacts, MemoryFacts
 from reconciler.facts.pi import PiFacts
-from reconciler.safeio import read_untrusted_text
+from reconciler.fsutil import read_untrusted_text
 
 
 class Hold(FactsModel):

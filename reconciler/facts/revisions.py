@@ -16,13 +16,12 @@ from __future__ import annotations
 import re
 
 from reconciler.facts.files import CheckpointFacts
+from reconciler.repofiles import GIT_ID
 from reconciler.spec import Model
-
-_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 def is_commit(revision: str) -> bool:
-    return _COMMIT_RE.match(revision) is not None
+    return re.match(GIT_ID, revision) is not None
 
 
 def short(commit: str) -> str:

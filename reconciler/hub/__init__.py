@@ -10,14 +10,13 @@ $HF_TOKEN or model.token_file; never printed, never in argv).
     ranges.py     one big file in several HTTP Range streams, resumable
 """
 
-from reconciler.hub.client import TOKEN_HINT, endpoint, token
+from reconciler.hub.client import endpoint, token
 from reconciler.hub.download import DOWNLOAD_CACHE, downloaded, fetch, fetch_order
 from reconciler.hub.failures import translate, within_deadline
 from reconciler.hub.listing import HubListing, list_files, manifest_entries, resolve
 
 __all__ = [
     "DOWNLOAD_CACHE",
-    "TOKEN_HINT",
     "HubListing",
     "downloaded",
     "endpoint",

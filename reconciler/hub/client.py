@@ -53,11 +53,7 @@ def endpoint(model: Model) -> str | None:
 # The Hub client's default HTTP client has no timeout at all: a Hub that accepts the connection
 # and never answers would hold a pass (and `status`) forever.
 CONNECT_TIMEOUT_S = 10.0
-
-
 READ_TIMEOUT_S = 60.0
-
-
 _bounded = False
 
 

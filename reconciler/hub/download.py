@@ -40,15 +40,7 @@ from reconciler.progress import Counter
 from reconciler.repofiles import HubFile
 from reconciler.spec import Model
 
-DOWNLOAD_CACHE = ".cache/huggingface/download"
-
-
-def _partials(local_dir: Path, item: HubFile) -> list[Path]:
-    directory = local_dir / DOWNLOAD_CACHE / Path(item.path).parent
-    prefix = _short_hash(f"{Path(item.path).name}.metadata") + "."
-    if not directory.is_dir():
-        return []
-    return [path for path in directory.iterdir() if path.name.startswith(prefix) and path.name.endswith(".incomplete")]
+DOWNLOAD_CACHE = hubranges.DOWNLOAD_CACHE
 
 
 def _etag_of(partial: Path) -> str:
@@ -66,9 +58,10 @@ def resume_partials(
     for item in files:
         if (root / item.path).exists():
             continue
-        usable = [p for p in _partials(root, item) if _etag_of(p) == item.etag and p.stat().st_size < item.size]
+        found = hubranges.partials(root, item.path, (".incomplete",))
+        usable = [p for p in found if _etag_of(p) == item.etag and p.stat().st_size < item.size]
         keep = max(usable, key=lambda path: path.stat().st_size, default=None)
-        for garbage in _partials(root, item):
+        for garbage in found:
             if garbage != keep:
                 garbage.unlink(missing_ok=True)
         if keep is not None and keep.stat().st_size > 0:
@@ -159,7 +152,7 @@ def _download_tasks(
     """The download as tasks for the streams, in `fetch_order`: one per file fetched whole, one
     per missing range of a ranged file (`ranged` gets each ranged file, to be closed after)."""
     done = on_file or (lambda _item: None)
-    headers = hubranges.auth_headers(token(model))
+    headers: dict[str, str] = build_hf_headers(token=token(model))
     ignored = threading.Event()  # the Hub answered a Range with the whole file: it does not do ranges
     tasks: list[Callable[[], None]] = []
     for item in fetch_order(files):
@@ -186,7 +179,8 @@ def _ranged(model: Model, root: Path, commit: str, item: HubFile) -> hubranges.R
     if (root / item.path).exists():
         hubranges.discard_partials(root, item.path)  # what a run killed while putting it in place left
         return None
-    target = hubranges.target_of(endpoint(model), model.repo, root, commit, item.path, item.size, item.etag)
+    url = hf_hub_url(model.repo, item.path, revision=commit, endpoint=endpoint(model))
+    target = hubranges.Target(url=url, root=root, path=item.path, size=item.size, etag=item.etag, commit=commit)
     return hubranges.open_ranged(target, model.download_streams)
 
 
@@ -297,7 +291,7 @@ def downloaded(root: Path, files: list[HubFile]) -> Counter:
     current = None
     for item in files:
         path = Path(item.path)
-        if _size(root / path) == item.size:
+        if hubranges.file_size(root / path) == item.size:
             done += item.size
             complete += 1
             continue
@@ -306,13 +300,6 @@ def downloaded(root: Path, files: list[HubFile]) -> Counter:
         if started and current is None:
             current = item.path
     return Counter("download", done, sum(item.size for item in files), complete, len(files), current)
-
-
-def _size(path: Path) -> int | None:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return None
 
 
 _PARTIAL_ENDINGS = (".incomplete", hubranges.PROGRESS_SUFFIX)
@@ -332,7 +319,7 @@ def _partial_sizes(root: Path, directories: set[str]) -> dict[tuple[str, str], i
             if name.endswith(hubranges.PROGRESS_SUFFIX):  # a ranged partial: sparse, its progress says
                 size = hubranges.ranged_bytes(cache / name)
             else:
-                size = _size(cache / name) or 0
+                size = hubranges.file_size(cache / name) or 0
             key = (directory, name.split(".", 1)[0])
             sizes[key] = max(sizes.get(key, 0), size)
     return sizes

@@ -18,7 +18,7 @@ from reconciler.fsutil import read_bounded
 from reconciler.hub import client
 from reconciler.hub.client import endpoint, token
 from reconciler.hub.failures import hub_call
-from reconciler.repofiles import HubFile, is_inside, parse_manifest
+from reconciler.repofiles import GIT_ID, SHA256, HubFile, is_inside, parse_manifest
 from reconciler.spec import Model
 
 
@@ -34,36 +34,30 @@ def list_files(model: Model, revision: str | None = None) -> HubListing:
     revision = revision or model.revision
     with hub_call(model, f"listing {model.repo}@{revision}"):
         api = HfApi(endpoint=endpoint(model), token=token(model))
-        commit = api.model_info(model.repo, revision=revision, timeout=client.READ_TIMEOUT_S).sha
-        if not isinstance(commit, str) or not _COMMIT_RE.match(commit):
-            raise HubError(
-                f"the Hub gave no commit for {model.repo}@{revision} (got {commit!r:.60})",
-                "check model.endpoint: a mirror must answer the revision call with the commit sha",
-                kind="malformed",
-            )
+        commit = _commit_of(api, model, revision)
         entries = api.list_repo_tree(model.repo, revision=commit, recursive=True)
         files = [_hub_file(entry) for entry in entries if isinstance(entry, RepoFile)]
     return HubListing(commit=commit, files=files)
 
 
-_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-
-
-MANIFEST_LIMIT = 1024 * 1024
-
-
 def resolve(model: Model) -> str:
     """The commit the spec's revision (a branch or tag) points at on the Hub now."""
     with hub_call(model, f"resolving {model.repo}@{model.revision}"):
-        api = HfApi(endpoint=endpoint(model), token=token(model))
-        commit = api.model_info(model.repo, revision=model.revision, timeout=client.READ_TIMEOUT_S).sha
-    if not isinstance(commit, str) or not _COMMIT_RE.match(commit):
+        return _commit_of(HfApi(endpoint=endpoint(model), token=token(model)), model, model.revision)
+
+
+def _commit_of(api: HfApi, model: Model, revision: str) -> str:
+    commit = api.model_info(model.repo, revision=revision, timeout=client.READ_TIMEOUT_S).sha
+    if not isinstance(commit, str) or not re.match(GIT_ID, commit):
         raise HubError(
-            f"the Hub gave no commit for {model.repo}@{model.revision} (got {commit!r:.60})",
+            f"the Hub gave no commit for {model.repo}@{revision} (got {commit!r:.60})",
             "check model.endpoint: a mirror must answer the revision call with the commit sha",
             kind="malformed",
         )
     return commit
+
+
+MANIFEST_LIMIT = 1024 * 1024
 
 
 def manifest_entries(model: Model, commit: str) -> dict[str, str] | None:
@@ -83,8 +77,6 @@ def manifest_entries(model: Model, commit: str) -> dict[str, str] | None:
     return parse_manifest(data.decode("utf-8", "replace"))
 
 
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_BLOB_ID_RE = re.compile(r"^[0-9a-f]{40}$")
 # The Hub caps one file at 50 GB; anything far beyond is an answer not to trust.
 MAX_FILE_BYTES = 1000**4
 
@@ -101,9 +93,9 @@ def _hub_file(entry: RepoFile) -> HubFile:
     if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_FILE_BYTES:
         raise HubError(f"the Hub lists {path} with an impossible size {size!r:.40}", "retry later", kind="malformed")
     sha256 = entry.lfs.sha256 if entry.lfs is not None else None
-    if sha256 is not None and not (isinstance(sha256, str) and _SHA256_RE.match(sha256)):
+    if sha256 is not None and not (isinstance(sha256, str) and re.match(SHA256, sha256)):
         raise HubError(f"the Hub lists {path} with a malformed sha256", "retry later", kind="malformed")
-    blob_id = entry.blob_id if isinstance(entry.blob_id, str) and _BLOB_ID_RE.match(entry.blob_id) else None
+    blob_id = entry.blob_id if isinstance(entry.blob_id, str) and re.match(GIT_ID, entry.blob_id) else None
     if sha256 is None and blob_id is None:
         raise HubError(f"the Hub lists {path} without a usable blob id", "retry later", kind="malformed")
     return HubFile(path=path, size=size, sha256=sha256, blob_id=blob_id)

@@ -27,13 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2
-from huggingface_hub import hf_hub_url
 from huggingface_hub._local_folder import _short_hash, write_download_metadata
-from huggingface_hub.utils import (  # type: ignore[attr-defined]  # public; __all__ is computed
-    build_hf_headers,
-    get_session,
-    hf_raise_for_status,
-)
+from huggingface_hub.utils import get_session, hf_raise_for_status  # type: ignore[attr-defined]  # public; __all__ is computed
 
 from reconciler.errors import HubError, RangesIgnoredError, UntrustedFileError
 from reconciler.fsutil import read_bounded
@@ -50,6 +45,7 @@ CHUNK_BYTES = 1 * MIB
 # budget for its downloads) before the download fails.
 RETRIES = 5
 RANGES_SUFFIX = ".ranges"
+DOWNLOAD_CACHE = ".cache/huggingface/download"
 PROGRESS_SUFFIX = ".ranges.json"
 _PROGRESS_LIMIT = 1024 * 1024
 
@@ -117,14 +113,17 @@ class RangedFile:
             self.done[start] = max(self.done[start], offset - start)
             _write_progress(self.base, self.target, self.ranges, self.done)
 
+    def _all_in(self) -> bool:
+        return all(self.done[start] >= end - start for start, end in self.ranges)
+
     def complete(self) -> bool:
         with self.lock:
-            return all(self.done[start] >= end - start for start, end in self.ranges)
+            return self._all_in()
 
     def claim_finish(self) -> bool:
         """True for exactly one caller once every range is in: that caller puts the file in place."""
         with self.lock:
-            if self.finished or self.whole or not all(self.done[s] >= e - s for s, e in self.ranges):
+            if self.finished or self.whole or not self._all_in():
                 return False
             self.finished = True
             return True
@@ -162,10 +161,23 @@ class RangedFile:
                 self._fd = -1
 
 
+def _partial_prefix(root: Path, path: str) -> Path:
+    """`<model dir>/.cache/huggingface/download/<dir>/<hash>.`: how the client names the partial
+    files of `path` (the etag and an ending follow)."""
+    return root / DOWNLOAD_CACHE / Path(path).parent / f"{_short_hash(f'{Path(path).name}.metadata')}."
+
+
 def partial_base(root: Path, path: str, etag: str) -> str:
     """`<model dir>/.cache/huggingface/download/<dir>/<hash>.<etag>`, the client's naming."""
-    directory = root / ".cache/huggingface/download" / Path(path).parent
-    return str(directory / f"{_short_hash(f'{Path(path).name}.metadata')}.{etag}")
+    return f"{_partial_prefix(root, path)}{etag}"
+
+
+def partials(root: Path, path: str, endings: tuple[str, ...]) -> list[Path]:
+    """The partial files of `path` whose names end in one of `endings`."""
+    prefix = _partial_prefix(root, path)
+    if not prefix.parent.is_dir():
+        return []
+    return [p for p in prefix.parent.iterdir() if p.name.startswith(prefix.name) and p.name.endswith(endings)]
 
 
 _ENDINGS = (RANGES_SUFFIX, PROGRESS_SUFFIX, f"{PROGRESS_SUFFIX}.tmp")
@@ -174,17 +186,9 @@ _ENDINGS = (RANGES_SUFFIX, PROGRESS_SUFFIX, f"{PROGRESS_SUFFIX}.tmp")
 def discard_partials(root: Path, path: str, keep_etag: str | None = None) -> None:
     """Every ranged partial of `path` (but the one for `keep_etag`): another revision's bytes, a
     file fetched whole instead, or what a run killed while putting the file in place left."""
-    directory = root / ".cache/huggingface/download" / Path(path).parent
-    prefix = _short_hash(f"{Path(path).name}.metadata") + "."
-    if not directory.is_dir():
-        return
-    for entry in directory.iterdir():
-        name = entry.name
-        if not name.startswith(prefix) or not name.endswith(_ENDINGS):
-            continue
-        if keep_etag is not None and name.split(".")[1] == keep_etag:
-            continue
-        entry.unlink(missing_ok=True)
+    for entry in partials(root, path, _ENDINGS):
+        if keep_etag is None or entry.name.split(".")[1] != keep_etag:
+            entry.unlink(missing_ok=True)
 
 
 def open_ranged(target: Target, streams: int) -> RangedFile | None:
@@ -225,14 +229,24 @@ def _write_progress(base: str, target: Target, ranges: list[tuple[int, int]], do
 def _read_progress(base: str, target: Target) -> tuple[list[tuple[int, int]], dict[int, int]] | None:
     """A killed run's split and progress, if both files are there and agree with the file; else
     None (anything unreadable starts the file afresh: its bytes cannot be trusted)."""
-    data_path = Path(f"{base}{RANGES_SUFFIX}")
+    if file_size(Path(f"{base}{RANGES_SUFFIX}")) != target.size:
+        return None
+    return progress_of(_load_progress(Path(f"{base}{PROGRESS_SUFFIX}")), target.size)
+
+
+def _load_progress(path: Path) -> object:
+    """A progress document; None when it cannot be read (gone, or replaced while read)."""
     try:
-        document = json.loads(read_bounded(Path(f"{base}{PROGRESS_SUFFIX}"), limit=_PROGRESS_LIMIT))
-        if data_path.stat().st_size != target.size:
-            return None
+        return json.loads(read_bounded(path, limit=_PROGRESS_LIMIT))
     except (OSError, ValueError, UntrustedFileError):
         return None
-    return progress_of(document, target.size)
+
+
+def file_size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def progress_of(document: object, size: int) -> tuple[list[tuple[int, int]], dict[int, int]] | None:
@@ -259,10 +273,7 @@ def progress_of(document: object, size: int) -> tuple[list[tuple[int, int]], dic
 
 def ranged_bytes(progress_path: Path) -> int:
     """Bytes done of a ranged partial, from its progress file (0 when it is unreadable)."""
-    try:
-        document = json.loads(read_bounded(progress_path, limit=_PROGRESS_LIMIT))
-    except (OSError, ValueError, UntrustedFileError):  # replaced while read, or gone: the meter reads again
-        return 0
+    document = _load_progress(progress_path)  # None when replaced while read, or gone: the meter reads again
     if not isinstance(document, dict):
         return 0
     parsed = progress_of(document, document.get("size", -1))
@@ -371,13 +382,3 @@ def _too_much(path: str, offset: int, end: int) -> HubError:
         "set model.download_streams: 1",
         kind="malformed",
     )
-
-
-def target_of(endpoint: str | None, repo: str, root: Path, commit: str, path: str, size: int, etag: str) -> Target:
-    url = hf_hub_url(repo, path, revision=commit, endpoint=endpoint)
-    return Target(url=url, root=root, path=path, size=size, etag=etag, commit=commit)
-
-
-def auth_headers(token: str | bool) -> dict[str, str]:
-    headers: dict[str, str] = build_hf_headers(token=token)
-    return headers

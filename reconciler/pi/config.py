@@ -25,14 +25,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from reconciler.actions import PiTarget
-from reconciler.constants import PI_KEY_ENV, PI_PROVIDER
+from reconciler.constants import PI_KEY_ENV
 from reconciler.errors import JsoncError, PiConfigError
 from reconciler.record import Record, field
 from reconciler.spec import Serving
 
 # reconciler.pi.jsonc is imported by the functions that edit a file: a plan only compares entries.
 
-DEFAULT_PROVIDER = PI_PROVIDER
 DEFAULT_KEY_ENV = PI_KEY_ENV
 MODELS = "models.json"
 SETTINGS = "settings.json"
@@ -262,12 +261,9 @@ def install_changes(files: PiFiles, target: PiTarget) -> Changes:
     models_text, models_messages = _install_models(files, target)
     settings = _install_settings(files, target, record)
     extension = extension_text(target.provider, target.key_env)
-    writes: dict[str, str | None] = {}
     messages = [*models_messages, *settings.messages]
-    if models_text is not None:
-        writes[MODELS] = models_text
-    if settings.text is not None:
-        writes[SETTINGS] = settings.text
+    texts = {MODELS: models_text, SETTINGS: settings.text}
+    writes: dict[str, str | None] = {name: text for name, text in texts.items() if text is not None}
     name = extension_file(target.provider)
     if files.text(name) != extension:
         writes[name] = extension
@@ -290,18 +286,17 @@ def _install_models(files: PiFiles, target: PiTarget) -> tuple[str | None, list[
     data = load_object(files, MODELS)
     text = files.text(MODELS)
     desired = provider_entry(target)
-    added = [f"{MODELS}: provider {target.provider} added"]
+    messages = [f"{MODELS}: provider {target.provider} added"]
     if text is None:
-        return jsonc.set_member(_EMPTY_MODELS, ("providers",), target.provider, desired), added
+        return jsonc.set_member(_EMPTY_MODELS, ("providers",), target.provider, desired), messages
     if "providers" not in (data or {}):
-        return jsonc.set_member(text, (), "providers", {target.provider: desired}), added
+        return jsonc.set_member(text, (), "providers", {target.provider: desired}), messages
     current = (providers_of(files) or {}).get(target.provider)
     if current == desired:
         return None, []
-    if current is None:
-        return jsonc.set_member(text, ("providers",), target.provider, desired), added
-    replaced = f"{MODELS}: provider {target.provider} replaced ({describe_change(current, desired)})"
-    return jsonc.set_member(text, ("providers",), target.provider, desired), [replaced]
+    if current is not None:
+        messages = [f"{MODELS}: provider {target.provider} replaced ({describe_change(current, desired)})"]
+    return jsonc.set_member(text, ("providers",), target.provider, desired), messages
 
 
 def describe_change(current: object, desired: dict[str, Any]) -> str:

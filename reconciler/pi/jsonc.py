@@ -119,7 +119,16 @@ class _Parser:
         if self.depth >= MAX_DEPTH:
             raise self.error(f"nested more than {MAX_DEPTH} levels deep")
         self.depth += 1
-        node = self.object() if opening == "{" else self.array()
+        node = Node(self.pos, self.pos, {} if opening == "{" else [])
+        self.pos += 1
+        for _ in self._elements("}" if opening == "{" else "]"):
+            if opening == "{":
+                self.member(node)
+            else:
+                item = self.value()
+                node.items.append(item)
+                node.data.append(item.data)
+        node.end = self.pos
         self.depth -= 1
         return node
 
@@ -152,34 +161,19 @@ class _Parser:
         decoded: str = json.loads(match.group())
         return decoded
 
-    def object(self) -> Node:
-        node = Node(self.pos, self.pos, {})
+    def member(self, node: Node) -> None:
+        self.skip()
+        if self.peek() != '"':
+            raise self.error("expected a key in double quotes")
+        start = self.pos
+        key = self.string()
+        self.skip()
+        if self.peek() != ":":
+            raise self.error("expected ':' after the key")
         self.pos += 1
-        for _ in self._elements("}"):
-            self.skip()
-            if self.peek() != '"':
-                raise self.error("expected a key in double quotes")
-            start = self.pos
-            key = self.string()
-            self.skip()
-            if self.peek() != ":":
-                raise self.error("expected ':' after the key")
-            self.pos += 1
-            value = self.value()
-            node.members.append(Member(key, start, value))
-            node.data[key] = value.data
-        node.end = self.pos
-        return node
-
-    def array(self) -> Node:
-        node = Node(self.pos, self.pos, [])
-        self.pos += 1
-        for _ in self._elements("]"):
-            item = self.value()
-            node.items.append(item)
-            node.data.append(item.data)
-        node.end = self.pos
-        return node
+        value = self.value()
+        node.members.append(Member(key, start, value))
+        node.data[key] = value.data
 
     def _elements(self, close: str) -> Iterator[None]:
         """Yield once per element; consume commas (a trailing one included) and the closing bracket."""

@@ -15,8 +15,8 @@ from pydantic import (
 
 from reconciler.constants import DEFAULT_SPEC_PATH, SPEC_PATH_ENV
 from reconciler.errors import SpecError, SpecProblem, UntrustedTextError, YamlError
+from reconciler.fsutil import read_untrusted_text
 from reconciler.record import Record
-from reconciler.safeio import read_untrusted_text
 from reconciler.spec.model import REFERENCE_PROFILE_ONLY_FIELDS, Deployment, Serving
 from reconciler.spec.values import _COMMIT_RE
 from reconciler.yamlpos import LocatedDocument, load_located

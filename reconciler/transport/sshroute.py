@@ -31,7 +31,7 @@ from paramiko.config import SSHConfig
 from paramiko.ssh_exception import ConfigParseError, CouldNotCanonicalize
 
 from reconciler.errors import SshConfigError, UntrustedTextError
-from reconciler.safeio import read_untrusted_text
+from reconciler.fsutil import read_untrusted_text
 from reconciler.spec import SshTarget
 
 CONFIG_ENV = "RECONCILER_SSH_CONFIG"
