@@ -10,22 +10,15 @@ $HF_TOKEN or model.token_file; never printed, never in argv).
     ranges.py     one big file in several HTTP Range streams, resumable
 """
 
-from reconciler.hub.client import endpoint, token
-from reconciler.hub.download import DOWNLOAD_CACHE, downloaded, fetch, fetch_order
-from reconciler.hub.failures import translate, within_deadline
-from reconciler.hub.listing import HubListing, list_files, manifest_entries, resolve
-
-__all__ = [
-    "DOWNLOAD_CACHE",
-    "HubListing",
-    "downloaded",
-    "endpoint",
-    "fetch",
-    "fetch_order",
-    "list_files",
-    "manifest_entries",
-    "resolve",
-    "token",
-    "translate",
-    "within_deadline",
-]
+from reconciler.hub.client import endpoint as endpoint
+from reconciler.hub.client import token as token
+from reconciler.hub.download import DOWNLOAD_CACHE as DOWNLOAD_CACHE
+from reconciler.hub.download import downloaded as downloaded
+from reconciler.hub.download import fetch as fetch
+from reconciler.hub.download import fetch_order as fetch_order
+from reconciler.hub.failures import translate as translate
+from reconciler.hub.failures import within_deadline as within_deadline
+from reconciler.hub.listing import HubListing as HubListing
+from reconciler.hub.listing import list_files as list_files
+from reconciler.hub.listing import manifest_entries as manifest_entries
+from reconciler.hub.listing import resolve as resolve

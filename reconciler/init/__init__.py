@@ -11,40 +11,22 @@ drafts the spec from the answers. Two halves, so the interesting one is tested o
     yamltext.py   writing YAML lines with comments, quoting exactly when YAML needs it
 """
 
-from reconciler.init.draft import Draft, draft, next_steps, validated
-from reconciler.init.probe import probe_nodes, unknown_host_keys
-from reconciler.init.request import (
-    DEFAULT_MODEL_DIR,
-    REVIEW,
-    InitRequest,
-    Probed,
-    check_distinct,
-    checked_model_dir,
-    login,
-    probed_from_answers,
-    provisional,
-    ssh_target,
-)
-from reconciler.init.yamltext import flow_scalar, quoted, scalar
-
-__all__ = [
-    "DEFAULT_MODEL_DIR",
-    "REVIEW",
-    "Draft",
-    "InitRequest",
-    "Probed",
-    "check_distinct",
-    "checked_model_dir",
-    "draft",
-    "flow_scalar",
-    "login",
-    "next_steps",
-    "probe_nodes",
-    "probed_from_answers",
-    "provisional",
-    "quoted",
-    "scalar",
-    "ssh_target",
-    "unknown_host_keys",
-    "validated",
-]
+from reconciler.init.draft import Draft as Draft
+from reconciler.init.draft import draft as draft
+from reconciler.init.draft import next_steps as next_steps
+from reconciler.init.draft import validated as validated
+from reconciler.init.probe import probe_nodes as probe_nodes
+from reconciler.init.probe import unknown_host_keys as unknown_host_keys
+from reconciler.init.request import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
+from reconciler.init.request import REVIEW as REVIEW
+from reconciler.init.request import InitRequest as InitRequest
+from reconciler.init.request import Probed as Probed
+from reconciler.init.request import check_distinct as check_distinct
+from reconciler.init.request import checked_model_dir as checked_model_dir
+from reconciler.init.request import login as login
+from reconciler.init.request import probed_from_answers as probed_from_answers
+from reconciler.init.request import provisional as provisional
+from reconciler.init.request import ssh_target as ssh_target
+from reconciler.init.yamltext import flow_scalar as flow_scalar
+from reconciler.init.yamltext import quoted as quoted
+from reconciler.init.yamltext import scalar as scalar

@@ -6,40 +6,21 @@ loading.py   reading YAML: problems at file:line:column with a hint, cross-field
 schema.py    the JSON schema `reconciler schema` writes
 """
 
-from reconciler.spec.loading import LoadedSpec, load_spec, parse_spec, read_spec_text
-from reconciler.spec.model import (
-    REFERENCE_ENV,
-    REFERENCE_IMAGE,
-    Deployment,
-    Fabric,
-    Loop,
-    Model,
-    Node,
-    Pi,
-    Serving,
-    SshTarget,
-    expand_home,
-)
-from reconciler.spec.schema import schema_text
-from reconciler.spec.values import HostPath, names_api_key
-
-__all__ = [
-    "REFERENCE_ENV",
-    "REFERENCE_IMAGE",
-    "Deployment",
-    "Fabric",
-    "HostPath",
-    "LoadedSpec",
-    "Loop",
-    "Model",
-    "Node",
-    "Pi",
-    "Serving",
-    "SshTarget",
-    "expand_home",
-    "load_spec",
-    "names_api_key",
-    "parse_spec",
-    "read_spec_text",
-    "schema_text",
-]
+from reconciler.spec.loading import LoadedSpec as LoadedSpec
+from reconciler.spec.loading import load_spec as load_spec
+from reconciler.spec.loading import parse_spec as parse_spec
+from reconciler.spec.loading import read_spec_text as read_spec_text
+from reconciler.spec.model import REFERENCE_ENV as REFERENCE_ENV
+from reconciler.spec.model import REFERENCE_IMAGE as REFERENCE_IMAGE
+from reconciler.spec.model import Deployment as Deployment
+from reconciler.spec.model import Fabric as Fabric
+from reconciler.spec.model import Loop as Loop
+from reconciler.spec.model import Model as Model
+from reconciler.spec.model import Node as Node
+from reconciler.spec.model import Pi as Pi
+from reconciler.spec.model import Serving as Serving
+from reconciler.spec.model import SshTarget as SshTarget
+from reconciler.spec.model import expand_home as expand_home
+from reconciler.spec.schema import schema_text as schema_text
+from reconciler.spec.values import HostPath as HostPath
+from reconciler.spec.values import names_api_key as names_api_key

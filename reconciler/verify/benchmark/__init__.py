@@ -12,56 +12,31 @@ The metric definitions (TTFT, E2EL, TPOT, ITL, prefill and decode rates, flags) 
 are so: docs/bench-metrics.md, and README.md (Bench) beside `vllm bench serve`'s.
 """
 
-from reconciler.verify.benchmark.compare import VLLM_COMPARED, VLLM_FORMAT, compare, is_vllm_result, render_compare
-from reconciler.verify.benchmark.prompts import (
-    CHARS_PER_TOKEN,
-    RECALL_QUESTION,
-    decode_prompt,
-    prefill_ids,
-    recall_prompt,
-)
-from reconciler.verify.benchmark.records import (
-    aggregate_tok_s,
-    burst_flags,
-    decode_record,
-    decode_stream_record,
-    percentile,
-    prefill_record,
-    recall_record,
-    stats,
-    with_step_aggregates,
-)
-from reconciler.verify.benchmark.report import FORMAT, Report, new_report, summarize
-from reconciler.verify.benchmark.stream import Stream, TimedRead, parse_stream, read_stream
-from reconciler.verify.benchmark.table import render_table
-
-__all__ = [
-    "CHARS_PER_TOKEN",
-    "FORMAT",
-    "RECALL_QUESTION",
-    "VLLM_COMPARED",
-    "VLLM_FORMAT",
-    "Report",
-    "Stream",
-    "TimedRead",
-    "aggregate_tok_s",
-    "burst_flags",
-    "compare",
-    "decode_prompt",
-    "decode_record",
-    "decode_stream_record",
-    "is_vllm_result",
-    "new_report",
-    "parse_stream",
-    "percentile",
-    "prefill_ids",
-    "prefill_record",
-    "read_stream",
-    "recall_prompt",
-    "recall_record",
-    "render_compare",
-    "render_table",
-    "stats",
-    "summarize",
-    "with_step_aggregates",
-]
+from reconciler.verify.benchmark.compare import VLLM_COMPARED as VLLM_COMPARED
+from reconciler.verify.benchmark.compare import VLLM_FORMAT as VLLM_FORMAT
+from reconciler.verify.benchmark.compare import compare as compare
+from reconciler.verify.benchmark.compare import is_vllm_result as is_vllm_result
+from reconciler.verify.benchmark.compare import render_compare as render_compare
+from reconciler.verify.benchmark.prompts import CHARS_PER_TOKEN as CHARS_PER_TOKEN
+from reconciler.verify.benchmark.prompts import RECALL_QUESTION as RECALL_QUESTION
+from reconciler.verify.benchmark.prompts import decode_prompt as decode_prompt
+from reconciler.verify.benchmark.prompts import prefill_ids as prefill_ids
+from reconciler.verify.benchmark.prompts import recall_prompt as recall_prompt
+from reconciler.verify.benchmark.records import aggregate_tok_s as aggregate_tok_s
+from reconciler.verify.benchmark.records import burst_flags as burst_flags
+from reconciler.verify.benchmark.records import decode_record as decode_record
+from reconciler.verify.benchmark.records import decode_stream_record as decode_stream_record
+from reconciler.verify.benchmark.records import percentile as percentile
+from reconciler.verify.benchmark.records import prefill_record as prefill_record
+from reconciler.verify.benchmark.records import recall_record as recall_record
+from reconciler.verify.benchmark.records import stats as stats
+from reconciler.verify.benchmark.records import with_step_aggregates as with_step_aggregates
+from reconciler.verify.benchmark.report import FORMAT as FORMAT
+from reconciler.verify.benchmark.report import Report as Report
+from reconciler.verify.benchmark.report import new_report as new_report
+from reconciler.verify.benchmark.report import summarize as summarize
+from reconciler.verify.benchmark.stream import Stream as Stream
+from reconciler.verify.benchmark.stream import TimedRead as TimedRead
+from reconciler.verify.benchmark.stream import parse_stream as parse_stream
+from reconciler.verify.benchmark.stream import read_stream as read_stream
+from reconciler.verify.benchmark.table import render_table as render_table
