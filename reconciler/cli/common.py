@@ -5,37 +5,31 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from reconciler.constants import (
-    EXIT_CHANGES,
-    EXIT_ERROR,
-    EXIT_INTERRUPTED,
-    EXIT_NOT_CONVERGED,
-    EXIT_OK,
-    default_spec_path,
-)
+from reconciler.constants import EXIT_CHANGES as EXIT_CHANGES
+from reconciler.constants import EXIT_ERROR as EXIT_ERROR
+from reconciler.constants import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from reconciler.constants import EXIT_NOT_CONVERGED as EXIT_NOT_CONVERGED
+from reconciler.constants import EXIT_OK as EXIT_OK
+from reconciler.constants import default_spec_path
 from reconciler.errors import ReconcilerError, SpecError
 
 if TYPE_CHECKING:
     from reconciler.spec import LoadedSpec
 
-__all__ = [
-    "EXIT_CHANGES",
-    "EXIT_ERROR",
-    "EXIT_INTERRUPTED",
-    "EXIT_NOT_CONVERGED",
-    "EXIT_OK",
-    "emit_json",
-    "fail",
-    "load",
-    "spec_path",
-    "warn",
-]
-
 
 def emit_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def emit(as_json: bool, data: object, text: Callable[[], str]) -> None:
+    """A command's report: `data` as JSON with --json, else `text()` (rendered only then)."""
+    if as_json:
+        emit_json(data)
+    else:
+        sys.stdout.write(text())
 
 
 def fail(exc: ReconcilerError, as_json: bool) -> int:

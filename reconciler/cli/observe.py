@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from reconciler.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NOT_CONVERGED, EXIT_OK, emit_json, load
+from reconciler.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NOT_CONVERGED, EXIT_OK, emit, emit_json, load
 
 Report = dict[str, Any]
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -126,8 +126,5 @@ def doctor(args: argparse.Namespace) -> int:
     deployment = load(args).deployment
     with commands.session(deployment) as transports:
         report = doctor.run(deployment, transports)
-    if args.json:
-        emit_json(report.to_dict())
-    else:
-        sys.stdout.write(doctor.render_text(report))
+    emit(args.json, report.to_dict(), lambda: doctor.render_text(report))
     return EXIT_ERROR if report.failed else EXIT_OK

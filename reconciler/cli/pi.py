@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reconciler.cli.common import EXIT_OK, emit_json, spec_path
+from reconciler.cli.common import EXIT_OK, emit, emit_json, spec_path
 from reconciler.constants import PI_PROVIDER
 
 if TYPE_CHECKING:
@@ -83,10 +83,7 @@ def uninstall(args: argparse.Namespace) -> int:
 
     deployment = _pi_spec(args)
     report = agent.uninstall(_provider(deployment), _holding(deployment, args))
-    if args.json:
-        emit_json(report)
-    else:
-        sys.stdout.write("\n".join(_changes(report, "nothing to remove")) + "\n")
+    emit(args.json, report, lambda: "\n".join(_changes(report, "nothing to remove")) + "\n")
     return EXIT_OK
 
 
@@ -94,10 +91,7 @@ def status(args: argparse.Namespace) -> int:
     from reconciler.facts.pi import pi_status
 
     report = pi_status(_provider(_pi_spec(args)))
-    if args.json:
-        emit_json(report)
-    else:
-        sys.stdout.write(render_status(report))
+    emit(args.json, report, lambda: render_status(report))
     return EXIT_OK
 
 

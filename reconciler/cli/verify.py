@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reconciler.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, emit_json, load
+from reconciler.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, emit, emit_json, load
 from reconciler.errors import PlotUnavailableError, ReconcilerError
 
 if TYPE_CHECKING:
@@ -28,10 +27,7 @@ def smoke(args: argparse.Namespace) -> int:
     from reconciler.verify import smoke as checks
 
     report = checks.run_smoke(_api_target(args), args.checks, args.max_tokens)
-    if args.json:
-        emit_json(report.to_dict())
-    else:
-        sys.stdout.write(checks.render(report))
+    emit(args.json, report.to_dict(), lambda: checks.render(report))
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
@@ -74,7 +70,7 @@ def bench(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     finally:
         _write_plot(run.report, Path(args.plot or Path(args.out).with_suffix(".png")))
-    sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else benchmark.render_table(report))
+    emit(args.json, report, lambda: benchmark.render_table(report))
     return EXIT_OK if all(check["pass"] for check in report["recall"]) else EXIT_ERROR
 
 
