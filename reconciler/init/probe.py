@@ -18,10 +18,7 @@ import paramiko
 from reconciler.errors import NodeUnreachableError, SshConfigError
 from reconciler.facts.gather import probe_every_node
 from reconciler.init.request import InitRequest, Probed, login, probed_from_answers, provisional
-from reconciler.spec import (
-    Node,
-    SshTarget,
-)
+from reconciler.spec import Node, SshTarget
 from reconciler.transport.base import Transport
 from reconciler.transport.connect import transport_for
 from reconciler.transport.sshconnect import known_host_keys

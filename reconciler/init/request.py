@@ -12,12 +12,7 @@ from reconciler.doctor import doctor_input
 from reconciler.errors import ReconcilerError
 from reconciler.facts.gather import NodeProbe
 from reconciler.facts.node import NodeFacts
-from reconciler.spec import (
-    Deployment,
-    HostPath,
-    Node,
-    SshTarget,
-)
+from reconciler.spec import Deployment, HostPath, Node, SshTarget
 from reconciler.transport.sshroute import SshRoute
 
 DEFAULT_MODEL_DIR: str = Node.model_fields["model_dir"].default

@@ -8,10 +8,7 @@ import re
 from collections.abc import Iterator
 from typing import Any, get_args, get_origin
 
-from pydantic import (
-    BaseModel,
-    ValidationError,
-)
+from pydantic import BaseModel, ValidationError
 
 from reconciler.constants import DEFAULT_SPEC_PATH, SPEC_PATH_ENV
 from reconciler.errors import SpecError, SpecProblem, UntrustedTextError, YamlError

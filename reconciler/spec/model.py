@@ -11,13 +11,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from reconciler.nodeside.statedir import StateDir
 from reconciler.spec.values import (

@@ -8,10 +8,7 @@ import re
 from collections.abc import Callable
 from typing import Annotated
 
-from pydantic import (
-    AfterValidator,
-    Field,
-)
+from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
 
 # Pattern strings, not compiled objects: `re` compiles each on first use (and caches it), so a
