@@ -158,14 +158,18 @@ def _examples(*lines: str) -> str:
 # --- what arguments accept ----------------------------------------------------------------------
 
 
-def seconds(text: str) -> float:
+def _number_within(text: str, low: float, high: float, what: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        value = -1.0
-    if not 0 <= value <= 86_400:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 86400")
+        value = low - 1
+    if not low <= value <= high:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
     return value
+
+
+def seconds(text: str) -> float:
+    return _number_within(text, 0, 86_400, "a number of seconds from 0 to 86400")
 
 
 def refresh_seconds(text: str) -> float:
@@ -201,13 +205,7 @@ def count(text: str) -> int:
 
 
 def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number from 0 to 1")
-    return value
+    return _number_within(text, 0.0, 1.0, "a number from 0 to 1")
 
 
 def _port(text: str) -> int:

@@ -166,19 +166,16 @@ def report_figure(report: Report) -> Figure:
     figure, axes = _figure([5.0] * max(1, len(panels)))
     label, model = report.get("label") or "", report.get("model") or "?"
     reps = report["settings"].get("reps")
+    about = (
+        _date(report.get("started")),
+        report.get("url"),
+        f"{reps} repetitions" if reps else "",
+        _decode_cap(report),
+    )
     _heading(
         figure,
         f"{label} · {model}" if label else model,
-        " · ".join(
-            part
-            for part in (
-                _date(report.get("started")),
-                report.get("url"),
-                f"{reps} repetitions" if reps else "",
-                _decode_cap(report),
-            )
-            if part
-        ),
+        " · ".join(part for part in about if part),
         "points: medians; whiskers: lowest to highest repetition (per stream: every stream of every repetition)",
         None if report.get("complete") else f"INCOMPLETE: {report.get('error') or 'interrupted'}",
     )
