@@ -11,7 +11,7 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from reconciler.constants import DEFAULT_SPEC_PATH, SPEC_PATH_ENV
-from reconciler.errors import SpecError, SpecProblem, UntrustedTextError, YamlError
+from reconciler.errors import Position, SpecError, SpecProblem, UntrustedTextError, YamlError
 from reconciler.fsutil import read_untrusted_text
 from reconciler.record import Record
 from reconciler.spec.model import REFERENCE_PROFILE_ONLY_FIELDS, Deployment, Serving
@@ -51,14 +51,12 @@ def parse_spec(text: str, filename: str) -> LoadedSpec:
     try:
         document = load_located(text)
     except YamlError as exc:
-        path = _render_path(exc.path)
-        problem = SpecProblem(filename, exc.mark.line, exc.mark.column, path, exc.message, exc.hint)
-        raise SpecError([problem]) from None
-    problems = _duplicate_problems(document, filename)
+        raise SpecError([_problem(filename, exc.mark, exc.path, exc.message, exc.hint)]) from None
+    hint = "YAML would silently keep only the last one; remove one of them"
+    problems = [_problem(filename, mark, path, "duplicate key", hint) for path, mark in document.duplicates]
     if not isinstance(document.data, dict):
-        mark = document.mark_for(())
         message = "the spec is empty" if document.data is None else "the spec must be a mapping of keys"
-        problems.append(SpecProblem(filename, mark.line, mark.column, "", message, "start from specs/deployment.yaml"))
+        problems.append(_at(document, filename, (), message, "start from specs/deployment.yaml"))
         raise SpecError(problems)
     try:
         deployment = Deployment.model_validate(document.data)
@@ -69,20 +67,6 @@ def parse_spec(text: str, filename: str) -> LoadedSpec:
     if problems:
         raise SpecError(sorted(problems, key=lambda problem: (problem.line, problem.column)))
     return LoadedSpec(deployment, filename, _warnings(deployment, document, filename))
-
-
-def _duplicate_problems(document: LocatedDocument, filename: str) -> list[SpecProblem]:
-    return [
-        SpecProblem(
-            filename,
-            mark.line,
-            mark.column,
-            _render_path(path),
-            "duplicate key",
-            "YAML would silently keep only the last one; remove one of them",
-        )
-        for path, mark in document.duplicates
-    ]
 
 
 Located = tuple[tuple[str | int, ...], str, str]
@@ -193,7 +177,10 @@ def _profile_warnings(serving: Serving, document: LocatedDocument, filename: str
 
 
 def _at(document: LocatedDocument, filename: str, loc: tuple[str | int, ...], message: str, hint: str) -> SpecProblem:
-    mark = document.mark_for(loc)
+    return _problem(filename, document.mark_for(loc), loc, message, hint)
+
+
+def _problem(filename: str, mark: Position, loc: tuple[str | int, ...], message: str, hint: str) -> SpecProblem:
     return SpecProblem(filename, mark.line, mark.column, _render_path(loc), message, hint)
 
 
