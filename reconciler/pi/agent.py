@@ -232,7 +232,7 @@ def uninstall(provider: str, holding: Holding = contextlib.nullcontext) -> dict[
     }
 
 
-PI_PACKAGES = ("@earendil-works/pi-coding-agent", "@mariozechner/pi-coding-agent")
+PI_PACKAGES = (PI_CURRENT.name, PI_NODE20.name)
 
 
 def locate_pi(search_path: str | None = None) -> tuple[str | None, str | None]:
