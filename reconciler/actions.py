@@ -30,13 +30,15 @@ if TYPE_CHECKING:
 
 Verb = Literal["create", "update", "replace", "remove", "stop", "run"]
 
-SYMBOLS: dict[str, str] = {
-    "create": "+",
-    "update": "~",
-    "replace": "-/+",
-    "remove": "-",
-    "stop": "-",
-    "run": ">",
+# Each verb's symbol in a rendered plan and the count it adds to on the plan's summary line,
+# in the order the summary shows them.
+VERBS: dict[str, tuple[str, str]] = {
+    "create": ("+", "add"),
+    "update": ("~", "change"),
+    "replace": ("-/+", "replace"),
+    "remove": ("-", "destroy"),
+    "run": (">", "run"),
+    "stop": ("-", "stop"),
 }
 
 
@@ -468,7 +470,7 @@ class Action(Record):
 
     @property
     def symbol(self) -> str:
-        return SYMBOLS[self.verb]
+        return VERBS[self.verb][0]
 
     def to_dict(self) -> dict[str, object]:
         return {

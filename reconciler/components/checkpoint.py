@@ -59,7 +59,7 @@ from reconciler.facts.files import FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
 from reconciler.facts.revisions import is_commit, pinned, revision_dir, short
 from reconciler.nodeside.statedir import StateDir
-from reconciler.record import Record, field, replace
+from reconciler.record import Record, field
 from reconciler.repofiles import HubFile
 from reconciler.spec import Deployment, Node
 
@@ -213,23 +213,16 @@ def _plan_node(
     files = tree.files if tree is not None else {}
     state = assess(files, expect)
     serving_commit, _ = view.serving()
-    links = _linkable(view, expect, listings, commit, [*state.missing, *state.corrupt])
+    links = _linkable(view, expect, listings, commit, state.refetch)
     # What no other revision here holds is fetched: from here on, the missing and corrupt files.
-    fetch_state = replace(
-        state,
-        missing=[name for name in state.missing if name not in links],
-        corrupt=[name for name in state.corrupt if name not in links],
-    )
-    fetch = [*fetch_state.missing, *fetch_state.corrupt]
-    fetch_bytes = sum(expect.sizes.get(name, 0) for name in fetch)
-    blocker = _preflight(
-        view, fetch_bytes, all(name in expect.sizes for name in fetch), bool(fetch or state.assemblable)
-    )
+    fetch_state = assess(files, expect, linked=links)
+    fetch = fetch_state.refetch
+    blocker = _preflight(view, fetch_state, bool(fetch or state.assemblable))
     if blocker is not None:
         return Staging(blockers=[blocker])
     why = ""
     if serving_commit is not None and serving_commit != commit:
-        moved = f"{len(fetch)} files change, {human_bytes(fetch_bytes)}" if fetch else "no file changes"
+        moved = f"{len(fetch)} files change, {human_bytes(fetch_state.missing_bytes)}" if fetch else "no file changes"
         why = f"revision {short(serving_commit)} -> {short(commit)}: {moved}"
     actions: list[Action] = []
     if links:
@@ -342,16 +335,16 @@ def _same_content(
     return blob is not None and blob == other.files[name].blob_id
 
 
-def _preflight(view: NodeView, need: int, sizes_known: bool, fetching: bool) -> Blocker | None:
+def _preflight(view: NodeView, state: CheckpointState, fetching: bool) -> Blocker | None:
     """Refuse before any byte is written when what must be fetched cannot fit (linked files cost nothing)."""
     node, observed = view.node, view.observed
     if observed.disk_free is None or not fetching:
         return None
     full = FULL_SIZE_HEAD if node.role == "head" else FULL_SIZE_WORKER
-    need = need if sizes_known else full
+    need = state.missing_bytes if state.sizes_known else full
     if need <= observed.disk_free:
         return None
-    basis = "" if sizes_known else f" (sizes unknown: full size ~{human_bytes(full)} assumed)"
+    basis = "" if state.sizes_known else f" (sizes unknown: full size ~{human_bytes(full)} assumed)"
     return Blocker(
         node.name,
         COMPONENT,
@@ -373,8 +366,7 @@ def _fetch_action(
 ) -> Action:
     """Fetch the state's missing and corrupt files: a download, or a copy from `source`."""
     node, model, commit = view.node, deployment.model, listing.commit
-    fetch = [*state.missing, *state.corrupt]
-    fetch_bytes = sum(expect.sizes.get(name, 0) for name in fetch)
+    fetch, fetch_bytes = state.refetch, state.missing_bytes
     chain = source.why if source is not None else ""
     cause = "; ".join(part for part in (why, _files_cause(state, len(expect.files)), chain) if part)
     size, where, target = human_bytes(fetch_bytes), _shown(node, commit), revision_dir(view.model_dir, commit)
@@ -474,7 +466,7 @@ def _verify_and_prune(
             deep=deep_verify,
         )
         actions.append(_action(payload, "run", node, summary, cause, [*earlier, *actions]))
-    parted = any(name in PARTED_SHARDS for name in state.missing + state.corrupt)
+    parted = any(name in PARTED_SHARDS for name in state.refetch)
     if (state.parts or parted) and not deployment.model.keep_parts and source is None:
         summary = "delete the .partNN files of reassembled shards"
         cause = "model.keep_parts is false and the native shards are verified"
