@@ -561,11 +561,10 @@ class Outcome(MutableRecord):
     held: list[str] = field(default_factory=list)
 
     def extend(self, other: Outcome) -> None:
-        self.actions += other.actions
-        self.blockers += other.blockers
-        self.in_sync += other.in_sync
-        self.notes += other.notes
-        self.held += other.held
+        """Add the other's items to each list field the two have in common."""
+        for name in self._fields:
+            if name in other._fields and isinstance(mine := getattr(self, name), list):
+                mine += getattr(other, name)
 
 
 def shorten(items: list[str], limit: int = 3) -> str:

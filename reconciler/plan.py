@@ -161,12 +161,9 @@ def _rank_prerequisites(deployment: Deployment, actions: list[Action]) -> dict[s
     head = deployment.head.name
     prerequisites: dict[str, list[str]] = {}
     for node in deployment.nodes:
-        own = [action for action in actions if action.node == node.name]
-        last_by_component: dict[str, str] = {}
-        for action in own:
-            if action.component is not Component.APIKEY or node.name == head:
-                last_by_component[action.component] = action.id
-        prerequisites[node.name] = list(last_by_component.values())
+        own = [a for a in actions if a.node == node.name and (a.component is not Component.APIKEY or node.name == head)]
+        # Each component's last action, in the order the components first act.
+        prerequisites[node.name] = list({action.component: action.id for action in own}.values())
     return prerequisites
 
 

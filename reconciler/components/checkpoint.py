@@ -115,12 +115,6 @@ class Staging(Outcome):
     after_ready: list[Action] = field(default_factory=list)
     restart: list[str] = field(default_factory=list)
 
-    def extend(self, other: Outcome) -> None:
-        super().extend(other)
-        if isinstance(other, Staging):
-            self.after_ready += other.after_ready
-            self.restart += other.restart
-
 
 class Placement(Record):
     """What a rank mounts: the revision directory, its staged plans, and the commit."""

@@ -160,18 +160,14 @@ def plan_ranks(
     """Group actions. `prerequisites` maps a node to the actions its rank must wait for;
     `placements` says where each node's revision to serve is; the first stop waits for `after`
     (the checkpoint staged everywhere); `restart` holds reasons to restart a healthy group."""
-    outcome = Outcome()
     held = hold_reasons(deployment, facts)
     if held:
-        outcome.notes += held
-        outcome.held += held
-        outcome.actions += _stop_running(deployment, facts, "ranks are held: " + held[0].split(";")[0])
-        return outcome
+        stops = _stop_running(deployment, facts, "ranks are held: " + held[0].split(";")[0])
+        return Outcome(actions=stops, notes=held, held=list(held))
     contexts, blockers = node_contexts(deployment, facts)
     blockers += _names_taken(deployment, facts)
     if blockers:
-        outcome.blockers += blockers
-        return outcome
+        return Outcome(blockers=blockers)
     for name, placed in (placements or {}).items():
         if name in contexts:
             contexts[name] = replace(
@@ -180,15 +176,14 @@ def plan_ranks(
     desired = render_group(deployment, contexts)
     states, strays = _match(deployment, facts, desired)
     states = _with_group_signals(deployment, facts, states, restart or [])
-    outcome.actions += [_remove_stray(container, node, deployment) for node, container in strays]
+    removals = [_remove_stray(container, node, deployment) for node, container in strays]
     if all(state.healthy for state in states):
-        outcome.in_sync += [
+        in_sync = [
             InSync(state.desired.node, COMPONENT, f"{state.desired.name} running, config current") for state in states
         ]
-        return outcome
-    earlier = [*(a.id for a in outcome.actions), *(after or [])[-1:]]
-    outcome.actions += group_restart(deployment, states, prerequisites, earlier)
-    return outcome
+        return Outcome(actions=removals, in_sync=in_sync)
+    earlier = [*(a.id for a in removals), *(after or [])[-1:]]
+    return Outcome(actions=removals + group_restart(deployment, states, prerequisites, earlier))
 
 
 def _names_taken(deployment: Deployment, facts: Facts) -> list[Blocker]:
