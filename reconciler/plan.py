@@ -133,8 +133,6 @@ def plan(
 def _after_ready(after_ready: list[Action], ranks: Outcome) -> list[Action]:
     """The checkpoint's steps for after the group serves the new revision: after its restart
     when one is planned, at once when it already serves it (or is held down)."""
-    if not after_ready:
-        return []
     group = [action for action in ranks.actions if action.component is Component.RANKS]
     restarting = any(action.step is Step.START_RANK for action in group)
     if not restarting and (group or ranks.blockers) and not ranks.held:

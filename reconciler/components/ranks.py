@@ -366,17 +366,14 @@ def record_intent(ctx: ApplyContext, cause: str) -> None:
     ctx.ops(head).write_file(path, content, keep_existing=True)
 
 
-def _stop_rank(ctx: ApplyContext, action: Action, stop: StopRank) -> str:
-    if stop.intent is not None:
-        record_intent(ctx, stop.intent)
-    return _stop(ctx, action, stop)
-
-
 def _stop(ctx: ApplyContext, action: Action, stop: StopContainer) -> str:
     """Stop the container the plan saw (and remove it unless kept for logs): if it is gone or
-    already stopped, there is nothing to do; if it is not ours, never touch it."""
+    already stopped, there is nothing to do; if it is not ours, never touch it. The stop that
+    begins a group restart records it first."""
     from reconciler.transport.base import find_container  # executors only: planning loads no transport
 
+    if isinstance(stop, StopRank) and stop.intent is not None:
+        record_intent(ctx, stop.intent)
     container = find_container(ctx.transport(action.node).docker(), stop.name)
     if container is None:
         return "already gone"
@@ -456,7 +453,7 @@ def _run_smoke(ctx: ApplyContext, action: Action, smoke: Smoke) -> str:
 
 
 EXECUTORS = (
-    runs(StopRank, _stop_rank),
+    runs(StopRank, _stop),
     runs(RemoveContainer, _stop),
     runs(HaltRank, _stop),
     runs(StartRank, _start),
