@@ -214,22 +214,20 @@ def _names_taken(deployment: Deployment, facts: Facts) -> list[Blocker]:
 def _with_group_signals(
     deployment: Deployment, facts: Facts, states: list[RankState], restart: list[str]
 ) -> list[RankState]:
-    """Failures no container state shows: a dead engine behind a live API, a restart cut short,
+    """Failures no container state shows: a restart cut short, a dead engine behind a live API,
     a corrupt file the engine may have read."""
-    problem = _group_problem(deployment, facts) or (restart[0] if restart else None)
-    if problem is None or not all(state.healthy for state in states):
+    intent, liveness = facts.nodes[deployment.head.name].restart_intent, facts.liveness
+    if not all(state.healthy for state in states):
+        return states
+    if intent is not None:
+        problem = f"resuming the group restart recorded at {intent.since} ({intent.cause})"
+    elif liveness is not None and liveness.failures >= deployment.loop.failure_threshold:
+        problem = f"liveness: {liveness.failures} one-token completions failed in a row ({liveness.detail})"
+    elif restart:
+        problem = restart[0]
+    else:
         return states
     return [replace(state, problem=problem) if state.desired.rank == 0 else state for state in states]
-
-
-def _group_problem(deployment: Deployment, facts: Facts) -> str | None:
-    intent = facts.nodes[deployment.head.name].restart_intent
-    if intent is not None:
-        return f"resuming the group restart recorded at {intent.since} ({intent.cause})"
-    liveness = facts.liveness
-    if liveness is not None and liveness.failures >= deployment.loop.failure_threshold:
-        return f"liveness: {liveness.failures} one-token completions failed in a row ({liveness.detail})"
-    return None
 
 
 def hold_reasons(deployment: Deployment, facts: Facts) -> list[str]:
