@@ -218,7 +218,7 @@ def _plan_node(steps: _NodeSteps) -> Staging:
     files = tree.files if tree is not None else {}
     state = assess(files, expect)
     serving_commit, _ = view.serving()
-    links = _linkable(view, expect, steps.listings, commit, state.refetch)
+    links = _linkable(steps, state.refetch)
     # What no other revision here holds is fetched: from here on, the missing and corrupt files.
     fetch_state = assess(files, expect, linked=links)
     fetch = fetch_state.refetch
@@ -290,15 +290,14 @@ def _in_sync_reason(deployment: Deployment, view: NodeView, commit: str) -> str:
     return reason
 
 
-def _linkable(
-    view: NodeView, expect: Expectation, listings: dict[str, HubFacts], commit: str, names: list[str]
-) -> dict[str, str]:
-    """The files of `commit` that another revision on this node holds with the same content:
+def _linkable(steps: _NodeSteps, names: list[str]) -> dict[str, str]:
+    """The files of the commit that another revision on this node holds with the same content:
     name -> that file's path. Same content means the same verified sha256, or for a small file
     without one the same git blob id in both revisions' listings."""
-    sources = _link_sources(view, commit)
+    expect, listings = steps.expect, steps.listings
+    sources = _link_sources(steps.view, steps.commit)
     found: dict[str, str] = {}
-    wanted = listings.get(commit)
+    wanted = listings.get(steps.commit)
     for name in names:
         for source_commit, tree in sources:
             existing = tree.files.get(name)
