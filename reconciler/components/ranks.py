@@ -301,11 +301,9 @@ def group_restart(
             node, name = state.desired.node, state.desired.name
             actions.append(action(payload, node, "stop", summary, state.problem or group_cause, after, name))
     stops = [item.id for item in actions]
-    previous_start: list[str] = []
-    for state in reversed(ordered):
-        waits_for = [*stops, *prerequisites.get(state.desired.node, []), *previous_start]
+    for state in reversed(ordered):  # each start after the stops and the start before it
+        waits_for = [*stops, *prerequisites.get(state.desired.node, []), *_last(actions)]
         actions.append(_start_action(deployment, state, group_cause, waits_for))
-        previous_start = [actions[-1].id]
     group = [(state.desired.node, state.desired.name) for state in ordered]
     return actions + _ready_checks(deployment, group, actions[-1].id)
 
