@@ -563,8 +563,9 @@ class Outcome(MutableRecord):
     def extend(self, other: Outcome) -> None:
         """Add the other's items to each list field the two have in common."""
         for name in self._fields:
-            if name in other._fields and isinstance(mine := getattr(self, name), list):
-                mine += getattr(other, name)
+            mine = getattr(self, name)
+            if name in other._fields and isinstance(mine, list):
+                mine.extend(getattr(other, name))
 
 
 def shorten(items: list[str], limit: int = 3) -> str:
