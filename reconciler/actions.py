@@ -30,13 +30,15 @@ if TYPE_CHECKING:
 
 Verb = Literal["create", "update", "replace", "remove", "stop", "run"]
 
-SYMBOLS: dict[str, str] = {
-    "create": "+",
-    "update": "~",
-    "replace": "-/+",
-    "remove": "-",
-    "stop": "-",
-    "run": ">",
+# Each verb's symbol in a rendered plan and the count it adds to on the plan's summary line,
+# in the order the summary shows them.
+VERBS: dict[str, tuple[str, str]] = {
+    "create": ("+", "add"),
+    "update": ("~", "change"),
+    "replace": ("-/+", "replace"),
+    "remove": ("-", "destroy"),
+    "run": (">", "run"),
+    "stop": ("-", "stop"),
 }
 
 
@@ -468,7 +470,7 @@ class Action(Record):
 
     @property
     def symbol(self) -> str:
-        return SYMBOLS[self.verb]
+        return VERBS[self.verb][0]
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -559,11 +561,11 @@ class Outcome(MutableRecord):
     held: list[str] = field(default_factory=list)
 
     def extend(self, other: Outcome) -> None:
-        self.actions += other.actions
-        self.blockers += other.blockers
-        self.in_sync += other.in_sync
-        self.notes += other.notes
-        self.held += other.held
+        """Add the other's items to each list field the two have in common."""
+        for name in self._fields:
+            mine = getattr(self, name)
+            if name in other._fields and isinstance(mine, list):
+                mine.extend(getattr(other, name))
 
 
 def shorten(items: list[str], limit: int = 3) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler.actions import Action, Blocker, Component, Copy, Download, InSync, Outcome, Step, behind
+from reconciler.actions import VERBS, Action, Blocker, Component, Copy, Download, InSync, Outcome, Step, behind
 from reconciler.components.apikey import plan_apikey
 from reconciler.components.checkpoint import DeepVerify, placements, plan_checkpoint
 from reconciler.components.image import plan_image
@@ -21,14 +21,6 @@ from reconciler.facts.node import Facts
 from reconciler.facts.revisions import desired_commit
 from reconciler.record import MutableRecord, field, replace
 from reconciler.spec import Deployment
-
-_SUMMARY_KINDS = {
-    "create": "add",
-    "update": "change",
-    "replace": "replace",
-    "remove": "destroy",
-    "run": "run",
-}
 
 
 class Plan(MutableRecord):
@@ -53,13 +45,11 @@ class Plan(MutableRecord):
 
     def summary(self) -> dict[str, int]:
         """Terraform-style counts; a stop that precedes a replacement is part of that replace."""
-        counts = dict.fromkeys([*_SUMMARY_KINDS.values(), "stop"], 0)
+        counts = dict.fromkeys((kind for _, kind in VERBS.values()), 0)
         replaced = {(a.node, a.target) for a in self.actions if a.verb in {"replace", "create"}}
         for action in self.actions:
-            if action.verb == "stop":
-                counts["stop"] += (action.node, action.target) not in replaced
-            else:
-                counts[_SUMMARY_KINDS[action.verb]] += 1
+            if action.verb != "stop" or (action.node, action.target) not in replaced:
+                counts[VERBS[action.verb][1]] += 1
         return counts
 
     def to_dict(self) -> dict[str, object]:
@@ -143,8 +133,6 @@ def plan(
 def _after_ready(after_ready: list[Action], ranks: Outcome) -> list[Action]:
     """The checkpoint's steps for after the group serves the new revision: after its restart
     when one is planned, at once when it already serves it (or is held down)."""
-    if not after_ready:
-        return []
     group = [action for action in ranks.actions if action.component is Component.RANKS]
     restarting = any(action.step is Step.START_RANK for action in group)
     if not restarting and (group or ranks.blockers) and not ranks.held:
@@ -171,18 +159,16 @@ def _rank_prerequisites(deployment: Deployment, actions: list[Action]) -> dict[s
     head = deployment.head.name
     prerequisites: dict[str, list[str]] = {}
     for node in deployment.nodes:
-        own = [action for action in actions if action.node == node.name]
-        last_by_component: dict[str, str] = {}
-        for action in own:
-            if action.component is not Component.APIKEY or node.name == head:
-                last_by_component[action.component] = action.id
-        prerequisites[node.name] = list(last_by_component.values())
+        own = [a for a in actions if a.node == node.name and (a.component is not Component.APIKEY or node.name == head)]
+        # Each component's last action, in the order the components first act.
+        prerequisites[node.name] = list({action.component: action.id for action in own}.values())
     return prerequisites
 
 
 def render_text(result: Plan, verbose: bool = False) -> str:
     """Terraform-style: one block per action with its cause, then a summary line."""
-    lines = [_header(result), ""]
+    header = ", ".join(f"r{rank} {name} ({role})" for rank, name, role in result.nodes)
+    lines = [f'Deployment "{result.deployment}": {header}', ""]
     lines += [f"  ! {b.node}: {b.message}\n      hint: {b.hint}" for b in result.blockers]
     lines += [f"  * {note}" for note in result.notes]
     if result.blockers or result.notes:
@@ -199,24 +185,20 @@ def render_text(result: Plan, verbose: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _header(result: Plan) -> str:
-    nodes = ", ".join(f"r{rank} {name} ({role})" for rank, name, role in result.nodes)
-    return f'Deployment "{result.deployment}": {nodes}'
-
-
 def _render_action(action: Action, numbers: dict[str, int], nodes: dict[str, str]) -> list[str]:
-    number = numbers[action.id]
-    lines = [f"{action.symbol:>3} [{number}] {action.component} on {action.node}: {action.summary}"]
-    lines.append(f"        because {action.cause}")
+    lines = [
+        f"{action.symbol:>3} [{numbers[action.id]}] {action.component} on {action.node}: {action.summary}",
+        f"        because {action.cause}",
+    ]
     alongside = behind(action, nodes)
-    after = ", ".join(str(numbers[dep]) for dep in action.depends_on if dep in numbers and dep not in alongside)
-    if after:
-        lines.append(f"        after {after}")
-    shown = ", ".join(str(numbers[dep]) for dep in action.depends_on if dep in numbers and dep in alongside)
-    if shown:
-        lines.append(f"        alongside {shown} (pipelined: takes each file as soon as it is ready)")
-    lines.append("")
-    return lines
+    for pipelined, label in (
+        (False, "after {}"),
+        (True, "alongside {} (pipelined: takes each file as soon as it is ready)"),
+    ):
+        shown = [str(numbers[dep]) for dep in action.depends_on if dep in numbers and (dep in alongside) == pipelined]
+        if shown:
+            lines.append("        " + label.format(", ".join(shown)))
+    return [*lines, ""]
 
 
 def summary_line(result: Plan) -> str:

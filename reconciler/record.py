@@ -17,7 +17,7 @@ import inspect
 import typing
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast, dataclass_transform
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar, cast, dataclass_transform
 
 if TYPE_CHECKING:
     from pydantic import GetCoreSchemaHandler
@@ -26,12 +26,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class _Factory:
-    __slots__ = ("compare", "make")
-
-    def __init__(self, make: Callable[[], object], compare: bool) -> None:
-        self.make = make
-        self.compare = compare
+class _Factory(NamedTuple):
+    make: Callable[[], object]
+    compare: bool
 
 
 def field(*, default_factory: Callable[[], T], compare: bool = True) -> T:

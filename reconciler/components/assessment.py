@@ -6,7 +6,7 @@ unverified, corrupt or waiting to be reassembled. Pure: planning and `doctor` re
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 
 from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
@@ -88,15 +88,23 @@ class CheckpointState(Record):
     def complete(self) -> bool:
         return not (self.missing or self.assemblable or self.unverified or self.corrupt)
 
+    @property
+    def refetch(self) -> list[str]:
+        """What must be fetched: the missing files, then those whose bytes are wrong."""
+        return [*self.missing, *self.corrupt]
 
-def assess(files: Mapping[str, FileFacts], expect: Expectation) -> CheckpointState:
+
+def assess(files: Mapping[str, FileFacts], expect: Expectation, linked: Container[str] = ()) -> CheckpointState:
+    """`linked`: files another revision on the node holds, which are never fetched."""
     parts = sorted(name for name in files if is_part(name))
     shards_with_parts = {shard_of(part) for part in parts}
     absent = [name for name in expect.files if name not in files]
     assemblable = [name for name in absent if name in PARTED_SHARDS and name in shards_with_parts]
-    missing = [name for name in absent if name not in assemblable]
+    missing = [name for name in absent if name not in assemblable and name not in linked]
     present = [name for name in expect.hashes if name in files]
-    corrupt = sorted(name for name in present if _mismatch(files[name].sha256, expect.hashes[name]))
+    corrupt = sorted(
+        name for name in present if name not in linked and _mismatch(files[name].sha256, expect.hashes[name])
+    )
     unverified = sorted(name for name in present if files[name].sha256 is None)
     refetch = missing + corrupt
     missing_bytes = sum(expect.sizes.get(name, 0) for name in refetch)

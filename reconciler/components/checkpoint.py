@@ -59,7 +59,7 @@ from reconciler.facts.files import FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
 from reconciler.facts.revisions import is_commit, pinned, revision_dir, short
 from reconciler.nodeside.statedir import StateDir
-from reconciler.record import Record, field, replace
+from reconciler.record import MutableRecord, Record, field
 from reconciler.repofiles import HubFile
 from reconciler.spec import Deployment, Node
 
@@ -93,7 +93,8 @@ def plan_checkpoint(
         # The head and hub-sourced workers download; a peer-sourced worker copies from a peer.
         kind = deployment.source_of(view.node)
         source = peer_source(deployment, facts, head_view, head_done, relay, view.node) if kind == "peer" else None
-        outcome = _plan_node(deployment, view, expect, listings, commit, deep_verify, source)
+        deep = deep_verify if isinstance(deep_verify, bool) else view.node.name in deep_verify
+        outcome = _plan_node(_NodeSteps(deployment, view, expect, listings, commit, source, deep))
         staging.extend(outcome)
         if kind == "head":
             head_done = _last_copyable(outcome.actions)
@@ -114,12 +115,6 @@ class Staging(Outcome):
     commit: str | None = None
     after_ready: list[Action] = field(default_factory=list)
     restart: list[str] = field(default_factory=list)
-
-    def extend(self, other: Outcome) -> None:
-        super().extend(other)
-        if isinstance(other, Staging):
-            self.after_ready += other.after_ready
-            self.restart += other.restart
 
 
 class Placement(Record):
@@ -196,42 +191,44 @@ def _pin(deployment: Deployment, head: NodeView, commit: str) -> list[Action]:
     return [action(payload, head.node.name, "update" if before else "create", summary, cause)]
 
 
-def _plan_node(
-    deployment: Deployment,
-    view: NodeView,
-    expect: Expectation,
-    listings: dict[str, HubFacts],
-    commit: str,
-    deep_verify: DeepVerify,
-    source: PeerSource | None,
-) -> Staging:
+class _NodeSteps(MutableRecord):
+    """One node's staging as it is planned: what it works from, and the actions so far, each
+    after the one before it."""
+
+    deployment: Deployment
+    view: NodeView
+    expect: Expectation
+    listings: dict[str, HubFacts]
+    commit: str
+    source: PeerSource | None
+    deep: bool
+    actions: list[Action] = field(default_factory=list)
+
+    def add(self, payload: StepPayload, verb: Verb, summary: str, cause: str, after: str = "") -> None:
+        """The next action, after the last one so far and after `after` (another node's step)."""
+        depends = tuple(item for item in (self.actions[-1].id if self.actions else "", after) if item)
+        self.actions.append(action(payload, self.view.node.name, verb, summary, cause, depends))
+
+
+def _plan_node(steps: _NodeSteps) -> Staging:
     """The actions that make `commit` complete on one node, in its own revision directory."""
-    node = view.node
-    deep = deep_verify if isinstance(deep_verify, bool) else node.name in deep_verify
-    target = revision_dir(view.model_dir, commit)
+    deployment, view, expect, commit = steps.deployment, steps.view, steps.expect, steps.commit
+    node, target = view.node, revision_dir(view.model_dir, commit)
     tree = view.observed.revisions.get(commit)
     files = tree.files if tree is not None else {}
     state = assess(files, expect)
     serving_commit, _ = view.serving()
-    links = _linkable(view, expect, listings, commit, [*state.missing, *state.corrupt])
+    links = _linkable(steps, state.refetch)
     # What no other revision here holds is fetched: from here on, the missing and corrupt files.
-    fetch_state = replace(
-        state,
-        missing=[name for name in state.missing if name not in links],
-        corrupt=[name for name in state.corrupt if name not in links],
-    )
-    fetch = [*fetch_state.missing, *fetch_state.corrupt]
-    fetch_bytes = sum(expect.sizes.get(name, 0) for name in fetch)
-    blocker = _preflight(
-        view, fetch_bytes, all(name in expect.sizes for name in fetch), bool(fetch or state.assemblable)
-    )
+    fetch_state = assess(files, expect, linked=links)
+    fetch = fetch_state.refetch
+    blocker = _preflight(view, fetch_state, bool(fetch or state.assemblable))
     if blocker is not None:
         return Staging(blockers=[blocker])
     why = ""
     if serving_commit is not None and serving_commit != commit:
-        moved = f"{len(fetch)} files change, {human_bytes(fetch_bytes)}" if fetch else "no file changes"
+        moved = f"{len(fetch)} files change, {human_bytes(fetch_state.missing_bytes)}" if fetch else "no file changes"
         why = f"revision {short(serving_commit)} -> {short(commit)}: {moved}"
-    actions: list[Action] = []
     if links:
         linked_bytes = sum(expect.sizes.get(name, 0) for name in links)
         summary = (
@@ -240,11 +237,11 @@ def _plan_node(
         )
         payload = Link(target_dir=target, files=dict(sorted(links.items())))
         cause = why or "these files are the same in a revision the node already has"
-        actions.append(_action(payload, "create", node, summary, cause, actions))
+        steps.add(payload, "create", summary, cause)
     if fetch:
-        actions.append(_fetch_action(deployment, view, expect, listings[commit], fetch_state, why, source, actions))
+        _fetch(steps, fetch_state, why)
     assemble = [*state.assemblable, *(name for name in fetch if name in PARTED_SHARDS)]
-    if assemble and (source is None):
+    if assemble and steps.source is None:
         # Behind the head's own download: each shard once its parts have landed, meanwhile.
         pipelined = node.ssh is None and any(name in fetch for name in assemble)
         summary = f"reassemble {', '.join(assemble)} from their .partNN files (streaming)"
@@ -252,7 +249,7 @@ def _plan_node(
         if pipelined:
             summary += ", each as soon as its parts are downloaded"
             cause += "; pipelined behind the download: the rest downloads meanwhile"
-        listing = listings[commit]
+        listing = steps.listings[commit]
         payload_assemble = Reassemble(
             model_dir=target,
             shards=[
@@ -268,13 +265,13 @@ def _plan_node(
             cache=view.layout.hash_cache,
             pipelined=pipelined,
         )
-        actions.append(_action(payload_assemble, "create", node, summary, cause, actions))
-    actions += _verify_and_prune(deployment, view, target, fetch_state, expect, actions, source, deep)
-    actions += _plan_staging(deployment, view, commit, tree, actions)
+        steps.add(payload_assemble, "create", summary, cause)
+    _verify_and_prune(steps, target, fetch_state)
+    _plan_staging(steps, tree)
     serving_here = serving_commit == commit and view.observed.link == commit
     restart = _restart_cause(state.corrupt) if serving_here else None
-    in_sync = [] if actions else [InSync(node.name, COMPONENT, _in_sync_reason(deployment, view, commit))]
-    return Staging(actions=actions, in_sync=in_sync, restart=[restart] if restart else [])
+    in_sync = [] if steps.actions else [InSync(node.name, COMPONENT, _in_sync_reason(deployment, view, commit))]
+    return Staging(actions=steps.actions, in_sync=in_sync, restart=[restart] if restart else [])
 
 
 def _shown(node: Node, commit: str) -> str:
@@ -293,15 +290,14 @@ def _in_sync_reason(deployment: Deployment, view: NodeView, commit: str) -> str:
     return reason
 
 
-def _linkable(
-    view: NodeView, expect: Expectation, listings: dict[str, HubFacts], commit: str, names: list[str]
-) -> dict[str, str]:
-    """The files of `commit` that another revision on this node holds with the same content:
+def _linkable(steps: _NodeSteps, names: list[str]) -> dict[str, str]:
+    """The files of the commit that another revision on this node holds with the same content:
     name -> that file's path. Same content means the same verified sha256, or for a small file
     without one the same git blob id in both revisions' listings."""
-    sources = _link_sources(view, commit)
+    expect, listings = steps.expect, steps.listings
+    sources = _link_sources(steps.view, steps.commit)
     found: dict[str, str] = {}
-    wanted = listings.get(commit)
+    wanted = listings.get(steps.commit)
     for name in names:
         for source_commit, tree in sources:
             existing = tree.files.get(name)
@@ -342,16 +338,16 @@ def _same_content(
     return blob is not None and blob == other.files[name].blob_id
 
 
-def _preflight(view: NodeView, need: int, sizes_known: bool, fetching: bool) -> Blocker | None:
+def _preflight(view: NodeView, state: CheckpointState, fetching: bool) -> Blocker | None:
     """Refuse before any byte is written when what must be fetched cannot fit (linked files cost nothing)."""
     node, observed = view.node, view.observed
     if observed.disk_free is None or not fetching:
         return None
     full = FULL_SIZE_HEAD if node.role == "head" else FULL_SIZE_WORKER
-    need = need if sizes_known else full
+    need = state.missing_bytes if state.sizes_known else full
     if need <= observed.disk_free:
         return None
-    basis = "" if sizes_known else f" (sizes unknown: full size ~{human_bytes(full)} assumed)"
+    basis = "" if state.sizes_known else f" (sizes unknown: full size ~{human_bytes(full)} assumed)"
     return Blocker(
         node.name,
         COMPONENT,
@@ -361,20 +357,11 @@ def _preflight(view: NodeView, need: int, sizes_known: bool, fetching: bool) -> 
     )
 
 
-def _fetch_action(
-    deployment: Deployment,
-    view: NodeView,
-    expect: Expectation,
-    listing: HubFacts,
-    state: CheckpointState,
-    why: str,
-    source: PeerSource | None,
-    earlier: list[Action],
-) -> Action:
-    """Fetch the state's missing and corrupt files: a download, or a copy from `source`."""
-    node, model, commit = view.node, deployment.model, listing.commit
-    fetch = [*state.missing, *state.corrupt]
-    fetch_bytes = sum(expect.sizes.get(name, 0) for name in fetch)
+def _fetch(steps: _NodeSteps, state: CheckpointState, why: str) -> None:
+    """Fetch the state's missing and corrupt files: a download, or a copy from the steps' source."""
+    view, expect, source, listing = steps.view, steps.expect, steps.source, steps.listings[steps.commit]
+    node, model, commit = view.node, steps.deployment.model, listing.commit
+    fetch, fetch_bytes = state.refetch, state.missing_bytes
     chain = source.why if source is not None else ""
     cause = "; ".join(part for part in (why, _files_cause(state, len(expect.files)), chain) if part)
     size, where, target = human_bytes(fetch_bytes), _shown(node, commit), revision_dir(view.model_dir, commit)
@@ -398,7 +385,8 @@ def _fetch_action(
             hashes={name: expect.hashes[name] for name in sorted(fetch) if name in expect.hashes},
             cache=view.layout.hash_cache,
         )
-        return _action(payload_copy, "create", node, summary, cause, earlier, after=source.after)
+        steps.add(payload_copy, "create", summary, cause, after=source.after)
+        return
     summary = f"download {len(fetch)} files, {size} of {model.repo}@{short(commit)} into {where}"
     payload = Download(
         repo=model.repo,
@@ -411,7 +399,7 @@ def _fetch_action(
         on_node=node.ssh is not None,
         cache=view.layout.hash_cache,
     )
-    return _action(payload, "create", node, summary, cause, earlier)
+    steps.add(payload, "create", summary, cause)
 
 
 def repo_files(names: list[str], listing: HubFacts) -> list[HubFile]:
@@ -443,52 +431,38 @@ def _restart_cause(corrupt: list[str]) -> str | None:
     )
 
 
-def _verify_and_prune(
-    deployment: Deployment,
-    view: NodeView,
-    target: str,
-    state: CheckpointState,
-    expect: Expectation,
-    earlier: list[Action],
-    source: PeerSource | None,
-    deep_verify: bool,
-) -> list[Action]:
-    node = view.node
-    actions: list[Action] = []
-    if earlier or state.unverified or deep_verify:
-        if earlier:
+def _verify_and_prune(steps: _NodeSteps, target: str, state: CheckpointState) -> None:
+    model = steps.deployment.model
+    if steps.actions or state.unverified or steps.deep:
+        if steps.actions:
             cause = "new files must match their sha256 before serving"
         elif state.unverified:
             cause = f"{len(state.unverified)} files changed since last verified: {shorten(state.unverified)}"
         else:
             cause = "deep verify requested: every file is read again"
         summary = (
-            f"verify files against {deployment.model.manifest} and the Hub's sha256; "
-            "the next plan re-fetches any that differ"
+            f"verify files against {model.manifest} and the Hub's sha256; the next plan re-fetches any that differ"
         )
         payload = Verify(
             model_dir=target,
-            files=dict(sorted(expect.hashes.items())),
-            manifest=deployment.model.manifest,
-            cache=view.layout.hash_cache,
-            deep=deep_verify,
+            files=dict(sorted(steps.expect.hashes.items())),
+            manifest=model.manifest,
+            cache=steps.view.layout.hash_cache,
+            deep=steps.deep,
         )
-        actions.append(_action(payload, "run", node, summary, cause, [*earlier, *actions]))
-    parted = any(name in PARTED_SHARDS for name in state.missing + state.corrupt)
-    if (state.parts or parted) and not deployment.model.keep_parts and source is None:
+        steps.add(payload, "run", summary, cause)
+    parted = any(name in PARTED_SHARDS for name in state.refetch)
+    if (state.parts or parted) and not model.keep_parts and steps.source is None:
         summary = "delete the .partNN files of reassembled shards"
         cause = "model.keep_parts is false and the native shards are verified"
-        prune = Prune(model_dir=target)
-        actions.append(_action(prune, "remove", node, summary, cause, [*earlier, *actions]))
-    return actions
+        steps.add(Prune(model_dir=target), "remove", summary, cause)
 
 
-def _plan_staging(
-    deployment: Deployment, view: NodeView, commit: str, tree: RevisionFacts | None, actions: list[Action]
-) -> list[Action]:
+def _plan_staging(steps: _NodeSteps, tree: RevisionFacts | None) -> None:
+    deployment, view, commit, actions = steps.deployment, steps.view, steps.commit, steps.actions
     staged = staged_plan_current(tree)
     if not actions and staged:
-        return []
+        return
     cause = (
         "the staged EXL3 plan is missing or differs from the model's"
         if not staged
@@ -502,21 +476,7 @@ def _plan_staging(
         target=view.layout.staged_plan(commit, plan_name),
         content=rewritten_plan(tree.exl3_plan if tree is not None else None) if not actions else None,
     )
-    return [_action(payload, "create", view.node, summary, cause, actions)]
-
-
-def _action(
-    payload: StepPayload,
-    verb: Verb,
-    node: Node,
-    summary: str,
-    cause: str,
-    earlier: list[Action],
-    after: str = "",
-) -> Action:
-    """An action that runs after the last of `earlier` and after `after` (another node's step)."""
-    depends = tuple(item for item in (earlier[-1].id if earlier else "", after) if item)
-    return action(payload, node.name, verb, summary, cause, depends)
+    steps.add(payload, "create", summary, cause)
 
 
 def _files_cause(state: CheckpointState, total: int) -> str:

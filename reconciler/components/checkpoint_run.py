@@ -79,14 +79,13 @@ def _download(ctx: ApplyContext, action: Action, download: Download) -> str:
     if download.on_node:
         fetched = fetch_on_node(ctx, action.node, download.model_dir, download.files, download.commit, download.refetch)
         return f"{len(fetched)} files fetched by {action.node} itself"
-    model = ctx.deployment.model
-    forget(download.model_dir, download.refetch)
     target = download.model_dir
+    forget(target, download.refetch)
     ctx.progress.line(f"    {action.node}: downloading {download.repo}@{download.commit[:12]} into {target}")
     expected = {item.path: item.sha256 for item in download.files if item.sha256}
     with Landed(ctx, action.node, target, download.cache, expected) as landed:
         listing = hub.fetch(
-            model,
+            ctx.deployment.model,
             target,
             commit=download.commit,
             report=ctx.progress.line,

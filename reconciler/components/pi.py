@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from reconciler.execution import ApplyContext
 
 COMPONENT = Component.PI
-LOCAL = "local"
 
 
 def desired_target(deployment: Deployment, manifest: Mapping[str, Any] | None) -> PiTarget:
@@ -47,13 +46,9 @@ def desired_target(deployment: Deployment, manifest: Mapping[str, Any] | None) -
     )
 
 
-def local_node(deployment: Deployment) -> str:
-    """The spec's node that is this machine (no ssh:), where Pi is configured; else 'local'."""
-    return next((node.name for node in deployment.nodes if node.ssh is None), LOCAL)
-
-
 def plan_pi(deployment: Deployment, facts: Facts) -> Outcome:
-    node = local_node(deployment)
+    # Pi is configured on this machine: the spec's node without ssh:, else "local".
+    node = next((node.name for node in deployment.nodes if node.ssh is None), "local")
     observed = facts.pi
     if not deployment.pi.enabled:
         return _in_sync(node, "pi.enabled is false: Pi's config is left as it is")

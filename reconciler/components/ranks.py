@@ -160,18 +160,14 @@ def plan_ranks(
     """Group actions. `prerequisites` maps a node to the actions its rank must wait for;
     `placements` says where each node's revision to serve is; the first stop waits for `after`
     (the checkpoint staged everywhere); `restart` holds reasons to restart a healthy group."""
-    outcome = Outcome()
     held = hold_reasons(deployment, facts)
     if held:
-        outcome.notes += held
-        outcome.held += held
-        outcome.actions += _stop_running(deployment, facts, "ranks are held: " + held[0].split(";")[0])
-        return outcome
+        stops = _stop_running(deployment, facts, "ranks are held: " + held[0].split(";")[0])
+        return Outcome(actions=stops, notes=held, held=list(held))
     contexts, blockers = node_contexts(deployment, facts)
     blockers += _names_taken(deployment, facts)
     if blockers:
-        outcome.blockers += blockers
-        return outcome
+        return Outcome(blockers=blockers)
     for name, placed in (placements or {}).items():
         if name in contexts:
             contexts[name] = replace(
@@ -180,15 +176,14 @@ def plan_ranks(
     desired = render_group(deployment, contexts)
     states, strays = _match(deployment, facts, desired)
     states = _with_group_signals(deployment, facts, states, restart or [])
-    outcome.actions += [_remove_stray(container, node, deployment) for node, container in strays]
+    removals = [_remove_stray(container, node, deployment) for node, container in strays]
     if all(state.healthy for state in states):
-        outcome.in_sync += [
+        in_sync = [
             InSync(state.desired.node, COMPONENT, f"{state.desired.name} running, config current") for state in states
         ]
-        return outcome
-    earlier = [*(a.id for a in outcome.actions), *(after or [])[-1:]]
-    outcome.actions += group_restart(deployment, states, prerequisites, earlier)
-    return outcome
+        return Outcome(actions=removals, in_sync=in_sync)
+    earlier = [*(a.id for a in removals), *(after or [])[-1:]]
+    return Outcome(actions=removals + group_restart(deployment, states, prerequisites, earlier))
 
 
 def _names_taken(deployment: Deployment, facts: Facts) -> list[Blocker]:
@@ -219,22 +214,20 @@ def _names_taken(deployment: Deployment, facts: Facts) -> list[Blocker]:
 def _with_group_signals(
     deployment: Deployment, facts: Facts, states: list[RankState], restart: list[str]
 ) -> list[RankState]:
-    """Failures no container state shows: a dead engine behind a live API, a restart cut short,
+    """Failures no container state shows: a restart cut short, a dead engine behind a live API,
     a corrupt file the engine may have read."""
-    problem = _group_problem(deployment, facts) or (restart[0] if restart else None)
-    if problem is None or not all(state.healthy for state in states):
+    intent, liveness = facts.nodes[deployment.head.name].restart_intent, facts.liveness
+    if not all(state.healthy for state in states):
+        return states
+    if intent is not None:
+        problem = f"resuming the group restart recorded at {intent.since} ({intent.cause})"
+    elif liveness is not None and liveness.failures >= deployment.loop.failure_threshold:
+        problem = f"liveness: {liveness.failures} one-token completions failed in a row ({liveness.detail})"
+    elif restart:
+        problem = restart[0]
+    else:
         return states
     return [replace(state, problem=problem) if state.desired.rank == 0 else state for state in states]
-
-
-def _group_problem(deployment: Deployment, facts: Facts) -> str | None:
-    intent = facts.nodes[deployment.head.name].restart_intent
-    if intent is not None:
-        return f"resuming the group restart recorded at {intent.since} ({intent.cause})"
-    liveness = facts.liveness
-    if liveness is not None and liveness.failures >= deployment.loop.failure_threshold:
-        return f"liveness: {liveness.failures} one-token completions failed in a row ({liveness.detail})"
-    return None
 
 
 def hold_reasons(deployment: Deployment, facts: Facts) -> list[str]:
@@ -308,11 +301,9 @@ def group_restart(
             node, name = state.desired.node, state.desired.name
             actions.append(action(payload, node, "stop", summary, state.problem or group_cause, after, name))
     stops = [item.id for item in actions]
-    previous_start: list[str] = []
-    for state in reversed(ordered):
-        waits_for = [*stops, *prerequisites.get(state.desired.node, []), *previous_start]
+    for state in reversed(ordered):  # each start after the stops and the start before it
+        waits_for = [*stops, *prerequisites.get(state.desired.node, []), *_last(actions)]
         actions.append(_start_action(deployment, state, group_cause, waits_for))
-        previous_start = [actions[-1].id]
     group = [(state.desired.node, state.desired.name) for state in ordered]
     return actions + _ready_checks(deployment, group, actions[-1].id)
 
@@ -371,17 +362,14 @@ def record_intent(ctx: ApplyContext, cause: str) -> None:
     ctx.ops(head).write_file(path, content, keep_existing=True)
 
 
-def _stop_rank(ctx: ApplyContext, action: Action, stop: StopRank) -> str:
-    if stop.intent is not None:
-        record_intent(ctx, stop.intent)
-    return _stop(ctx, action, stop)
-
-
 def _stop(ctx: ApplyContext, action: Action, stop: StopContainer) -> str:
     """Stop the container the plan saw (and remove it unless kept for logs): if it is gone or
-    already stopped, there is nothing to do; if it is not ours, never touch it."""
+    already stopped, there is nothing to do; if it is not ours, never touch it. The stop that
+    begins a group restart records it first."""
     from reconciler.transport.base import find_container  # executors only: planning loads no transport
 
+    if isinstance(stop, StopRank) and stop.intent is not None:
+        record_intent(ctx, stop.intent)
     container = find_container(ctx.transport(action.node).docker(), stop.name)
     if container is None:
         return "already gone"
@@ -461,7 +449,7 @@ def _run_smoke(ctx: ApplyContext, action: Action, smoke: Smoke) -> str:
 
 
 EXECUTORS = (
-    runs(StopRank, _stop_rank),
+    runs(StopRank, _stop),
     runs(RemoveContainer, _stop),
     runs(HaltRank, _stop),
     runs(StartRank, _start),

@@ -44,7 +44,7 @@ def switch_and_prune(deployment: Deployment, view: NodeView, commit: str) -> lis
     doomed = sorted(c for c in known if c != commit and c not in kept)
     leftovers = [pre_revisions_dir(view.model_dir)] if legacy_to == pre_revisions_dir(view.model_dir) else []
     if doomed or leftovers:
-        names = ", ".join(short(c) for c in doomed) + (", " if doomed and leftovers else "") + ", ".join(leftovers)
+        names = ", ".join([*(short(c) for c in doomed), *leftovers])
         summary = f"remove revisions {names} (model.keep_revisions: {deployment.model.keep_revisions})"
         cause = f"the group serves {short(commit)}; kept: {', '.join(short(c) for c in kept) or 'none'}"
         payload_prune = PruneRevisions(
