@@ -20,14 +20,7 @@ from reconciler.clock import utc_iso
 from reconciler.errors import NodeUnreachableError, ReconcilerError, SshConfigError
 from reconciler.facts.containers import container_from_inspect
 from reconciler.facts.fabric import fabric_from_probe
-from reconciler.facts.files import (
-    CheckpointFacts,
-    CheckpointRecord,
-    FileFacts,
-    HubFacts,
-    KeyFileFacts,
-    RevisionFacts,
-)
+from reconciler.facts.files import CheckpointFacts, CheckpointRecord, FileFacts, HubFacts, KeyFileFacts, RevisionFacts
 from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, parse_meminfo
 from reconciler.facts.node import Facts, Hold, NodeFacts, RestartIntent
 from reconciler.facts.pi import gather_pi

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from reconciler.nodeside.common import CHUNK, Meter, free_bytes, reply, stop_pid
+from reconciler.nodeside.common import CHUNK, Meter, free_bytes, is_commit, reply, stop_pid
 from reconciler.nodeside.statedir import StateDir
 
 # Hashing, thread pools, processes and rmtree import their modules where they are used: the head
@@ -468,9 +468,6 @@ def remove_file(args: PathArgs) -> Done:
     return {"ok": True}
 
 
-REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
-
-
 def _inside(root: str, relative: str) -> str:
     path = os.path.normpath(os.path.join(root, relative))
     if not path.startswith(root.rstrip("/") + "/"):
@@ -501,7 +498,7 @@ def link_files(args: LinkFilesArgs) -> Linked:
 def _is_revision_of(model_dir: str, path: str) -> bool:
     base = model_dir.rstrip("/")
     head, at, commit = path.rstrip("/").partition("@")
-    return (head == base and bool(at) and REVISION_RE.match(commit) is not None) or path == f"{base}.pre-revisions"
+    return (head == base and bool(at) and is_commit(commit)) or path == f"{base}.pre-revisions"
 
 
 def switch_model_dir(args: SwitchArgs) -> Switched:
