@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from reconciler import hub
 from reconciler.clock import utc_iso
 from reconciler.errors import NodeUnreachableError, ReconcilerError, SshConfigError
+from reconciler.facts.base import text_or_none
 from reconciler.facts.containers import container_from_inspect
 from reconciler.facts.fabric import fabric_from_probe
 from reconciler.facts.files import CheckpointFacts, CheckpointRecord, FileFacts, HubFacts, KeyFileFacts, RevisionFacts
@@ -64,7 +65,7 @@ def _short(exc: Exception) -> str:
 
 def _node_facts(node: Node, raw: dict[str, Any]) -> NodeFacts:
     docker_state = raw["docker"]
-    hostname, home = _text(raw.get("hostname")), _text(raw.get("home"))
+    hostname, home = text_or_none(raw.get("hostname")), text_or_none(raw.get("home"))
     if "error" in docker_state:
         return NodeFacts(reachable=False, error=f"docker: {docker_state['error']}", hostname=hostname, home=home)
     if home is None or not home.startswith("/"):
@@ -86,10 +87,6 @@ def _node_facts(node: Node, raw: dict[str, Any]) -> NodeFacts:
             RestartIntent(since="unknown", cause="restart-intent.json is unreadable"),
         ),
     )
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def _memory(text: object) -> MemoryFacts | None:
@@ -172,8 +169,8 @@ class _Digests:
             path=root,
             files=files,
             manifest=parse_manifest(manifest) if isinstance(manifest, str) else None,
-            exl3_plan=_text(raw.get("exl3_plan")),
-            staged_plan=_text(raw.get("staged_plan")),
+            exl3_plan=text_or_none(raw.get("exl3_plan")),
+            staged_plan=text_or_none(raw.get("staged_plan")),
         )
 
 

@@ -38,12 +38,20 @@ PART_RE = re.compile(r"^(?P<shard>.+\.safetensors)\.part(?P<index>[0-9]{2})$")
 # head's, and NotRequired is 3.11's).
 
 
+# The arguments most operations share, declared once.
 class PathArgs(TypedDict):
     path: str
 
 
-class WriteFileRequired(TypedDict):
-    path: str
+class ModelDirArgs(TypedDict):
+    model_dir: str
+
+
+class StateDirArgs(TypedDict):
+    state_dir: str
+
+
+class WriteFileRequired(PathArgs):
     content: str
 
 
@@ -56,8 +64,7 @@ class WriteFileResult(TypedDict):
     written: bool
 
 
-class ChmodArgs(TypedDict):
-    path: str
+class ChmodArgs(PathArgs):
     mode: int
 
 
@@ -79,8 +86,7 @@ class MkdirsArgs(TypedDict):
     paths: list[str]
 
 
-class HashFilesRequired(TypedDict):
-    model_dir: str
+class HashFilesRequired(ModelDirArgs):
     cache: str
     files: list[str]
 
@@ -89,12 +95,7 @@ class HashFilesArgs(HashFilesRequired, total=False):
     deep: bool
 
 
-class ModelDirArgs(TypedDict):
-    model_dir: str
-
-
-class ReassembleRequired(TypedDict):
-    model_dir: str
+class ReassembleRequired(ModelDirArgs):
     shards: list[str]
 
 
@@ -108,12 +109,7 @@ class Removed(TypedDict):
     removed: list[str]
 
 
-class StateDirArgs(TypedDict):
-    state_dir: str
-
-
-class GuardStartRequired(TypedDict):
-    state_dir: str
+class GuardStartRequired(StateDirArgs):
     program: str
     config: dict[str, Any]
 
@@ -143,8 +139,7 @@ class Linked(TypedDict):
     linked: int
 
 
-class SwitchRequired(TypedDict):
-    model_dir: str
+class SwitchRequired(ModelDirArgs):
     target: str
 
 
@@ -152,13 +147,11 @@ class SwitchArgs(SwitchRequired, total=False):
     legacy_to: str | None
 
 
-class Switched(TypedDict):
-    model_dir: str
+class Switched(ModelDirArgs):
     target: str
 
 
-class RemoveRevisionsRequired(TypedDict):
-    model_dir: str
+class RemoveRevisionsRequired(ModelDirArgs):
     remove: list[str]
 
 
@@ -166,8 +159,7 @@ class RemoveRevisionsArgs(RemoveRevisionsRequired, total=False):
     shared_only: list[str]
 
 
-class RevisionsRemoved(TypedDict):
-    removed: list[str]
+class RevisionsRemoved(Removed):
     kept: list[str]
 
 
