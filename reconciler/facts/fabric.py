@@ -185,21 +185,18 @@ def ports_from_sysfs(tree: dict[str, Any]) -> list[RdmaPort]:
     A port's state file reads "4: ACTIVE"; an unused GID entry reads all zeros and its type
     file cannot be read (None).
     """
-    ports: list[RdmaPort] = []
-    for hca, device in tree.items():
-        for number, port in (device.get("ports") or {}).items():
-            state = (port.get("state") or "").strip()
-            ports.append(
-                RdmaPort(
-                    hca=hca,
-                    port=int(number),
-                    state=state.split(":", 1)[-1].strip(),
-                    netdevs=list(device.get("netdevs") or []),
-                    gid=(port.get("gid") or "").strip() or None,
-                    gid_type=(port.get("gid_type") or "").strip() or None,
-                )
-            )
-    return ports
+    return [
+        RdmaPort(
+            hca=hca,
+            port=int(number),
+            state=(port.get("state") or "").strip().split(":", 1)[-1].strip(),
+            netdevs=list(device.get("netdevs") or []),
+            gid=(port.get("gid") or "").strip() or None,
+            gid_type=(port.get("gid_type") or "").strip() or None,
+        )
+        for hca, device in tree.items()
+        for number, port in (device.get("ports") or {}).items()
+    ]
 
 
 def merge_ports(sysfs: list[RdmaPort], rdma: list[RdmaPort]) -> list[RdmaPort]:

@@ -102,8 +102,9 @@ StateFile = TypeVar("StateFile", bound=BaseModel)
 
 
 def _state_file(model: type[StateFile], raw: object, unreadable: StateFile | None) -> StateFile | None:
-    """A small JSON state file the reconciler wrote (hold, restart intent): absent is None; a file
-    that exists but cannot be read counts as present, the cautious reading (held, restart due)."""
+    """A small JSON state file the reconciler wrote (hold, restart intent, a cached listing): absent
+    is None; a file that exists but cannot be read is `unreadable`, for a hold or a restart intent
+    the cautious reading (held, restart due)."""
     if raw is None:
         return None
     try:
@@ -176,14 +177,8 @@ class _Digests:
 
 def _cached_listings(raw: object) -> dict[str, HubFacts]:
     """The listings the head cached, by commit; one that cannot be read is asked for again."""
-    listings: dict[str, HubFacts] = {}
-    for item in raw if isinstance(raw, list) else []:
-        try:
-            listing = HubFacts.model_validate(item)
-        except ValidationError:
-            continue
-        listings[listing.commit] = listing
-    return listings
+    listings = (_state_file(HubFacts, item, None) for item in (raw if isinstance(raw, list) else []))
+    return {listing.commit: listing for listing in listings if listing is not None}
 
 
 def _guard(raw: dict[str, Any]) -> GuardFacts:
