@@ -5,12 +5,12 @@ unverified, corrupt or waiting to be reassembled. Pure: planning and `doctor` re
 
 from __future__ import annotations
 
-import re
 from collections.abc import Container, Mapping
 
 from reconciler.facts.files import CheckpointFacts, FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
 from reconciler.facts.revisions import desired_commit
+from reconciler.nodeside.ops import PART_RE
 from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record
 from reconciler.serving import rewrite_exl3_plan
@@ -19,7 +19,6 @@ from reconciler.spec import Deployment, Node, expand_home
 NATIVE_SHARDS = [f"model-0000{index}-of-00006.safetensors" for index in range(1, 7)]
 # The Hub caps one file at 50 GB, so these two Engram shards are stored as .partNN files.
 PARTED_SHARDS = NATIVE_SHARDS[4:]
-_PART_RE = re.compile(r"^(?P<shard>.+\.safetensors)\.part(?P<index>[0-9]{2})$")
 
 
 GB = 1000**3
@@ -31,7 +30,7 @@ FULL_SIZE_WORKER = 470 * GB
 
 def shard_of(path: str) -> str | None:
     """The shard a `.partNN` file is part of (None: not a part)."""
-    match = _PART_RE.match(path)
+    match = PART_RE.match(path)
     return match.group("shard") if match else None
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from pydantic import Field
 
@@ -29,6 +29,7 @@ from reconciler.facts.base import FactsModel
 from reconciler.record import Record
 
 ACTIVE = "ACTIVE"
+T = TypeVar("T")
 
 
 class RdmaPort(FactsModel):
@@ -103,10 +104,17 @@ def parse_rdma_link(text: str) -> list[RdmaPort]:
 
     The `state` field decides, never `physical_state`: real output puts LINK_UP on DOWN lines.
     """
+    return _json_or_lines(text, _port_from_json, _port_from_line)
+
+
+def _json_or_lines(
+    text: str, from_json: Callable[[dict[str, Any]], T], from_line: Callable[[str], T | None]
+) -> list[T]:
+    """The items of a tool's `-j` output (a JSON list), or of its text output, one line each."""
     stripped = text.strip()
     if stripped.startswith("["):
-        return [_port_from_json(item) for item in json.loads(stripped)]
-    return [port for line in text.splitlines() if (port := _port_from_line(line)) is not None]
+        return [from_json(item) for item in json.loads(stripped)]
+    return [item for line in text.splitlines() if (item := from_line(line)) is not None]
 
 
 def _port_from_json(item: dict[str, Any]) -> RdmaPort:
@@ -133,12 +141,7 @@ def _list(value: object) -> list[str]:
 def parse_ip_addr(text: str) -> dict[str, Netdev]:
     """`ip -j addr` (what the probe runs, with MTUs) or `ip -br addr` text (what users paste, and
     the captures of real Sparks in tests/fixtures/fabric/ are)."""
-    stripped = text.strip()
-    if stripped.startswith("["):
-        netdevs = [_netdev_from_json(item) for item in json.loads(stripped)]
-    else:
-        netdevs = [netdev for line in text.splitlines() if (netdev := _netdev_from_brief(line)) is not None]
-    return {netdev.name: netdev for netdev in netdevs}
+    return {netdev.name: netdev for netdev in _json_or_lines(text, _netdev_from_json, _netdev_from_brief)}
 
 
 def _netdev_from_json(item: dict[str, Any]) -> Netdev:
@@ -182,21 +185,18 @@ def ports_from_sysfs(tree: dict[str, Any]) -> list[RdmaPort]:
     A port's state file reads "4: ACTIVE"; an unused GID entry reads all zeros and its type
     file cannot be read (None).
     """
-    ports: list[RdmaPort] = []
-    for hca, device in tree.items():
-        for number, port in (device.get("ports") or {}).items():
-            state = (port.get("state") or "").strip()
-            ports.append(
-                RdmaPort(
-                    hca=hca,
-                    port=int(number),
-                    state=state.split(":", 1)[-1].strip(),
-                    netdevs=list(device.get("netdevs") or []),
-                    gid=(port.get("gid") or "").strip() or None,
-                    gid_type=(port.get("gid_type") or "").strip() or None,
-                )
-            )
-    return ports
+    return [
+        RdmaPort(
+            hca=hca,
+            port=int(number),
+            state=(port.get("state") or "").strip().split(":", 1)[-1].strip(),
+            netdevs=list(device.get("netdevs") or []),
+            gid=(port.get("gid") or "").strip() or None,
+            gid_type=(port.get("gid_type") or "").strip() or None,
+        )
+        for hca, device in tree.items()
+        for number, port in (device.get("ports") or {}).items()
+    ]
 
 
 def merge_ports(sysfs: list[RdmaPort], rdma: list[RdmaPort]) -> list[RdmaPort]:
@@ -393,19 +393,13 @@ def subnet_mismatches(addresses: dict[str, tuple[str, int | None]]) -> list[tupl
     """
     if not addresses:
         return []
-    items = list(addresses.items())
-    first_node, (first_ip, first_prefix) = items[0]
-    problems = []
-    for node, (ip, prefix) in items[1:]:
-        if not (_contains(first_ip, first_prefix, ip) and _contains(ip, prefix, first_ip)):
-            problems.append(
-                (
-                    node,
-                    f"fabric addresses are not on one subnet: {first_node} {_cidr(first_ip, first_prefix)}, "
-                    f"{node} {_cidr(ip, prefix)}",
-                )
-            )
-    return problems
+    (first_node, (first_ip, first_prefix)), *others = addresses.items()
+    first = f"fabric addresses are not on one subnet: {first_node} {_cidr(first_ip, first_prefix)}"
+    return [
+        (node, f"{first}, {node} {_cidr(ip, prefix)}")
+        for node, (ip, prefix) in others
+        if not (_contains(first_ip, first_prefix, ip) and _contains(ip, prefix, first_ip))
+    ]
 
 
 def _contains(ip: str, prefix: int | None, other: str) -> bool:

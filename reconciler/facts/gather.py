@@ -18,16 +18,10 @@ from pydantic import BaseModel, ValidationError
 from reconciler import hub
 from reconciler.clock import utc_iso
 from reconciler.errors import NodeUnreachableError, ReconcilerError, SshConfigError
+from reconciler.facts.base import text_or_none
 from reconciler.facts.containers import container_from_inspect
 from reconciler.facts.fabric import fabric_from_probe
-from reconciler.facts.files import (
-    CheckpointFacts,
-    CheckpointRecord,
-    FileFacts,
-    HubFacts,
-    KeyFileFacts,
-    RevisionFacts,
-)
+from reconciler.facts.files import CheckpointFacts, CheckpointRecord, FileFacts, HubFacts, KeyFileFacts, RevisionFacts
 from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, parse_meminfo
 from reconciler.facts.node import Facts, Hold, NodeFacts, RestartIntent
 from reconciler.facts.pi import gather_pi
@@ -71,7 +65,7 @@ def _short(exc: Exception) -> str:
 
 def _node_facts(node: Node, raw: dict[str, Any]) -> NodeFacts:
     docker_state = raw["docker"]
-    hostname, home = _text(raw.get("hostname")), _text(raw.get("home"))
+    hostname, home = text_or_none(raw.get("hostname")), text_or_none(raw.get("home"))
     if "error" in docker_state:
         return NodeFacts(reachable=False, error=f"docker: {docker_state['error']}", hostname=hostname, home=home)
     if home is None or not home.startswith("/"):
@@ -95,10 +89,6 @@ def _node_facts(node: Node, raw: dict[str, Any]) -> NodeFacts:
     )
 
 
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
 def _memory(text: object) -> MemoryFacts | None:
     if not isinstance(text, str) or not text:
         return None
@@ -112,8 +102,9 @@ StateFile = TypeVar("StateFile", bound=BaseModel)
 
 
 def _state_file(model: type[StateFile], raw: object, unreadable: StateFile | None) -> StateFile | None:
-    """A small JSON state file the reconciler wrote (hold, restart intent): absent is None; a file
-    that exists but cannot be read counts as present, the cautious reading (held, restart due)."""
+    """A small JSON state file the reconciler wrote (hold, restart intent, a cached listing): absent
+    is None; a file that exists but cannot be read is `unreadable`, for a hold or a restart intent
+    the cautious reading (held, restart due)."""
     if raw is None:
         return None
     try:
@@ -179,21 +170,15 @@ class _Digests:
             path=root,
             files=files,
             manifest=parse_manifest(manifest) if isinstance(manifest, str) else None,
-            exl3_plan=_text(raw.get("exl3_plan")),
-            staged_plan=_text(raw.get("staged_plan")),
+            exl3_plan=text_or_none(raw.get("exl3_plan")),
+            staged_plan=text_or_none(raw.get("staged_plan")),
         )
 
 
 def _cached_listings(raw: object) -> dict[str, HubFacts]:
     """The listings the head cached, by commit; one that cannot be read is asked for again."""
-    listings: dict[str, HubFacts] = {}
-    for item in raw if isinstance(raw, list) else []:
-        try:
-            listing = HubFacts.model_validate(item)
-        except ValidationError:
-            continue
-        listings[listing.commit] = listing
-    return listings
+    listings = (_state_file(HubFacts, item, None) for item in (raw if isinstance(raw, list) else []))
+    return {listing.commit: listing for listing in listings if listing is not None}
 
 
 def _guard(raw: dict[str, Any]) -> GuardFacts:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ from reconciler.hub import ranges as hubranges
 from reconciler.hub.client import _bound_client_timeouts, endpoint, token
 from reconciler.hub.failures import hub_call
 from reconciler.hub.listing import HubListing, _client_download, list_files
+from reconciler.nodeside.ops import PART_RE
 from reconciler.progress import Counter
 from reconciler.repofiles import HubFile
 from reconciler.spec import Model
@@ -91,13 +91,10 @@ def fetch_order(files: list[HubFile]) -> list[HubFile]:
     first: the many small files come last, so what is left to copy after the download is small."""
 
     def key(item: HubFile) -> tuple[bool, int, str]:
-        part = _PART.search(item.path) is not None
+        part = PART_RE.match(item.path) is not None
         return (not part, 0 if part else -item.size, item.path)
 
     return sorted(files, key=key)
-
-
-_PART = re.compile(r"\.safetensors\.part[0-9]{2}$")
 
 
 def download_files(

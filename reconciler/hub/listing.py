@@ -7,10 +7,7 @@ import tempfile
 from dataclasses import dataclass
 
 from huggingface_hub import HfApi, hf_hub_download
-from huggingface_hub.errors import (
-    EntryNotFoundError,
-    LocalEntryNotFoundError,
-)
+from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 from huggingface_hub.hf_api import RepoFile
 
 from reconciler.errors import HubError

@@ -366,19 +366,14 @@ def _check_answer(response: httpx2.Response, target: Target, offset: int, end: i
         )
 
 
+_MANGLING = "if it persists, the Hub or a proxy in between mangles Range answers: set model.download_streams: 1"
+
+
 def _mangled(path: str, what: str) -> HubError:
-    return HubError(
-        f"a range of {path} {what}",
-        "retry later (the file may have changed on the Hub: run `reconciler plan`); if it persists, the "
-        "Hub or a proxy in between mangles Range answers: set model.download_streams: 1",
-        kind="malformed",
-    )
+    changed = "retry later (the file may have changed on the Hub: run `reconciler plan`)"
+    return HubError(f"a range of {path} {what}", f"{changed}; {_MANGLING}", kind="malformed")
 
 
 def _too_much(path: str, offset: int, end: int) -> HubError:
-    return HubError(
-        f"the Hub sent more of {path} than the range asked for ({offset}-{end - 1})",
-        "retry later; if it persists, the Hub or a proxy in between mangles Range answers: "
-        "set model.download_streams: 1",
-        kind="malformed",
-    )
+    message = f"the Hub sent more of {path} than the range asked for ({offset}-{end - 1})"
+    return HubError(message, f"retry later; {_MANGLING}", kind="malformed")

@@ -121,6 +121,11 @@ def stop_pid(pid_file: str, *, group: bool = False) -> bool:
     return True
 
 
+def is_commit(text: str) -> bool:
+    """A full git commit id as the Hub spells it: 40 lowercase hex digits."""
+    return len(text) == 40 and all(char in "0123456789abcdef" for char in text)
+
+
 def free_bytes(path: str) -> int | None:
     """Free bytes on the filesystem that holds `path`, or would hold it once created."""
     probe = path

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from reconciler.nodeside.common import CHUNK, Meter, free_bytes, reply, stop_pid
+from reconciler.nodeside.common import CHUNK, Meter, free_bytes, is_commit, reply, stop_pid
 from reconciler.nodeside.statedir import StateDir
 
 # Hashing, thread pools, processes and rmtree import their modules where they are used: the head
@@ -38,12 +38,20 @@ PART_RE = re.compile(r"^(?P<shard>.+\.safetensors)\.part(?P<index>[0-9]{2})$")
 # head's, and NotRequired is 3.11's).
 
 
+# The arguments most operations share, declared once.
 class PathArgs(TypedDict):
     path: str
 
 
-class WriteFileRequired(TypedDict):
-    path: str
+class ModelDirArgs(TypedDict):
+    model_dir: str
+
+
+class StateDirArgs(TypedDict):
+    state_dir: str
+
+
+class WriteFileRequired(PathArgs):
     content: str
 
 
@@ -56,8 +64,7 @@ class WriteFileResult(TypedDict):
     written: bool
 
 
-class ChmodArgs(TypedDict):
-    path: str
+class ChmodArgs(PathArgs):
     mode: int
 
 
@@ -79,8 +86,7 @@ class MkdirsArgs(TypedDict):
     paths: list[str]
 
 
-class HashFilesRequired(TypedDict):
-    model_dir: str
+class HashFilesRequired(ModelDirArgs):
     cache: str
     files: list[str]
 
@@ -89,12 +95,7 @@ class HashFilesArgs(HashFilesRequired, total=False):
     deep: bool
 
 
-class ModelDirArgs(TypedDict):
-    model_dir: str
-
-
-class ReassembleRequired(TypedDict):
-    model_dir: str
+class ReassembleRequired(ModelDirArgs):
     shards: list[str]
 
 
@@ -108,12 +109,7 @@ class Removed(TypedDict):
     removed: list[str]
 
 
-class StateDirArgs(TypedDict):
-    state_dir: str
-
-
-class GuardStartRequired(TypedDict):
-    state_dir: str
+class GuardStartRequired(StateDirArgs):
     program: str
     config: dict[str, Any]
 
@@ -143,8 +139,7 @@ class Linked(TypedDict):
     linked: int
 
 
-class SwitchRequired(TypedDict):
-    model_dir: str
+class SwitchRequired(ModelDirArgs):
     target: str
 
 
@@ -152,13 +147,11 @@ class SwitchArgs(SwitchRequired, total=False):
     legacy_to: str | None
 
 
-class Switched(TypedDict):
-    model_dir: str
+class Switched(ModelDirArgs):
     target: str
 
 
-class RemoveRevisionsRequired(TypedDict):
-    model_dir: str
+class RemoveRevisionsRequired(ModelDirArgs):
     remove: list[str]
 
 
@@ -166,8 +159,7 @@ class RemoveRevisionsArgs(RemoveRevisionsRequired, total=False):
     shared_only: list[str]
 
 
-class RevisionsRemoved(TypedDict):
-    removed: list[str]
+class RevisionsRemoved(Removed):
     kept: list[str]
 
 
@@ -468,9 +460,6 @@ def remove_file(args: PathArgs) -> Done:
     return {"ok": True}
 
 
-REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
-
-
 def _inside(root: str, relative: str) -> str:
     path = os.path.normpath(os.path.join(root, relative))
     if not path.startswith(root.rstrip("/") + "/"):
@@ -501,7 +490,7 @@ def link_files(args: LinkFilesArgs) -> Linked:
 def _is_revision_of(model_dir: str, path: str) -> bool:
     base = model_dir.rstrip("/")
     head, at, commit = path.rstrip("/").partition("@")
-    return (head == base and bool(at) and REVISION_RE.match(commit) is not None) or path == f"{base}.pre-revisions"
+    return (head == base and bool(at) and is_commit(commit)) or path == f"{base}.pre-revisions"
 
 
 def switch_model_dir(args: SwitchArgs) -> Switched:

@@ -20,7 +20,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from reconciler.nodeside.common import docker_request, free_bytes, pid_of, reply
+from reconciler.nodeside.common import docker_request, free_bytes, is_commit, pid_of, reply
 from reconciler.nodeside.statedir import StateDir
 
 MAX_PLAN_BYTES = 4 * 1024 * 1024
@@ -198,14 +198,6 @@ def host_state() -> dict[str, Any]:
         "docker_info": docker_info(),
         "nvidia_driver": read_text("/proc/driver/nvidia/version"),
     }
-
-
-COMMIT_LENGTH = 40
-HEX = set("0123456789abcdef")
-
-
-def is_commit(text: str) -> bool:
-    return len(text) == COMMIT_LENGTH and set(text) <= HEX
 
 
 def tree(path: str, manifest: str, plan: str, staged: str | None) -> dict[str, Any]:

@@ -19,100 +19,49 @@ class StateDir:
     def __init__(self, root: str) -> None:
         # `~` stays as written when the head names a path on a node: the node expands it.
         self.root = root.rstrip("/") or "/"
+        # The checkpoint: which commits the node served, and what a branch or tag resolved to.
+        self.checkpoint_record = self._at("checkpoint.json")
+        # name -> size, mtime and sha256 of each model file hashed: a verify hashes only what changed.
+        self.hash_cache = self._at("hashcache.json")
+        # The Hub's file listings the head cached, one file per commit: later passes need no Hub.
+        self.hub_listings = self._at("hub")
+        # The listing a model dir from before revisions was downloaded with: tells its commit.
+        self.legacy_listing = self._at("hub-files.json")
+        # The EXL3 plan each revision's ranks read, rewritten for the mount (mounted at /plans).
+        self.plans = self._at("plans")
+        # The engine's compile and RoCE caches (mounted at /cache), kept across restarts.
+        self.engine_cache = self._at("cache")
+        # The rsync daemon a copy over the fabric starts on the destination, with its secrets.
+        self.copy_daemon = self._at("copy-daemon")
+        # The API key, on the head (the default of api.key_file): random, mode 0600, never printed.
+        self.api_key = self._at("api_key")
+        # A group restart begun and not yet ready: a reconciler that dies mid-restart resumes it.
+        self.restart_intent = self._at("restart-intent.json")
+        # `reconciler stop`: the ranks stay down until `reconciler start`.
+        self.hold = self._at("hold.json")
+        # What the loop is doing, for `reconciler status` and `systemctl status`.
+        self.loop_status = self._at("loop-status.json")
+        # One converge at a time on the head.
+        self.lock = self._at("reconciler.lock")
+        # The memory guard: its program, settings, pid, log and the trip it records.
+        self.guard_program = self._at("memguard.py")
+        self.guard_config = self._at("memguard.json")
+        self.guard_pid = self._at("memguard.pid")
+        self.guard_log = self._at("memguard.log")
+        self.guard_trip = self._at("memguard.trip.json")
 
-    def _at(self, *parts: str) -> str:
-        return "/".join([self.root.rstrip("/"), *parts])
+    def _at(self, name: str) -> str:
+        return f"{self.root.rstrip('/')}/{name}"
 
     def expanded(self) -> "StateDir":
         """The same layout with `~` expanded on the machine this runs on."""
         return StateDir(os.path.expanduser(self.root))
 
-    # The checkpoint: which commits the node served, and what a branch or tag resolved to.
-    @property
-    def checkpoint_record(self) -> str:
-        return self._at("checkpoint.json")
-
-    # name -> size, mtime and sha256 of each model file hashed: a verify hashes only what changed.
-    @property
-    def hash_cache(self) -> str:
-        return self._at("hashcache.json")
-
-    # The Hub's file listings the head cached, one file per commit: later passes need no Hub.
-    @property
-    def hub_listings(self) -> str:
-        return self._at("hub")
-
     def hub_listing(self, repo: str, commit: str) -> str:
         return f"{self.hub_listings}/{repo.replace('/', '--')}@{commit}.json"
-
-    # The listing a model dir from before revisions was downloaded with: tells its commit.
-    @property
-    def legacy_listing(self) -> str:
-        return self._at("hub-files.json")
-
-    # The EXL3 plan each revision's ranks read, rewritten for the mount (mounted at /plans).
-    @property
-    def plans(self) -> str:
-        return self._at("plans")
 
     def plans_of(self, commit: str) -> str:
         return f"{self.plans}/{commit}"
 
     def staged_plan(self, commit: str, name: str) -> str:
         return f"{self.plans_of(commit)}/{name}"
-
-    # The engine's compile and RoCE caches (mounted at /cache), kept across restarts.
-    @property
-    def engine_cache(self) -> str:
-        return self._at("cache")
-
-    # The rsync daemon a copy over the fabric starts on the destination, with its secrets.
-    @property
-    def copy_daemon(self) -> str:
-        return self._at("copy-daemon")
-
-    # The API key, on the head (the default of api.key_file): random, mode 0600, never printed.
-    @property
-    def api_key(self) -> str:
-        return self._at("api_key")
-
-    # A group restart begun and not yet ready: a reconciler that dies mid-restart resumes it.
-    @property
-    def restart_intent(self) -> str:
-        return self._at("restart-intent.json")
-
-    # `reconciler stop`: the ranks stay down until `reconciler start`.
-    @property
-    def hold(self) -> str:
-        return self._at("hold.json")
-
-    # What the loop is doing, for `reconciler status` and `systemctl status`.
-    @property
-    def loop_status(self) -> str:
-        return self._at("loop-status.json")
-
-    # One converge at a time on the head.
-    @property
-    def lock(self) -> str:
-        return self._at("reconciler.lock")
-
-    # The memory guard: its program, settings, pid, log and the trip it records.
-    @property
-    def guard_program(self) -> str:
-        return self._at("memguard.py")
-
-    @property
-    def guard_config(self) -> str:
-        return self._at("memguard.json")
-
-    @property
-    def guard_pid(self) -> str:
-        return self._at("memguard.pid")
-
-    @property
-    def guard_log(self) -> str:
-        return self._at("memguard.log")
-
-    @property
-    def guard_trip(self) -> str:
-        return self._at("memguard.trip.json")
