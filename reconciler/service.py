@@ -221,11 +221,9 @@ def _extra_writable(deployment: Deployment, home: str) -> list[tuple[str, str]]:
         (str(Path(expand_home(deployment.key_file(), home)).parent), "api.key_file's directory"),
     ]
     unique = {os.path.normpath(path): what for path, what in reversed(wanted)}
-    return sorted((path, what) for path, what in unique.items() if not _is_within(path, home))
-
-
-def _is_within(path: str, directory: str) -> bool:
-    return os.path.commonpath([path, directory]) == os.path.normpath(directory)
+    return sorted(
+        (path, what) for path, what in unique.items() if os.path.commonpath([path, home]) != os.path.normpath(home)
+    )
 
 
 def check_plain(path: str, what: str, hint: str = _MOVE_HINT) -> None:

@@ -1,4 +1,4 @@
-"""Common configuration of every facts model."""
+"""Common configuration of every facts model, and the one reading of a text in a raw answer."""
 
 from pydantic import BaseModel, ConfigDict
 
@@ -13,3 +13,8 @@ class FactsModel(BaseModel):
 
     # List defaults are `lambda: []`, not `list`: pydantic reads a factory's signature, and a
     # builtin's is parsed from its text, which costs start-up (5 ms for the first one).
+
+
+def text_or_none(value: object) -> str | None:
+    """A raw answer's text; anything else (absent, a number, a list) is no text."""
+    return value if isinstance(value, str) else None

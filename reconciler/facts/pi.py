@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.errors import PiConfigError
-from reconciler.facts.base import FactsModel
+from reconciler.facts.base import FactsModel, text_or_none
 from reconciler.pi import config as pi_config
 from reconciler.pi import files as pi_files
 from reconciler.pi.agent import locate_pi
@@ -77,8 +77,8 @@ def pi_facts_from_files(
         package=package,
         provider=redacted(providers[provider]) if provider in providers else None,
         enabled_models=None if enabled is None else [str(entry) for entry in enabled],
-        default_provider=_text(settings.get("defaultProvider")),
-        default_model=_text(settings.get("defaultModel")),
+        default_provider=text_or_none(settings.get("defaultProvider")),
+        default_model=text_or_none(settings.get("defaultModel")),
         extension_sha256=None if extension is None else pi_config.sha256(extension),
         manifest=manifest,
     )
@@ -104,18 +104,13 @@ def _without_headers(entry: dict[str, Any]) -> dict[str, Any]:
     return {**entry, "headers": dict.fromkeys(headers, REDACTED)}
 
 
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
 def pi_status(provider: str) -> dict[str, Any]:
     """What is installed and configured here; the key variable's state, never its value."""
     directory = pi_files.agent_dir()
     path, package = locate_pi()
     facts = pi_facts_from_files(pi_files.read_files(directory, provider), provider, path, package)
     entry = facts.provider or {}
-    recorded = (facts.manifest or {}).get("key_env")
-    key_env = pi_config.key_env_of(entry.get("apiKey")) or (recorded if isinstance(recorded, str) else None)
+    key_env = pi_config.key_env_of(entry.get("apiKey")) or text_or_none((facts.manifest or {}).get("key_env"))
     expected = (
         pi_config.sha256(pi_config.extension_text(provider, key_env))
         if key_env and pi_config.is_env_name(key_env)

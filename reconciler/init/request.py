@@ -10,6 +10,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from reconciler.doctor import doctor_input
 from reconciler.errors import ReconcilerError
+from reconciler.facts.base import text_or_none
 from reconciler.facts.gather import NodeProbe
 from reconciler.facts.node import NodeFacts
 from reconciler.spec import (
@@ -124,10 +125,6 @@ def probed_from_answers(
     facts = doctor_input(deployment, answers).facts
     routed = routes if routes is not None else [None] * len(deployment.nodes)
     return [
-        Probed(role, target, _text(answers[node.name].host.get("user")), facts.nodes[node.name], route)
+        Probed(role, target, text_or_none(answers[node.name].host.get("user")), facts.nodes[node.name], route)
         for (role, target), node, route in zip(request.targets, deployment.nodes, routed, strict=True)
     ]
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
