@@ -263,16 +263,13 @@ def ranks_still_running(deployment: Deployment, facts: Facts) -> list[str]:
 def hold(ctx: ApplyContext) -> None:
     """`stop`: persist the hold on the head (one small write); every converge then keeps the
     group down until `start`."""
-    deployment = ctx.deployment
     content = f'{{"since": "{utc_iso()}", "reason": "reconciler stop"}}\n'
-    path = StateDir(deployment.state_dir).hold
-    ctx.ops(deployment.head.name).write_file(path, content)
+    ctx.ops(ctx.deployment.head.name).write_file(StateDir(ctx.deployment.state_dir).hold, content)
 
 
 def release(ctx: ApplyContext) -> None:
     """`start`: clear the hold, and every recorded guard trip on the nodes that answer."""
-    deployment = ctx.deployment
-    ctx.ops(deployment.head.name).remove_file(StateDir(deployment.state_dir).hold)
+    ctx.ops(ctx.deployment.head.name).remove_file(StateDir(ctx.deployment.state_dir).hold)
     clear_trips(ctx)
 
 

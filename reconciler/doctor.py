@@ -23,6 +23,7 @@ from reconciler.components.assessment import (
     GB,
     assess,
     checkpoint_on,
+    human_bytes,
     is_part,
 )
 from reconciler.components.fabric import resolve_fabric
@@ -32,7 +33,6 @@ from reconciler.facts.fabric import subnet_mismatches
 from reconciler.facts.gather import NodeProbe, probe_every_node, probe_facts, with_hub_listing
 from reconciler.facts.memory import KIB_PER_GIB
 from reconciler.facts.node import Facts, NodeFacts
-from reconciler.progress import human_bytes
 from reconciler.record import replace
 from reconciler.serving import ResolvedFabric
 from reconciler.spec import Deployment, Node
@@ -134,11 +134,8 @@ def _route(node: Node) -> SshRoute | None:
 
 
 def check_all(deployment: Deployment, data: DoctorInput) -> Report:
-    report = Report(deployment.name)
-    for _, node in deployment.ranked_nodes:
-        report.checks += node_checks(deployment, node, data)
-    report.checks += cross_node_checks(deployment, data)
-    return report
+    checks = [check for _, node in deployment.ranked_nodes for check in node_checks(deployment, node, data)]
+    return Report(deployment.name, [*checks, *cross_node_checks(deployment, data)])
 
 
 @dataclass(frozen=True)

@@ -90,14 +90,12 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is no count")
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
-
-
 def plausible(counter: Counter) -> bool:
     """Whether every count of `counter` is one (rsync's and Docker's numbers come from nodes too)."""
-    counts = (counter.done, counter.total, counter.files_done, counter.files)
-    return all(value is None or _is_count(value) for value in counts)
+    return all(
+        value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT)
+        for value in (counter.done, counter.total, counter.files_done, counter.files)
+    )
 
 
 # Terminal escapes, whole: removing the ESC alone would leave '[31m' behind. CSI (colours, cursor

@@ -47,6 +47,7 @@ from reconciler.components.assessment import (
     NodeView,
     assess,
     expectation,
+    human_bytes,
     rewritten_plan,
     shard_of,
     staged_plan_current,
@@ -58,7 +59,6 @@ from reconciler.facts.files import FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
 from reconciler.facts.revisions import is_commit, pinned, revision_dir, short
 from reconciler.nodeside.statedir import StateDir
-from reconciler.progress import human_bytes
 from reconciler.record import Record, field, replace
 from reconciler.repofiles import HubFile
 from reconciler.spec import Deployment, Node
