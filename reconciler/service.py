@@ -87,19 +87,9 @@ class InstallReport:
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": True,
-            "unit_path": self.unit_path,
-            "dry_run": self.dry_run,
-            "changed": self.changed,
-            "written": self.written,
-            "systemd_running": self.systemd_running,
-            "created_dirs": self.created_dirs,
-            "ran": self.ran,
-            "next": self.next_steps,
-            "warnings": self.warnings,
-            "unit": self.unit,
-        }
+        """Every field in order (next_steps as "next"), but the long unit text last."""
+        named = {("next" if key == "next_steps" else key): value for key, value in asdict(self).items()}
+        return {"ok": True, **{key: value for key, value in named.items() if key != "unit"}, "unit": self.unit}
 
 
 def render_unit(settings: UnitSettings) -> str:
