@@ -326,12 +326,8 @@ def _liveness(deployment: Deployment, facts: Facts, transports: dict[str, Transp
 def _components(current: Plan, node: str) -> dict[str, str]:
     """Per component on a node, in one phrase: in sync, blocked, or the FIRST step still to run
     (the one the deployment waits on) and how many follow."""
-    states: dict[str, str] = {
-        item.component: f"in sync: {item.reason}" for item in current.in_sync if item.node == node
-    }
-    for blocker in current.blockers:
-        if blocker.node == node:
-            states[blocker.component] = f"blocked: {blocker.message}"
+    states: dict[str, str] = {ok.component: f"in sync: {ok.reason}" for ok in current.in_sync if ok.node == node}
+    states |= {blocker.component: f"blocked: {blocker.message}" for blocker in current.blockers if blocker.node == node}
     for component, steps in _pending_steps(current, node).items():
         first = steps[0]
         more = f" (+{len(steps) - 1} more step{'s' if len(steps) > 2 else ''})" if len(steps) > 1 else ""
