@@ -263,16 +263,13 @@ def ranks_still_running(deployment: Deployment, facts: Facts) -> list[str]:
 def hold(ctx: ApplyContext) -> None:
     """`stop`: persist the hold on the head (one small write); every converge then keeps the
     group down until `start`."""
-    deployment = ctx.deployment
     content = f'{{"since": "{utc_iso()}", "reason": "reconciler stop"}}\n'
-    path = StateDir(deployment.state_dir).hold
-    ctx.ops(deployment.head.name).write_file(path, content)
+    ctx.ops(ctx.deployment.head.name).write_file(StateDir(ctx.deployment.state_dir).hold, content)
 
 
 def release(ctx: ApplyContext) -> None:
     """`start`: clear the hold, and every recorded guard trip on the nodes that answer."""
-    deployment = ctx.deployment
-    ctx.ops(deployment.head.name).remove_file(StateDir(deployment.state_dir).hold)
+    ctx.ops(ctx.deployment.head.name).remove_file(StateDir(ctx.deployment.state_dir).hold)
     clear_trips(ctx)
 
 
@@ -329,12 +326,8 @@ def _liveness(deployment: Deployment, facts: Facts, transports: dict[str, Transp
 def _components(current: Plan, node: str) -> dict[str, str]:
     """Per component on a node, in one phrase: in sync, blocked, or the FIRST step still to run
     (the one the deployment waits on) and how many follow."""
-    states: dict[str, str] = {
-        item.component: f"in sync: {item.reason}" for item in current.in_sync if item.node == node
-    }
-    for blocker in current.blockers:
-        if blocker.node == node:
-            states[blocker.component] = f"blocked: {blocker.message}"
+    states: dict[str, str] = {ok.component: f"in sync: {ok.reason}" for ok in current.in_sync if ok.node == node}
+    states |= {blocker.component: f"blocked: {blocker.message}" for blocker in current.blockers if blocker.node == node}
     for component, steps in _pending_steps(current, node).items():
         first = steps[0]
         more = f" (+{len(steps) - 1} more step{'s' if len(steps) > 2 else ''})" if len(steps) > 1 else ""

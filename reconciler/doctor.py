@@ -30,7 +30,7 @@ from reconciler.components.fabric import resolve_fabric
 from reconciler.components.ranks import owned_containers
 from reconciler.errors import SshConfigError
 from reconciler.facts.fabric import subnet_mismatches
-from reconciler.facts.gather import NodeProbe, node_facts_from_probe, probe_every_node, with_hub_listing
+from reconciler.facts.gather import NodeProbe, probe_every_node, probe_facts, with_hub_listing
 from reconciler.facts.memory import KIB_PER_GIB
 from reconciler.facts.node import Facts, NodeFacts
 from reconciler.record import replace
@@ -116,7 +116,7 @@ def gather_doctor(deployment: Deployment, transports: dict[str, Transport]) -> D
 
 def doctor_input(deployment: Deployment, probes: dict[str, NodeProbe]) -> DoctorInput:
     """Facts from each node's probe output (pure)."""
-    nodes = {node.name: _node_facts(node, probes[node.name]) for node in deployment.nodes}
+    nodes = {node.name: probe_facts(node, probes[node.name], without_docker=True) for node in deployment.nodes}
     return DoctorInput(probes, Facts(taken_at=utc_iso(), nodes=nodes))
 
 
@@ -130,23 +130,12 @@ def _route(node: Node) -> SshRoute | None:
         return None  # the config changed since the login; the ssh check falls back to the spec
 
 
-def _node_facts(node: Node, probe: NodeProbe) -> NodeFacts:
-    if probe.raw is None:
-        return NodeFacts(reachable=False, error=probe.error)
-    # Everything but Docker is still worth checking when Docker does not answer.
-    raw = probe.raw if probe.docker_error is None else {**probe.raw, "docker": {"containers": [], "images": []}}
-    return node_facts_from_probe(node, raw)
-
-
 # ---------------------------------------------------------------- checks (pure)
 
 
 def check_all(deployment: Deployment, data: DoctorInput) -> Report:
-    report = Report(deployment.name)
-    for _, node in deployment.ranked_nodes:
-        report.checks += node_checks(deployment, node, data)
-    report.checks += cross_node_checks(deployment, data)
-    return report
+    checks = [check for _, node in deployment.ranked_nodes for check in node_checks(deployment, node, data)]
+    return Report(deployment.name, [*checks, *cross_node_checks(deployment, data)])
 
 
 @dataclass(frozen=True)
@@ -258,7 +247,8 @@ def _gpu_driver(subject: _Subject) -> Check:
 def _rdma_port(subject: _Subject) -> Check:
     ports = subject.observed.fabric.ports
     active = [f"{p.hca}/{p.port} ({', '.join(p.netdevs) or 'no netdev'})" for p in ports if p.active]
-    source = _sysfs_note(subject)
+    root = ((subject.probe.raw or {}).get("fabric") or {}).get("sysfs_root")
+    source = f" (sysfs read from {root}, RECONCILER_SYSFS_ROOT)" if root and root != "/sys" else ""
     if active:
         return subject.check("rdma port", "PASS", f"ACTIVE: {', '.join(active)}{source}")
     if ports:
@@ -269,16 +259,11 @@ def _rdma_port(subject: _Subject) -> Check:
     return subject.check("rdma port", "FAIL", f"no RDMA device{source}", fix)
 
 
-def _sysfs_note(subject: _Subject) -> str:
-    root = ((subject.probe.raw or {}).get("fabric") or {}).get("sysfs_root")
-    return f" (sysfs read from {root}, RECONCILER_SYSFS_ROOT)" if root and root != "/sys" else ""
-
-
 def _fabric_address(subject: _Subject) -> Check:
     resolved = resolve_fabric(subject.node, subject.facts)
     if isinstance(resolved, Blocker):
         return subject.check("fabric address", "FAIL", resolved.message, resolved.hint)
-    prefix = subject.observed.fabric.prefixlen if subject.observed.fabric.ip == resolved.ip else None
+    prefix = _prefix(subject.facts, subject.node.name, resolved)
     where = f"{resolved.ip}/{prefix}" if prefix is not None else resolved.ip
     origin = " (from the spec)" if subject.node.fabric.ip or subject.node.fabric.ifname else ""
     return subject.check("fabric address", "PASS", f"{resolved.ifname} {where}{origin}")
@@ -411,18 +396,16 @@ def cross_node_checks(deployment: Deployment, data: DoctorInput) -> list[Check]:
             fabric = resolve_fabric(node, data.facts)
             if not isinstance(fabric, Blocker):
                 resolved[node.name] = fabric
-    missing = [node.name for node in deployment.nodes if node.name not in resolved]
-    checks = [_same_subnet(resolved, data.facts, missing), _mtu(resolved, data.facts, missing)]
+    missing = ", ".join(node.name for node in deployment.nodes if node.name not in resolved)
+    if missing:
+        message = f"not checked: no fabric address on {missing}"
+        checks = [Check(ALL_NODES, name, "WARN", message) for name in ("same subnet", "mtu")]
+    else:
+        checks = [_same_subnet(resolved, data.facts), _mtu(resolved, data.facts)]
     return [*checks, _clock(deployment, data)]
 
 
-def _not_checked(name: str, missing: list[str]) -> Check:
-    return Check(ALL_NODES, name, "WARN", f"not checked: no fabric address on {', '.join(missing)}")
-
-
-def _same_subnet(resolved: dict[str, ResolvedFabric], facts: Facts, missing: list[str]) -> Check:
-    if missing:
-        return _not_checked("same subnet", missing)
+def _same_subnet(resolved: dict[str, ResolvedFabric], facts: Facts) -> Check:
     addresses = {name: (fabric.ip, _prefix(facts, name, fabric)) for name, fabric in resolved.items()}
     problems = subnet_mismatches(addresses)
     if problems:
@@ -439,9 +422,7 @@ def _prefix(facts: Facts, node: str, fabric: ResolvedFabric) -> int | None:
     return detected.prefixlen if detected.ip == fabric.ip else None
 
 
-def _mtu(resolved: dict[str, ResolvedFabric], facts: Facts, missing: list[str]) -> Check:
-    if missing:
-        return _not_checked("mtu", missing)
+def _mtu(resolved: dict[str, ResolvedFabric], facts: Facts) -> Check:
     mtus = {name: _mtu_of(facts, name, fabric) for name, fabric in resolved.items()}
     listed = ", ".join(
         f"{name} {resolved[name].ifname} {mtu if mtu is not None else '?'}" for name, mtu in mtus.items()

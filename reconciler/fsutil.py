@@ -79,33 +79,24 @@ def read_untrusted_text(path: str | os.PathLike[str], *, what: str, limit: int) 
 def _refuse_nul(data: bytes, what: str) -> None:
     offset = data.find(b"\0")
     if offset >= 0:
-        line, column = _position(data, offset)
-        raise UntrustedTextError(
-            f"the {what} contains a NUL byte: it is not a text file",
-            line,
-            column,
-            f"check that the path names the {what}; a NUL byte never belongs in it",
-        )
+        hint = f"check that the path names the {what}; a NUL byte never belongs in it"
+        raise _error_at(data, offset, f"the {what} contains a NUL byte: it is not a text file", hint)
 
 
 def _decode(data: bytes, what: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line, column = _position(data, exc.start)
-        raise UntrustedTextError(
-            f"the {what} is not valid UTF-8 (byte 0x{data[exc.start]:02x})",
-            line,
-            column,
-            "save the file as UTF-8",
-        ) from None
+        message = f"the {what} is not valid UTF-8 (byte 0x{data[exc.start]:02x})"
+        raise _error_at(data, exc.start, message, "save the file as UTF-8") from None
 
 
-def _position(data: bytes, offset: int) -> tuple[int, int]:
-    """1-based line and column (in characters, as YAML and JSON errors count) of a byte offset."""
+def _error_at(data: bytes, offset: int, message: str, hint: str) -> UntrustedTextError:
+    """The refusal of the byte at `offset`, at its 1-based line and column (in characters, as
+    YAML and JSON errors count)."""
     line_start = data.rfind(b"\n", 0, offset) + 1
     column = len(data[line_start:offset].decode("utf-8", errors="replace")) + 1
-    return data.count(b"\n", 0, offset) + 1, column
+    return UntrustedTextError(message, data.count(b"\n", 0, offset) + 1, column, hint)
 
 
 def write_private(path: Path, text: str, *, durable: bool = True) -> None:

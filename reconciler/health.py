@@ -97,11 +97,6 @@ def probe_liveness(ctx: ApplyContext) -> str | None:
     return liveness_problem(ctx.deployment, key)
 
 
-def rank_states(ctx: ApplyContext, ranks: list[tuple[str, str]]) -> dict[str, Any]:
-    """Each rank container's Docker object (None when missing), by name."""
-    return {name: find_container(ctx.transport(node).docker(), name) for node, name in ranks}
-
-
 def _log_tails(states: dict[str, Any]) -> str:
     lines: list[str] = []
     for name, container in states.items():
@@ -167,8 +162,9 @@ def wait_ready(ctx: ApplyContext, wait: WaitReady) -> str:
     deadline = started + wait.timeout_s
     shown = RankLines(ctx)
     while True:
-        # Fresh each poll: the lookup lists with sparse=False, which inspects every container.
-        states = rank_states(ctx, wait.ranks)
+        # Each rank container's Docker object (None when missing), by name; fresh each poll: the
+        # lookup lists with sparse=False, which inspects every container.
+        states = {name: find_container(ctx.transport(node).docker(), name) for node, name in wait.ranks}
         exited = [name for name, container in states.items() if container is None or container.status != "running"]
         if exited:
             summary = ", ".join(f"{name} running={name not in exited}".lower() for name in states)

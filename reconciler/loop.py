@@ -248,7 +248,7 @@ class Loop:
         signal.signal(signal.SIGINT, on_interrupt)
         self._start_threads()
         # Say "starting" at once: the first pass may download for hours before it says more.
-        self._publish_safely()
+        self._publish()
         self.pass_(["start"])
         notify.ready(self.status.line())
         while not self.stopping.is_set():
@@ -288,7 +288,7 @@ class Loop:
         except Exception as exc:  # the loop must outlive any bug in a pass; the journal keeps the detail
             self._failed(f"unexpected {type(exc).__name__}: {exc}", "please report this bug")
         self.status.last_pass = utc_iso()
-        self._publish_safely()
+        self._publish()
 
     def _show(self, before: Plan) -> None:
         if before.has_changes:
@@ -327,17 +327,14 @@ class Loop:
 
     # ---- status ----------------------------------------------------------------------------
 
-    def _publish_safely(self) -> None:
-        try:
-            self._publish()
-        except OSError as exc:  # a full or broken state dir must not end the loop
-            self._log(f"cannot write the status file: {exc}")
-
     def _publish(self) -> None:
         status = self.logic.published()
-        notify.status(status.line())
-        self._log(f"status: {status.line()}")
-        write_status(self.deployment, status)
+        try:
+            notify.status(status.line())
+            self._log(f"status: {status.line()}")
+            write_status(self.deployment, status)
+        except OSError as exc:  # a full or broken state dir must not end the loop
+            self._log(f"cannot write the status file: {exc}")
 
     def _log(self, message: str) -> None:
         self.progress.line(f"[loop] {message}")

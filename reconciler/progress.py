@@ -90,14 +90,12 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is no count")
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
-
-
 def plausible(counter: Counter) -> bool:
     """Whether every count of `counter` is one (rsync's and Docker's numbers come from nodes too)."""
-    counts = (counter.done, counter.total, counter.files_done, counter.files)
-    return all(value is None or _is_count(value) for value in counts)
+    return all(
+        value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT)
+        for value in (counter.done, counter.total, counter.files_done, counter.files)
+    )
 
 
 # Terminal escapes, whole: removing the ESC alone would leave '[31m' behind. CSI (colours, cursor
@@ -201,16 +199,14 @@ def human_duration(seconds: float) -> str:
 
 def describe(counter: Counter, rate: float | None) -> str:
     """'download 41% of 3.0 GB, 1.2 GB/s, ETA 5m, file 3/12 model-00003.safetensors'."""
-    parts = [f"{counter.what} {_amount(counter)}"]
-    if rate is not None:
-        parts.append(f"{human_bytes(rate)}/s")
     eta = eta_s(counter.done, counter.total, rate)
-    if eta is not None:
-        parts.append(f"ETA {human_duration(eta)}")
-    files = _files(counter)
-    if files:
-        parts.append(files)
-    return ", ".join(parts)
+    parts = [
+        f"{counter.what} {_amount(counter)}",
+        f"{human_bytes(rate)}/s" if rate is not None else "",
+        f"ETA {human_duration(eta)}" if eta is not None else "",
+        _files(counter),
+    ]
+    return ", ".join(part for part in parts if part)
 
 
 def _amount(counter: Counter) -> str:
@@ -313,9 +309,7 @@ class PassState:
 
     def line(self) -> str:
         """The one line for STATUS=, the journal and `reconciler status`."""
-        if not self.active:
-            return f"pass in progress: {self.phase}"
-        return "pass in progress: " + " | ".join(step.text() for step in self.active)
+        return "pass in progress: " + (" | ".join(step.text() for step in self.active) or self.phase)
 
     def to_dict(self, updated_at: str) -> dict[str, Any]:
         return {

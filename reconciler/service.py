@@ -87,19 +87,9 @@ class InstallReport:
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": True,
-            "unit_path": self.unit_path,
-            "dry_run": self.dry_run,
-            "changed": self.changed,
-            "written": self.written,
-            "systemd_running": self.systemd_running,
-            "created_dirs": self.created_dirs,
-            "ran": self.ran,
-            "next": self.next_steps,
-            "warnings": self.warnings,
-            "unit": self.unit,
-        }
+        """Every field in order (next_steps as "next"), but the long unit text last."""
+        named = {("next" if key == "next_steps" else key): value for key, value in asdict(self).items()}
+        return {"ok": True, **{key: value for key, value in named.items() if key != "unit"}, "unit": self.unit}
 
 
 def render_unit(settings: UnitSettings) -> str:
@@ -221,11 +211,9 @@ def _extra_writable(deployment: Deployment, home: str) -> list[tuple[str, str]]:
         (str(Path(expand_home(deployment.key_file(), home)).parent), "api.key_file's directory"),
     ]
     unique = {os.path.normpath(path): what for path, what in reversed(wanted)}
-    return sorted((path, what) for path, what in unique.items() if not _is_within(path, home))
-
-
-def _is_within(path: str, directory: str) -> bool:
-    return os.path.commonpath([path, directory]) == os.path.normpath(directory)
+    return sorted(
+        (path, what) for path, what in unique.items() if os.path.commonpath([path, home]) != os.path.normpath(home)
+    )
 
 
 def check_plain(path: str, what: str, hint: str = _MOVE_HINT) -> None:

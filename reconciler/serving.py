@@ -228,23 +228,20 @@ def vllm_argv(deployment: Deployment, rank: int, master_addr: str) -> list[str]:
 
 def rank_env(deployment: Deployment, fabric: ResolvedFabric) -> dict[str, str]:
     """serving.env with this node's fabric pinned, then the user's extras (serving.extra_env)."""
-    env = dict(deployment.serving.env)
-    env.update(
-        {
-            "NCCL_IB_GID_INDEX": str(fabric.gid_index),
-            "NCCL_IB_HCA": ",".join(fabric.hcas),
-            "NCCL_SOCKET_IFNAME": fabric.ifname,
-            "GLOO_SOCKET_IFNAME": fabric.ifname,
-            "ST_EXL3_PLAN": f"/plans/{deployment.model.exl3_plan}",
-            "VLLM_HOST_IP": fabric.ip,
-        }
-    )
+    env = {
+        **deployment.serving.env,
+        "NCCL_IB_GID_INDEX": str(fabric.gid_index),
+        "NCCL_IB_HCA": ",".join(fabric.hcas),
+        "NCCL_SOCKET_IFNAME": fabric.ifname,
+        "GLOO_SOCKET_IFNAME": fabric.ifname,
+        "ST_EXL3_PLAN": f"/plans/{deployment.model.exl3_plan}",
+        "VLLM_HOST_IP": fabric.ip,
+    }
     if not fabric.hcas:
         # No RoCE device proven to carry the fabric address: let NCCL choose rather than
         # pin a wrong HCA list, which ends in QP timeouts.
         del env["NCCL_IB_HCA"]
-    env.update(deployment.serving.extra_env)
-    return env
+    return {**env, **deployment.serving.extra_env}
 
 
 def rank_mounts(deployment: Deployment, rank: int, context: NodeContext, head_home: str) -> tuple[Mount, ...]:

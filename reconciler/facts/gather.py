@@ -118,12 +118,11 @@ def _checkpoint(model_dir: str, raw: dict[str, Any]) -> CheckpointFacts:
     digests = _Digests(raw.get("hash_cache"))
     revisions = {commit: digests.tree(tree) for commit, tree in dict(state.get("revisions") or {}).items()}
     legacy = state.get("legacy")
-    legacy_commit = state.get("legacy_commit")
     return CheckpointFacts(
         revisions=revisions,
         link=_linked_commit(state.get("link"), model_dir, revisions),
         legacy=digests.tree(legacy) if isinstance(legacy, dict) else None,
-        legacy_commit=legacy_commit if isinstance(legacy_commit, str) else None,
+        legacy_commit=text_or_none(state.get("legacy_commit")),
         record=_state_file(CheckpointRecord, state.get("record"), None),
         disk_free=raw.get("disk_free") if isinstance(raw.get("disk_free"), int) else None,
         hub=_cached_listings(raw.get("hub_listings")),
@@ -183,11 +182,10 @@ def _cached_listings(raw: object) -> dict[str, HubFacts]:
 
 def _guard(raw: dict[str, Any]) -> GuardFacts:
     config = raw.get("guard_config")
-    config_hash = config.get("config_hash") if isinstance(config, dict) else None
     unreadable = GuardTrip(at="unknown (memguard.trip.json is unreadable)", mem_available_gib=0.0, floor_gib=0.0)
     return GuardFacts(
         running=bool(raw.get("guard_running")),
-        config_hash=config_hash if isinstance(config_hash, str) else None,
+        config_hash=text_or_none(config.get("config_hash")) if isinstance(config, dict) else None,
         trip=_state_file(GuardTrip, raw.get("guard_trip"), unreadable),
     )
 
@@ -252,16 +250,22 @@ def _probe(deployment: Deployment, node: Node, transport: Transport, *, doctor: 
 
 def gather(deployment: Deployment, transports: dict[str, Transport], *, update_revision: bool = False) -> Facts:
     """Probe all nodes at once; an unreachable node becomes facts saying so, not an exception."""
-    nodes = {
-        name: node_facts_from_probe(deployment.node(name), probe.raw)
-        if probe.raw is not None
-        else NodeFacts(reachable=False, error=probe.error)
-        for name, probe in probe_every_node(deployment, transports).items()
-    }
+    probes = probe_every_node(deployment, transports)
+    nodes = {name: probe_facts(deployment.node(name), probe) for name, probe in probes.items()}
     head = deployment.head.name
     nodes[head] = with_hub_listing(deployment, nodes[head], transports[head], update_revision=update_revision)
     pi = gather_pi(deployment.pi.provider) if deployment.pi.enabled else None  # this machine's Pi, local files
     return Facts(taken_at=utc_iso(), nodes=nodes, pi=pi)
+
+
+def probe_facts(node: Node, probe: NodeProbe, *, without_docker: bool = False) -> NodeFacts:
+    """The facts from one probe: a node whose probe failed is unreachable. `without_docker` (the
+    doctor) reads the rest of the answer when Docker alone did not answer, to check it all."""
+    if probe.raw is None:
+        return NodeFacts(reachable=False, error=probe.error)
+    if without_docker and probe.docker_error is not None:
+        return node_facts_from_probe(node, {**probe.raw, "docker": {"containers": [], "images": []}})
+    return node_facts_from_probe(node, probe.raw)
 
 
 def with_hub_listing(

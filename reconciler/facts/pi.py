@@ -110,8 +110,7 @@ def pi_status(provider: str) -> dict[str, Any]:
     path, package = locate_pi()
     facts = pi_facts_from_files(pi_files.read_files(directory, provider), provider, path, package)
     entry = facts.provider or {}
-    recorded = (facts.manifest or {}).get("key_env")
-    key_env = pi_config.key_env_of(entry.get("apiKey")) or (recorded if isinstance(recorded, str) else None)
+    key_env = pi_config.key_env_of(entry.get("apiKey")) or text_or_none((facts.manifest or {}).get("key_env"))
     expected = (
         pi_config.sha256(pi_config.extension_text(provider, key_env))
         if key_env and pi_config.is_env_name(key_env)
