@@ -132,12 +132,11 @@ def placements(deployment: Deployment, facts: Facts, commit: str | None) -> dict
         serving, _ = view.serving()
         # Without a revision to serve, a node that has no revisions yet serves model_dir itself.
         chosen = commit if commit is not None else serving if view.observed.link is not None else None
-        if chosen is not None:
-            found[view.node.name] = Placement(
-                revision_dir(view.model_dir, chosen), view.layout.plans_of(chosen), chosen
-            )
-        else:
-            found[view.node.name] = Placement(view.model_dir, view.layout.plans, serving)
+        found[view.node.name] = (
+            Placement(revision_dir(view.model_dir, chosen), view.layout.plans_of(chosen), chosen)
+            if chosen is not None
+            else Placement(view.model_dir, view.layout.plans, serving)
+        )
     return found
 
 
@@ -253,11 +252,7 @@ def _plan_node(steps: _NodeSteps) -> Staging:
         payload_assemble = Reassemble(
             model_dir=target,
             shards=[
-                Shard(
-                    name=name,
-                    sha256=expect.hashes.get(name),
-                    parts=sorted(p for p in listing.files if shard_of(p) == name) if name in fetch else [],
-                )
+                Shard(name=name, sha256=expect.hashes.get(name), parts=_parts(listing, name) if name in fetch else [])
                 for name in assemble
             ],
             keep_parts=deployment.model.keep_parts,
@@ -409,10 +404,15 @@ def repo_files(names: list[str], listing: HubFacts) -> list[HubFile]:
     files: list[HubFile] = []
     for name in names:
         if name in PARTED_SHARDS:
-            files += [listing.files[path] for path in sorted(listing.files) if shard_of(path) == name]
+            files += [listing.files[path] for path in _parts(listing, name)]
         elif name in listing.files:
             files.append(listing.files[name])
     return files
+
+
+def _parts(listing: HubFacts, shard: str) -> list[str]:
+    """The repo paths of a parted shard's `.partNN` files, in order."""
+    return sorted(path for path in listing.files if shard_of(path) == shard)
 
 
 # Files the engine never reads: a bad byte in one cannot have reached a running group.

@@ -19,10 +19,7 @@ COMPONENT = Component.IMAGE
 def plan_image(deployment: Deployment, facts: Facts) -> Outcome:
     outcome = Outcome()
     ref = deployment.image.ref
-    for _, node in deployment.ranked_nodes:
-        observed = facts.nodes[node.name]
-        if not observed.reachable:
-            continue
+    for _, node, observed in facts.answering(deployment.ranked_nodes):
         if ref in observed.images:
             outcome.in_sync.append(InSync(node.name, COMPONENT, f"{short_ref(ref)} present"))
             continue

@@ -56,9 +56,8 @@ def plan_memguard(deployment: Deployment, facts: Facts) -> Outcome:
     guard = deployment.memguard
     wanted = guard_config_hash(deployment)
     # Workers' guards start first and the head's last, the order the ranks start in.
-    for _, node in [*deployment.ranked_nodes[1:], deployment.ranked_nodes[0]]:
-        observed = facts.nodes[node.name]
-        if not observed.reachable or observed.home is None:
+    for _, node, observed in facts.answering([*deployment.ranked_nodes[1:], deployment.ranked_nodes[0]]):
+        if observed.home is None:
             continue
         state_dir = expand_home(deployment.state_dir, observed.home)
         running = observed.guard.running

@@ -190,24 +190,20 @@ def _names_taken(deployment: Deployment, facts: Facts) -> list[Blocker]:
     """A rank's container name held by a container that is not ours: Docker would refuse our
     create, and the reconciler never touches what it does not own, so the owner must decide."""
     blockers = []
-    for rank, node in deployment.ranked_nodes:
-        observed = facts.nodes[node.name]
-        if not observed.reachable:  # node_contexts says so already
-            continue
+    for rank, node, observed in facts.answering(deployment.ranked_nodes):  # node_contexts blocks the rest
         name = container_name(deployment, rank)
         owned = {container.id for container in owned_containers(deployment, facts, node.name)}
-        squatters = [c for c in observed.containers if c.name == name and c.id not in owned]
-        if squatters:
-            blockers.append(
-                Blocker(
-                    node.name,
-                    COMPONENT,
-                    f"a container named {name} is not the reconciler's ({squatters[0].status}, image "
-                    f"{squatters[0].image[:80]}): rank {rank} cannot be created beside it",
-                    f"remove or rename it (`docker rm -f {name}` on {node.name}) if it is not needed, "
-                    "or give the deployment another `name:`; it is never touched by the reconciler",
-                )
+        squatter = next((c for c in observed.containers if c.name == name and c.id not in owned), None)
+        if squatter is not None:
+            message = (
+                f"a container named {name} is not the reconciler's ({squatter.status}, image "
+                f"{squatter.image[:80]}): rank {rank} cannot be created beside it"
             )
+            hint = (
+                f"remove or rename it (`docker rm -f {name}` on {node.name}) if it is not needed, "
+                "or give the deployment another `name:`; it is never touched by the reconciler"
+            )
+            blockers.append(Blocker(node.name, COMPONENT, message, hint))
     return blockers
 
 
@@ -241,9 +237,7 @@ def hold_reasons(deployment: Deployment, facts: Facts) -> list[str]:
 def _stop_running(deployment: Deployment, facts: Facts, cause: str) -> list[Action]:
     """Stop (not remove) running ranks: a held group keeps its containers for `logs`."""
     actions: list[Action] = []
-    for _, node in deployment.ranked_nodes:
-        if not facts.nodes[node.name].reachable:
-            continue
+    for _, node, _ in facts.answering(deployment.ranked_nodes):
         for container in owned_containers(deployment, facts, node.name):
             if container.status == "running":
                 summary = f"stop {container.name} (kept for `reconciler logs`)"

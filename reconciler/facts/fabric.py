@@ -20,7 +20,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydantic import Field
@@ -118,10 +118,8 @@ def _json_or_lines(
 
 
 def _port_from_json(item: dict[str, Any]) -> RdmaPort:
-    netdev = item.get("netdev")
-    return RdmaPort(
-        hca=str(item["ifname"]), port=int(item.get("port", 1)), state=str(item.get("state", "")), netdevs=_list(netdev)
-    )
+    port, state, netdevs = int(item.get("port", 1)), str(item.get("state", "")), _list(item.get("netdev"))
+    return RdmaPort(hca=str(item["ifname"]), port=port, state=state, netdevs=netdevs)
 
 
 def _port_from_line(line: str) -> RdmaPort | None:
@@ -161,14 +159,9 @@ def _netdev_from_brief(line: str) -> Netdev | None:
     if len(tokens) < 2 or line.startswith(("$", " ")):
         return None
     name = tokens[0].split("@", 1)[0]
-    return Netdev(name, tokens[1] == "UP", None, tuple(_ipv4_cidrs(tokens[2:])))
-
-
-def _ipv4_cidrs(tokens: Iterable[str]) -> Iterable[Address]:
-    for token in tokens:
-        ip, slash, prefix = token.partition("/")
-        if slash and prefix.isdigit() and _is_ipv4(ip):
-            yield Address(ip, int(prefix))
+    cidrs = (token.partition("/") for token in tokens[2:])
+    addresses = (Address(ip, int(prefix)) for ip, slash, prefix in cidrs if slash and prefix.isdigit() and _is_ipv4(ip))
+    return Netdev(name, tokens[1] == "UP", None, tuple(addresses))
 
 
 def _is_ipv4(text: str) -> bool:
@@ -204,12 +197,9 @@ def merge_ports(sysfs: list[RdmaPort], rdma: list[RdmaPort]) -> list[RdmaPort]:
     (a device's `device/net` lists every netdev of its PCI function)."""
     by_key = {(port.hca, port.port): port for port in sysfs}
     for port in rdma:
-        known = by_key.get((port.hca, port.port))
-        if known is None:
-            by_key[(port.hca, port.port)] = port
-        else:
-            update = {"netdevs": port.netdevs or known.netdevs, "state": known.state or port.state}
-            by_key[(port.hca, port.port)] = known.model_copy(update=update)
+        known = by_key.get((port.hca, port.port), port)  # a port sysfs lacks is taken as `rdma link` shows it
+        update = {"netdevs": port.netdevs or known.netdevs, "state": known.state or port.state}
+        by_key[(port.hca, port.port)] = known.model_copy(update=update)
     return sorted(by_key.values(), key=lambda port: (_natural(port.hca), port.port))
 
 

@@ -10,8 +10,9 @@ import json
 import re
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from pydantic import Field, ValidationError
 
@@ -23,6 +24,9 @@ from reconciler.facts.files import CheckpointFacts, KeyFileFacts
 from reconciler.facts.memory import GuardFacts, MemoryFacts
 from reconciler.facts.pi import PiFacts
 from reconciler.fsutil import read_untrusted_text
+
+if TYPE_CHECKING:
+    from reconciler.spec import Node
 
 
 class Hold(FactsModel):
@@ -76,6 +80,10 @@ class Facts(FactsModel):
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2, exclude_defaults=True) + "\n"
+
+    def answering(self, ranked: Iterable[tuple[int, Node]]) -> list[tuple[int, Node, NodeFacts]]:
+        """The nodes that answered, each with what it said, in the order given."""
+        return [(rank, node, self.nodes[node.name]) for rank, node in ranked if self.nodes[node.name].reachable]
 
 
 # A snapshot of two nodes is about 16 KB. The cap bounds what parsing builds: small JSON values

@@ -139,16 +139,12 @@ class Linked(TypedDict):
     linked: int
 
 
-class SwitchRequired(ModelDirArgs):
-    target: str
-
-
-class SwitchArgs(SwitchRequired, total=False):
-    legacy_to: str | None
-
-
 class Switched(ModelDirArgs):
     target: str
+
+
+class SwitchArgs(Switched, total=False):
+    legacy_to: str | None
 
 
 class RemoveRevisionsRequired(ModelDirArgs):
@@ -322,7 +318,7 @@ def hash_files(args: HashFilesArgs) -> dict[str, str | None]:
         except OSError:
             continue
         keys[relative] = [info.st_size, info.st_mtime_ns, info.st_ino]
-    by_inode = {tuple(entry[:3]): entry[3] for entry in cache.values() if isinstance(entry, list) and len(entry) == 4}
+    by_inode = {tuple(entry[:3]): entry[3] for entry in cache.values()}  # _load_cache kept only whole entries
     for name, key in keys.items():
         # A file hardlinked into another revision: same inode, size and mtime, so the same bytes.
         if not deep and (cache.get(f"{root}/{name}") or [])[:3] != key and tuple(key) in by_inode:

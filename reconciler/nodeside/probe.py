@@ -48,10 +48,8 @@ def read_text(path: str, limit: int = MAX_PLAN_BYTES) -> str | None:
 
 def read_json(path: str) -> Any:
     text = read_text(path)
-    if text is None:
-        return None
     try:
-        return json.loads(text)
+        return None if text is None else json.loads(text)
     except ValueError:
         return None
 

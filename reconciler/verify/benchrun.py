@@ -208,27 +208,19 @@ def timed_stream(target: ApiTarget, path: str, body: JsonObject) -> benchmark.St
     return slotted_streams(target, path, [[body]])[1][0][0]
 
 
-async def _streams(
-    target: ApiTarget, path: str, bodies: list[JsonObject], clock: Callable[[], float]
-) -> list[benchmark.Stream]:
-    """The streams sent together, each on its own connection, all read by one event loop."""
-    _origin, rows = await _slotted(target, path, [bodies], clock)
-    return rows[0]
-
-
 def slotted_streams(
-    target: ApiTarget, path: str, bodies: list[list[JsonObject]]
+    target: ApiTarget, path: str, bodies: list[list[JsonObject]], clock: Callable[[], float] = time.perf_counter
 ) -> tuple[float, list[list[benchmark.Stream]]]:
     """(when the first request left, streams[rep][slot]): each slot sends its column of
-    `bodies` back to back, all slots at once, all read by one event loop."""
-    return asyncio.run(_slotted(target, path, bodies, time.perf_counter))
+    `bodies` back to back, each on its own connection, all slots at once, all read by one event loop."""
+    return asyncio.run(_slotted(target, path, bodies, clock))
 
 
 async def _slotted(
     target: ApiTarget, path: str, bodies: list[list[JsonObject]], clock: Callable[[], float]
 ) -> tuple[float, list[list[benchmark.Stream]]]:
     slots = len(bodies[0])
-    contents = [[_encoded(body) for body in row] for row in bodies]
+    contents = [[json.dumps(body).encode() for body in row] for row in bodies]
     async with async_client(target, connections=slots) as http:
         await _open_connections(http, slots)
 
@@ -249,10 +241,6 @@ async def _open_connections(http: httpx.AsyncClient, count: int) -> None:
     for answer in answers:
         if answer.status_code != 200:
             raise BenchError(f"GET /v1/models: {error_text(answer)}", "check `reconciler logs r0`")
-
-
-def _encoded(body: JsonObject) -> bytes:
-    return json.dumps(body).encode()
 
 
 async def _timed_reads(

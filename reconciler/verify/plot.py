@@ -151,11 +151,6 @@ def _date(started: Any) -> str:
         return str(started or "date unknown")
 
 
-def _decode_cap(report: Report) -> str:
-    cap = report["settings"].get("max_tokens")
-    return f"decode output capped at {cap} tokens" if cap else "decode output uncapped"
-
-
 # --- one run ------------------------------------------------------------------------------------
 
 Panel = Callable[["Axes", Report], None]
@@ -165,12 +160,12 @@ def report_figure(report: Report) -> Figure:
     panels = [draw for part, draw in PANELS.items() if report["summary"][part]]
     figure, axes = _figure([5.0] * max(1, len(panels)))
     label, model = report.get("label") or "", report.get("model") or "?"
-    reps = report["settings"].get("reps")
+    reps, cap = report["settings"].get("reps"), report["settings"].get("max_tokens")
     about = (
         _date(report.get("started")),
         report.get("url"),
         f"{reps} repetitions" if reps else "",
-        _decode_cap(report),
+        f"decode output capped at {cap} tokens" if cap else "decode output uncapped",
     )
     _heading(
         figure,

@@ -240,18 +240,16 @@ def _quoted(content: str, body: object) -> str:
 # --- requests (I/O) ---------------------------------------------------------------------------
 
 
+@dataclass
 class _Probe:
     """One smoke run's connection, model and the text answer the reasoning check reuses."""
 
-    def __init__(
-        self, http: httpx.Client, target: ApiTarget, max_tokens: int | None = None, timeout_s: float = 30.0
-    ) -> None:
-        self.http = http
-        self.target = target
-        self.model = target.model
-        self.max_tokens = max_tokens
-        self.timeout_s = timeout_s
-        self._text: Any = None
+    http: httpx.Client
+    target: ApiTarget
+    model: str | None  # the target's, else the first /v1/models lists
+    max_tokens: int | None
+    timeout_s: float
+    _text: Any = None
 
     def body(self, content: object, max_tokens: int | None, **extra: object) -> JsonObject:
         body: JsonObject = {"messages": [{"role": "user", "content": content}], "temperature": 0, **extra}
@@ -339,7 +337,7 @@ def run_smoke(
     fails the check instead of holding the caller).
     """
     with client(target, timeout=timeout_s) as http:
-        probe = _Probe(http, target, max_tokens, timeout_s)
+        probe = _Probe(http, target, target.model, max_tokens, timeout_s)
         results = tuple(_run_check(probe, name) for name in check_names(checks))
     return SmokeReport(target.url, probe.model or "", results)
 

@@ -139,7 +139,7 @@ def test_each_chunk_is_timed_by_the_read_that_brought_it_while_the_other_stream_
     url, clock, state = lockstep_server
     target = ApiTarget(url, KEY, "m")
     bodies: list[dict[str, Any]] = [{"model": "m", "prompt": name, "stream": True} for name in ("a", "b")]
-    streams = asyncio.run(benchrun._streams(target, "/v1/completions", bodies, clock))
+    _origin, (streams,) = benchrun.slotted_streams(target, "/v1/completions", [bodies], clock)
     assert state.stalled is False  # the client never left a sent chunk unread
     for name, stream in zip(("a", "b"), streams, strict=True):
         sent = state.sent_at[name]
