@@ -423,8 +423,7 @@ def guard_start(args: GuardStartArgs) -> GuardStarted:
     atomic_write(layout.guard_program, args["program"].encode())
     atomic_write(layout.guard_config, json.dumps(args["config"]).encode())
     if args.get("clear_trip"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(layout.guard_trip)
+        remove_file({"path": layout.guard_trip})
     process = subprocess.Popen(
         [sys.executable, layout.guard_program, state_dir],
         stdin=subprocess.DEVNULL,
@@ -440,8 +439,7 @@ def guard_start(args: GuardStartArgs) -> GuardStarted:
 def guard_stop(args: StateDirArgs) -> GuardStopped:
     pid_file = StateDir(os.path.expanduser(args["state_dir"])).guard_pid
     stopped = stop_pid(pid_file)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(pid_file)
+    remove_file({"path": pid_file})
     return {"stopped": stopped}
 
 

@@ -111,10 +111,9 @@ def list_dir(path: str) -> list[str]:
 
 
 def find_tool(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    return next((path for d in TOOL_DIRS if os.access(path := os.path.join(d, name), os.X_OK)), None)
+    return shutil.which(name) or next(
+        (path for d in TOOL_DIRS if os.access(path := os.path.join(d, name), os.X_OK)), None
+    )
 
 
 def run_tool(argv: list[str]) -> tuple[str | None, str | None]:
