@@ -316,14 +316,13 @@ def _install_settings(
     """Adds the settings' changes; returns what the install record keeps of them (enabled model, defaults)."""
     from reconciler.pi import jsonc
 
-    data = load_object(files, SETTINGS)
+    data = load_object(files, SETTINGS) or {}
     original = files.text(SETTINGS) or _EMPTY_SETTINGS
-    text, messages, enabled_model = _install_enabled(original, data or {}, files, target, record)
+    text, messages, enabled_model = _install_enabled(original, data, files, target, record)
     defaults = record.get("defaults")
-    current = tuple((data or {}).get(key) for key in _DEFAULT_KEYS)
-    if target.set_default and current != (target.provider, target.model_id):
+    if target.set_default and tuple(data.get(key) for key in _DEFAULT_KEYS) != (target.provider, target.model_id):
         if defaults is None:
-            defaults = {"previous": {key: (data or {})[key] for key in _DEFAULT_KEYS if key in (data or {})}}
+            defaults = {"previous": {key: data[key] for key in _DEFAULT_KEYS if key in data}}
         text = jsonc.set_member(text, (), "defaultProvider", target.provider)
         text = jsonc.set_member(text, (), "defaultModel", target.model_id)
         messages.append(f"{SETTINGS}: default model set to {target.model_ref}")
