@@ -267,9 +267,7 @@ def _key_text(event: yaml.NodeEvent, mark: Mark, path: Path) -> str:
 
 
 def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    return "a boolean" if isinstance(value, bool) else "a number"
+    return "null" if value is None else "a boolean" if isinstance(value, bool) else "a number"
 
 
 def _resolve(event: yaml.ScalarEvent, mark: Mark, path: Path) -> Any:
