@@ -65,8 +65,7 @@ def draft(request: InitRequest, probed: list[Probed], *, schema_ref: str | None 
 
 def _header(out: Lines, schema_ref: str | None, count: int) -> None:
     if schema_ref is not None:
-        out.raw(f"# yaml-language-server: $schema={schema_ref}")
-        out.raw("#")
+        out.raw(f"# yaml-language-server: $schema={schema_ref}", "#")
     out.comment(
         0,
         f"Written by `reconciler init` from what it found on the {count} nodes. Each value says why it was "
@@ -241,7 +240,7 @@ def _fabric_address_undecided(out: Lines, fabric: FabricFacts, ifname: str, here
         f"{here}.ip",
         f"{problem or fabric.problem or 'no address'}. Uncomment the address the other nodes reach (same subnet):",
     )
-    out.lines += [f"      # ip: {scalar(candidate)}" for candidate in fabric.candidates]
+    out.raw(*(f"      # ip: {scalar(candidate)}" for candidate in fabric.candidates))
 
 
 def _fabric_decided(out: Lines, fabric: FabricFacts, ifname: str, ip: str, here: str) -> None:
@@ -288,8 +287,7 @@ def _fabric_undecided(out: Lines, fabric: FabricFacts, here: str, bad_ifname: st
             f"{fabric.problem}. Uncomment `fabric:` and the one interface cabled to the other nodes (the same QSFP "
             "port on every node); its address and HCAs follow from it:",
         )
-        out.raw("    # fabric:")
-        out.lines += [f"    #   ifname: {scalar(candidate)}" for candidate in fabric.candidates]
+        out.raw("    # fabric:", *(f"    #   ifname: {scalar(candidate)}" for candidate in fabric.candidates))
         return
     if bad_ifname is not None:
         what = f"the node reports a fabric interface the spec refuses ({bad_ifname}). Fill in"
@@ -297,9 +295,7 @@ def _fabric_undecided(out: Lines, fabric: FabricFacts, here: str, bad_ifname: st
         problem = fabric.problem or "no fabric interface detected"
         what = f"{problem}. Fix the link and run `reconciler init` again, or fill in"
     out.review(4, here, f"{what} the QSFP port and its address (`rdma link`, `ip -br addr`):")
-    out.raw("    # fabric:")
-    out.raw("    #   ifname: <the interface, e.g. enp1s0f1np1>")
-    out.raw("    #   ip: <its IPv4>")
+    out.raw("    # fabric:", "    #   ifname: <the interface, e.g. enp1s0f1np1>", "    #   ip: <its IPv4>")
 
 
 def _memory(out: Lines, facts: NodeFacts, where: str) -> None:
