@@ -173,8 +173,8 @@ def _ssh(subject: _Subject) -> Check:
         return subject.check("ssh", "PASS", "the machine running the reconciler (no ssh: in the spec)")
     route = subject.probe.route
     if route is None:
-        where = f"{target.user + '@' if target.user else ''}{target.host}:{target.port}"
-        return subject.check("ssh", "PASS", f"{where} answered; host keys match {target.known_hosts}")
+        message = f"{target.login}:{target.port} answered; host keys match {target.known_hosts}"
+        return subject.check("ssh", "PASS", message)
     message = f"{route.describe()} answered; host keys match {', '.join(route.known_hosts)}"
     if route.entries:
         message += f"; ssh config: {'; '.join(route.entries)}"

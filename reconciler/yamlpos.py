@@ -116,9 +116,7 @@ class _SourceMark(Protocol):
 
 
 def _to_mark(mark: _SourceMark | None) -> Mark:
-    if mark is None:
-        return Mark(1, 1)
-    return Mark(mark.line + 1, mark.column + 1)
+    return Mark(1, 1) if mark is None else Mark(mark.line + 1, mark.column + 1)
 
 
 class _Open(MutableRecord):
@@ -269,9 +267,7 @@ def _key_text(event: yaml.NodeEvent, mark: Mark, path: Path) -> str:
 
 
 def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    return "a boolean" if isinstance(value, bool) else "a number"
+    return "null" if value is None else "a boolean" if isinstance(value, bool) else "a number"
 
 
 def _resolve(event: yaml.ScalarEvent, mark: Mark, path: Path) -> Any:
@@ -289,8 +285,17 @@ def _resolve_plain(text: str, mark: Mark, path: Path) -> Any:
     if text in _CONSTANTS:
         return _CONSTANTS[text]
     for pattern, prefix, base in ((_INT_DECIMAL, 0, 10), (_INT_OCTAL, 2, 8), (_INT_HEX, 2, 16)):
-        if pattern.fullmatch(text):
-            return _integer(text, prefix, base, mark, path)
+        if not pattern.fullmatch(text):
+            continue
+        digits = text[prefix:].lstrip("+-")
+        if len(digits) > MAX_INT_DIGITS:
+            raise YamlError(
+                f"an integer of {len(digits)} digits is too large for any setting",
+                mark,
+                "write the intended number; quote it if it is meant as a string",
+                path,
+            )
+        return int(text[prefix:], base)
     if _FLOAT.fullmatch(text):
         return float(text)
     if _INFINITY.fullmatch(text):
@@ -298,18 +303,6 @@ def _resolve_plain(text: str, mark: Mark, path: Path) -> Any:
     if _NAN.fullmatch(text):
         return float("nan")
     return text
-
-
-def _integer(text: str, prefix: int, base: int, mark: Mark, path: Path) -> int:
-    digits = text[prefix:].lstrip("+-")
-    if len(digits) > MAX_INT_DIGITS:
-        raise YamlError(
-            f"an integer of {len(digits)} digits is too large for any setting",
-            mark,
-            "write the intended number; quote it if it is meant as a string",
-            path,
-        )
-    return int(text[prefix:], base)
 
 
 def _check_string(text: str, mark: Mark, path: Path) -> None:

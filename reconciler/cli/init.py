@@ -157,12 +157,10 @@ def _report(out: Path, drafted: Draft, probed: list[Probed], steps: list[str]) -
 
 
 def _render(out: Path, drafted: Draft, probed: list[Probed], steps: list[str]) -> str:
-    from reconciler.init import login
-
     lines = [f"Probed {len(probed)} nodes:"]
     for name, item in zip(drafted.names, probed, strict=True):
         fabric = item.facts.fabric
-        where = "this machine" if item.target is None else login(item.target)
+        where = "this machine" if item.target is None else item.target.login
         found = f"{fabric.ifname} {fabric.ip}" if fabric.ifname and fabric.ip else "fabric undecided"
         lines.append(f"  {name:<16} {item.role:<7} {where:<24} {found}")
     lines.append(f"Wrote {out}.")

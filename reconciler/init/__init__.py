@@ -23,7 +23,6 @@ from reconciler.init.request import InitRequest as InitRequest
 from reconciler.init.request import Probed as Probed
 from reconciler.init.request import check_distinct as check_distinct
 from reconciler.init.request import checked_model_dir as checked_model_dir
-from reconciler.init.request import login as login
 from reconciler.init.request import probed_from_answers as probed_from_answers
 from reconciler.init.request import provisional as provisional
 from reconciler.init.request import ssh_target as ssh_target

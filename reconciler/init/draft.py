@@ -20,7 +20,7 @@ from reconciler.facts.fabric import FabricFacts, subnet_mismatches
 from reconciler.facts.memory import KIB_PER_GIB
 from reconciler.facts.node import NodeFacts
 from reconciler.init.probe import leads_to
-from reconciler.init.request import DEFAULT_STATE_DIR, REVIEW, InitRequest, Probed, login
+from reconciler.init.request import DEFAULT_STATE_DIR, REVIEW, InitRequest, Probed
 from reconciler.init.yamltext import Lines, Note, flow_scalar, scalar, single_line
 from reconciler.spec import (
     REFERENCE_IMAGE,
@@ -65,8 +65,7 @@ def draft(request: InitRequest, probed: list[Probed], *, schema_ref: str | None 
 
 def _header(out: Lines, schema_ref: str | None, count: int) -> None:
     if schema_ref is not None:
-        out.raw(f"# yaml-language-server: $schema={schema_ref}")
-        out.raw("#")
+        out.raw(f"# yaml-language-server: $schema={schema_ref}", "#")
     out.comment(
         0,
         f"Written by `reconciler init` from what it found on the {count} nodes. Each value says why it was "
@@ -120,7 +119,7 @@ def _node(out: Lines, request: InitRequest, item: Probed, name: str, why: str) -
 
 
 def _who(item: Probed) -> str:
-    reached = "this machine (no ssh:)" if item.target is None else f"{login(item.target)} over SSH"
+    reached = "this machine (no ssh:)" if item.target is None else f"{item.target.login} over SSH"
     facts = item.facts
     user = f" ({item.user}'s)" if item.user else ""
     home = f"home {facts.home}{user}" if facts.home else "home unknown"
@@ -191,23 +190,19 @@ def _model_dir(out: Lines, request: InitRequest, item: Probed, where: str) -> No
         if item.role == "head"
         else "the checkpoint is copied here"
     )
-    if free is None or free < 0:
+    if free is not None and free >= need:
+        out.comment(4, f"detected: {human_bytes(free)} free at {path}; {what} (~{human_bytes(need)})")
+    elif free is None or free < 0:
         # A negative count is no measurement (a failed statvfs, a broken probe): unknown, not "too little".
         said = "" if free is None else f" (the node reported {free})"
-        out.review(
-            4,
-            f"{where}.model_dir",
-            f"free space at {path} unknown{said}; {what} (~{human_bytes(need)})",
-        )
-    elif free < need:
+        out.review(4, f"{where}.model_dir", f"free space at {path} unknown{said}; {what} (~{human_bytes(need)})")
+    else:
         out.review(
             4,
             f"{where}.model_dir",
             f"only {human_bytes(free)} free at {path}; {what} and needs ~{human_bytes(need)}. Point model_dir at a "
             "larger disk: edit it here, or move this file aside and run init again with --model-dir PATH.",
         )
-    else:
-        out.comment(4, f"detected: {human_bytes(free)} free at {path}; {what} (~{human_bytes(need)})")
     out.key(4, "model_dir", request.model_dir)
 
 
@@ -245,7 +240,7 @@ def _fabric_address_undecided(out: Lines, fabric: FabricFacts, ifname: str, here
         f"{here}.ip",
         f"{problem or fabric.problem or 'no address'}. Uncomment the address the other nodes reach (same subnet):",
     )
-    out.lines += [f"      # ip: {scalar(candidate)}" for candidate in fabric.candidates]
+    out.raw(*(f"      # ip: {scalar(candidate)}" for candidate in fabric.candidates))
 
 
 def _fabric_decided(out: Lines, fabric: FabricFacts, ifname: str, ip: str, here: str) -> None:
@@ -257,20 +252,16 @@ def _fabric_decided(out: Lines, fabric: FabricFacts, ifname: str, ip: str, here:
     bad_hcas = refused("hcas", fabric.hcas) if fabric.hcas else None
     if fabric.hcas and bad_hcas is None:
         out.raw(f"      hcas: [{', '.join(flow_scalar(hca) for hca in fabric.hcas)}]")
-    elif bad_hcas is not None:
-        out.review(
-            6,
-            f"{here}.hcas",
-            f"the node reports HCAs the spec refuses ({bad_hcas}), so NCCL_IB_HCA stays unset (NCCL chooses). "
-            "List the RDMA devices by hand (`rdma link`): hcas: [...].",
-        )
     else:
+        unset = "so NCCL_IB_HCA stays unset (NCCL chooses)"
         out.review(
             6,
             f"{here}.hcas",
-            f"no ACTIVE port's GID {GID_INDEX} holds ::ffff:{ip}, so NCCL_IB_HCA stays unset (NCCL chooses). "
-            f"Find the GID index holding it (`cat /sys/class/infiniband/*/ports/1/gids/*`) and set gid_index, or "
-            "list hcas: [...] by hand.",
+            f"the node reports HCAs the spec refuses ({bad_hcas}), {unset}. List the RDMA devices by hand "
+            "(`rdma link`): hcas: [...]."
+            if bad_hcas is not None
+            else f"no ACTIVE port's GID {GID_INDEX} holds ::ffff:{ip}, {unset}. Find the GID index holding it "
+            "(`cat /sys/class/infiniband/*/ports/1/gids/*`) and set gid_index, or list hcas: [...] by hand.",
         )
     out.key(6, "gid_index", GID_INDEX)
 
@@ -296,8 +287,7 @@ def _fabric_undecided(out: Lines, fabric: FabricFacts, here: str, bad_ifname: st
             f"{fabric.problem}. Uncomment `fabric:` and the one interface cabled to the other nodes (the same QSFP "
             "port on every node); its address and HCAs follow from it:",
         )
-        out.raw("    # fabric:")
-        out.lines += [f"    #   ifname: {scalar(candidate)}" for candidate in fabric.candidates]
+        out.raw("    # fabric:", *(f"    #   ifname: {scalar(candidate)}" for candidate in fabric.candidates))
         return
     if bad_ifname is not None:
         what = f"the node reports a fabric interface the spec refuses ({bad_ifname}). Fill in"
@@ -305,9 +295,7 @@ def _fabric_undecided(out: Lines, fabric: FabricFacts, here: str, bad_ifname: st
         problem = fabric.problem or "no fabric interface detected"
         what = f"{problem}. Fix the link and run `reconciler init` again, or fill in"
     out.review(4, here, f"{what} the QSFP port and its address (`rdma link`, `ip -br addr`):")
-    out.raw("    # fabric:")
-    out.raw("    #   ifname: <the interface, e.g. enp1s0f1np1>")
-    out.raw("    #   ip: <its IPv4>")
+    out.raw("    # fabric:", "    #   ifname: <the interface, e.g. enp1s0f1np1>", "    #   ip: <its IPv4>")
 
 
 def _memory(out: Lines, facts: NodeFacts, where: str) -> None:

@@ -17,8 +17,8 @@ import paramiko
 
 from reconciler.errors import NodeUnreachableError, SshConfigError
 from reconciler.facts.gather import probe_every_node
-from reconciler.init.request import InitRequest, Probed, login, probed_from_answers, provisional
-from reconciler.spec import Node, SshTarget
+from reconciler.init.request import InitRequest, Probed, probed_from_answers, provisional
+from reconciler.spec import Node
 from reconciler.transport.base import Transport
 from reconciler.transport.connect import transport_for
 from reconciler.transport.sshconnect import known_host_keys
@@ -28,7 +28,9 @@ from reconciler.transport.sshroute import SshRoute, openssh_command, route_for
 def probe_nodes(request: InitRequest, transport_of: Callable[[Node], Transport] = transport_for) -> list[Probed]:
     """One doctor probe per node, in parallel; any node that does not answer stops init, every
     such node named (a spec drafted without a node's fabric would only move the failure later)."""
-    routes = routes_for(request)
+    # Each node's route through the user's ssh config, resolved as the transport resolves it
+    # (aliases, HostName, Port, UserKnownHostsFile, ProxyJump); None for this machine.
+    routes = [None if target is None else route_for(target.login, target) for _, target in request.targets]
     missing = [problem for route in routes if route is not None for problem in unknown_host_keys(route)]
     if missing:
         raise NodeUnreachableError(
@@ -42,32 +44,22 @@ def probe_nodes(request: InitRequest, transport_of: Callable[[Node], Transport] 
     finally:
         for transport in transports.values():
             transport.close()
-    given = [target for _, target in request.targets]
     failed = [
         (target, name, answer)
-        for target, (name, answer) in zip(given, answers.items(), strict=True)
+        for (_, target), (name, answer) in zip(request.targets, answers.items(), strict=True)
         if answer.raw is None
     ]
     if failed:
         # The probe's error names the node as init named it; the message names the login.
         errors = [
-            f"{_where(target)}: {(answer.error or '').removeprefix(f'{name}: ')}" for target, name, answer in failed
+            f"{'this machine' if target is None else target.login}: {(answer.error or '').removeprefix(f'{name}: ')}"
+            for target, name, answer in failed
         ]
         raise NodeUnreachableError(
             "; ".join(errors),
             "; ".join(dict.fromkeys(answer.hint for _, _, answer in failed if answer.hint)) or "check the nodes",
         )
     return probed_from_answers(request, answers, routes)
-
-
-def _where(target: SshTarget | None) -> str:
-    return "this machine" if target is None else login(target)
-
-
-def routes_for(request: InitRequest) -> list[SshRoute | None]:
-    """Each node's route through the user's ssh config, resolved as the transport resolves it
-    (aliases, HostName, Port, UserKnownHostsFile, ProxyJump); None for this machine."""
-    return [None if target is None else route_for(login(target), target) for _, target in request.targets]
 
 
 def unknown_host_keys(route: SshRoute) -> list[tuple[str, str]]:

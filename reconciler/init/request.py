@@ -80,12 +80,8 @@ def check_distinct(request: InitRequest) -> None:
             continue
         key = (target.host, target.port)
         if key in seen:
-            raise ReconcilerError(f"{login(target)} is given twice", "name each node once (--head or --worker)")
+            raise ReconcilerError(f"{target.login} is given twice", "name each node once (--head or --worker)")
         seen.add(key)
-
-
-def login(target: SshTarget) -> str:
-    return f"{target.user + '@' if target.user else ''}{target.host}"
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ class Lines:
         rendered = "" if value is None else f" {value}" if isinstance(value, int) else f" {scalar(value)}"
         self.lines.append(f"{' ' * indent}{name}:{rendered}")
 
-    def raw(self, line: str) -> None:
-        self.lines.append(line)
+    def raw(self, *lines: str) -> None:
+        self.lines.extend(lines)
 
 
 def single_line(text: str) -> str:

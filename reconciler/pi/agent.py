@@ -244,14 +244,10 @@ def locate_pi(search_path: str | None = None) -> tuple[str | None, str | None]:
 def package_of(executable: Path) -> str | None:
     """npm links bin/pi to <package>/dist/cli.js; the nearest package.json above it names the package."""
     try:
-        manifest = _nearest_manifest(executable)
+        candidates = (parent / "package.json" for parent in list(executable.resolve().parents)[:4])
+        manifest = next((candidate for candidate in candidates if candidate.is_file()), None)
         data = json.loads(manifest.read_text(encoding="utf-8")) if manifest else None
     except (OSError, RuntimeError, ValueError, RecursionError):  # unreadable, a symlink loop, not JSON
         return None
     name = data.get("name") if isinstance(data, dict) else None
     return f"{name}@{data.get('version')}" if isinstance(data, dict) and name in PI_PACKAGES else None
-
-
-def _nearest_manifest(executable: Path) -> Path | None:
-    candidates = (parent / "package.json" for parent in list(executable.resolve().parents)[:4])
-    return next((candidate for candidate in candidates if candidate.is_file()), None)

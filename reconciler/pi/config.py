@@ -204,6 +204,10 @@ class Changes(Record):
     def unchanged(self) -> bool:
         return not self.writes
 
+    def add(self, name: str, text: str | None, *messages: str) -> None:
+        self.writes[name] = text
+        self.messages.extend(messages)
+
 
 def load_object(files: PiFiles, name: str) -> dict[str, Any] | None:
     """A config file's top-level object (JSONC-tolerant), None when missing; errors name file and line."""
@@ -258,45 +262,44 @@ def enabled_models_of(settings: Mapping[str, Any], files: PiFiles) -> list[Any] 
 def install_changes(files: PiFiles, target: PiTarget) -> Changes:
     """What install writes for `target`; empty when everything is already as it would write it."""
     record = read_manifest(files, target.provider) or {}
-    models_text, models_messages = _install_models(files, target)
-    settings = _install_settings(files, target, record)
+    changes = Changes()
+    _install_models(changes, files, target)
+    enabled_model, defaults = _install_settings(changes, files, target, record)
     extension = extension_text(target.provider, target.key_env)
-    messages = [*models_messages, *settings.messages]
-    texts = {MODELS: models_text, SETTINGS: settings.text}
-    writes: dict[str, str | None] = {name: text for name, text in texts.items() if text is not None}
     name = extension_file(target.provider)
     if files.text(name) != extension:
-        writes[name] = extension
-        messages.append(f"{name}: {'updated' if files.text(name) is not None else 'installed'}")
-    fresh = {name for name in USER_FILES if name in writes and files.text(name) is None}
+        changes.add(name, extension, f"{name}: {'updated' if files.text(name) is not None else 'installed'}")
+    fresh = {name for name in USER_FILES if name in changes.writes and files.text(name) is None}
     created = set(record.get("created", [])) | fresh
-    manifest = _manifest_text(target, sorted(created), settings.enabled_model, settings.defaults)
+    manifest = _manifest_text(target, sorted(created), enabled_model, defaults)
     name = manifest_file(target.provider)
-    if files.text(name) != manifest:
-        if not writes:
-            messages.append(f"{name}: install record written")
-        # First: the record of what is about to be added survives a crash halfway through.
-        writes = {name: manifest, **writes}
-    return Changes(writes, messages)
+    if files.text(name) == manifest:
+        return changes
+    if changes.unchanged:
+        changes.messages.append(f"{name}: install record written")
+    # First: the record of what is about to be added survives a crash halfway through.
+    return Changes({name: manifest, **changes.writes}, changes.messages)
 
 
-def _install_models(files: PiFiles, target: PiTarget) -> tuple[str | None, list[str]]:
+def _install_models(changes: Changes, files: PiFiles, target: PiTarget) -> None:
     from reconciler.pi import jsonc
 
     data = load_object(files, MODELS)
     text = files.text(MODELS)
     desired = provider_entry(target)
-    messages = [f"{MODELS}: provider {target.provider} added"]
+    message = f"{MODELS}: provider {target.provider} added"
     if text is None:
-        return jsonc.set_member(_EMPTY_MODELS, ("providers",), target.provider, desired), messages
-    if "providers" not in (data or {}):
-        return jsonc.set_member(text, (), "providers", {target.provider: desired}), messages
-    current = (providers_of(files) or {}).get(target.provider)
-    if current == desired:
-        return None, []
-    if current is not None:
-        messages = [f"{MODELS}: provider {target.provider} replaced ({describe_change(current, desired)})"]
-    return jsonc.set_member(text, ("providers",), target.provider, desired), messages
+        text = jsonc.set_member(_EMPTY_MODELS, ("providers",), target.provider, desired)
+    elif "providers" not in (data or {}):
+        text = jsonc.set_member(text, (), "providers", {target.provider: desired})
+    else:
+        current = (providers_of(files) or {}).get(target.provider)
+        if current == desired:
+            return
+        if current is not None:
+            message = f"{MODELS}: provider {target.provider} replaced ({describe_change(current, desired)})"
+        text = jsonc.set_member(text, ("providers",), target.provider, desired)
+    changes.add(MODELS, text, message)
 
 
 def describe_change(current: object, desired: dict[str, Any]) -> str:
@@ -307,28 +310,25 @@ def describe_change(current: object, desired: dict[str, Any]) -> str:
     return ", ".join(keys) + " changed"
 
 
-class _SettingsOutcome(Record):
-    text: str | None
-    messages: list[str]
-    enabled_model: str | None
-    defaults: dict[str, Any] | None
-
-
-def _install_settings(files: PiFiles, target: PiTarget, record: Mapping[str, Any]) -> _SettingsOutcome:
+def _install_settings(
+    changes: Changes, files: PiFiles, target: PiTarget, record: Mapping[str, Any]
+) -> tuple[str | None, dict[str, Any] | None]:
+    """Adds the settings' changes; returns what the install record keeps of them (enabled model, defaults)."""
     from reconciler.pi import jsonc
 
-    data = load_object(files, SETTINGS)
+    data = load_object(files, SETTINGS) or {}
     original = files.text(SETTINGS) or _EMPTY_SETTINGS
-    text, messages, enabled_model = _install_enabled(original, data or {}, files, target, record)
+    text, messages, enabled_model = _install_enabled(original, data, files, target, record)
     defaults = record.get("defaults")
-    current = tuple((data or {}).get(key) for key in _DEFAULT_KEYS)
-    if target.set_default and current != (target.provider, target.model_id):
+    if target.set_default and tuple(data.get(key) for key in _DEFAULT_KEYS) != (target.provider, target.model_id):
         if defaults is None:
-            defaults = {"previous": {key: (data or {})[key] for key in _DEFAULT_KEYS if key in (data or {})}}
+            defaults = {"previous": {key: data[key] for key in _DEFAULT_KEYS if key in data}}
         text = jsonc.set_member(text, (), "defaultProvider", target.provider)
         text = jsonc.set_member(text, (), "defaultModel", target.model_id)
         messages.append(f"{SETTINGS}: default model set to {target.model_ref}")
-    return _SettingsOutcome(text if messages else None, messages, enabled_model, defaults)
+    if messages:
+        changes.add(SETTINGS, text, *messages)
+    return enabled_model, defaults
 
 
 def _install_enabled(
@@ -376,49 +376,40 @@ def _manifest_text(
 def uninstall_changes(files: PiFiles, provider: str) -> Changes:
     """Remove exactly what install added: the provider, the extension, and what the record lists."""
     record = read_manifest(files, provider)
-    created = set(record.get("created", [])) if record else set()
-    writes: dict[str, str | None] = {}
-    messages: list[str] = []
-    models = _uninstall_models(files, provider, MODELS in created)
-    if models is not None:
-        writes[MODELS], message = models
-        messages.append(message)
-    settings = _uninstall_settings(files, provider, record) if record else None
-    if settings is not None:
-        writes[SETTINGS], settings_messages = settings
-        messages += settings_messages
-    elif record is None and files.text(SETTINGS) is not None:
-        messages.append(f"{SETTINGS}: left as it is (no install record says what install changed there)")
-    if files.text(extension_file(provider)) is not None:
-        writes[extension_file(provider)] = None
-        messages.append(f"{extension_file(provider)}: removed")
+    changes = Changes()
+    _uninstall_models(changes, files, provider, created=MODELS in (record or {}).get("created", []))
     if record is not None:
-        writes[manifest_file(provider)] = None  # last: the record outlives a crash halfway through
-    return Changes(writes, messages if writes else [])
+        _uninstall_settings(changes, files, provider, record)
+    elif files.text(SETTINGS) is not None:
+        changes.messages.append(f"{SETTINGS}: left as it is (no install record says what install changed there)")
+    if files.text(extension_file(provider)) is not None:
+        changes.add(extension_file(provider), None, f"{extension_file(provider)}: removed")
+    if record is not None:
+        changes.add(manifest_file(provider), None)  # last: the record outlives a crash halfway through
+    return changes if changes.writes else Changes()
 
 
-def _uninstall_models(files: PiFiles, provider: str, created: bool) -> tuple[str | None, str] | None:
+def _uninstall_models(changes: Changes, files: PiFiles, provider: str, *, created: bool) -> None:
     from reconciler.pi import jsonc
 
     providers = providers_of(files)
     text = files.text(MODELS)
     if providers is None or text is None or provider not in providers:
-        return None
+        return
     text = jsonc.remove_member(text, ("providers",), provider)
     if created and jsonc.loads(text) == {"providers": {}}:
-        return None, f"{MODELS}: removed (install created it for this provider alone)"
-    return text, f"{MODELS}: provider {provider} removed"
+        changes.add(MODELS, None, f"{MODELS}: removed (install created it for this provider alone)")
+    else:
+        changes.add(MODELS, text, f"{MODELS}: provider {provider} removed")
 
 
-def _uninstall_settings(
-    files: PiFiles, provider: str, record: Mapping[str, Any]
-) -> tuple[str | None, list[str]] | None:
+def _uninstall_settings(changes: Changes, files: PiFiles, provider: str, record: Mapping[str, Any]) -> None:
     from reconciler.pi import jsonc
 
     data = load_object(files, SETTINGS)
     text = files.text(SETTINGS)
     if data is None or text is None:
-        return None
+        return
     messages: list[str] = []
     added = record.get("enabled_model")
     enabled = enabled_models_of(data, files) or []
@@ -427,27 +418,19 @@ def _uninstall_settings(
         messages.append(f"{SETTINGS}: {added} removed from enabledModels")
     defaults = record.get("defaults")
     if defaults is not None and tuple(data.get(key) for key in _DEFAULT_KEYS) == (provider, record.get("model")):
-        text = _restore_defaults(text, defaults.get("previous") or {})
-        messages.append(f"{SETTINGS}: {_restored(defaults.get('previous') or {})}")
-    if not messages:
-        return None
-    if SETTINGS in record.get("created", []) and jsonc.loads(text) == {}:
-        return None, [f"{SETTINGS}: removed (install created it)"]
-    return text, messages
-
-
-def _restore_defaults(text: str, previous: Mapping[str, Any]) -> str:
-    from reconciler.pi import jsonc
-
-    for key in _DEFAULT_KEYS:
-        text = jsonc.set_member(text, (), key, previous[key]) if key in previous else jsonc.remove_member(text, (), key)
-    return text
-
-
-def _restored(previous: Mapping[str, Any]) -> str:
-    if not previous:
-        return "default model unset (there was none before install)"
-    return "default restored to " + "/".join(str(previous.get(key, "?")) for key in _DEFAULT_KEYS)
+        previous = defaults.get("previous") or {}
+        for key in _DEFAULT_KEYS:
+            if key in previous:
+                text = jsonc.set_member(text, (), key, previous[key])
+            else:
+                text = jsonc.remove_member(text, (), key)
+        restored = "/".join(str(previous.get(key, "?")) for key in _DEFAULT_KEYS)
+        done = f"default restored to {restored}" if previous else "default model unset (there was none before install)"
+        messages.append(f"{SETTINGS}: {done}")
+    if SETTINGS in record.get("created", []) and messages and jsonc.loads(text) == {}:
+        changes.add(SETTINGS, None, f"{SETTINGS}: removed (install created it)")
+    elif messages:
+        changes.add(SETTINGS, text, *messages)
 
 
 MODEL_NAME = "DeepSeek-V4.1-Flash"

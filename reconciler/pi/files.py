@@ -54,11 +54,8 @@ def agent_dir() -> Path:
 
 def read_files(directory: Path, provider: str) -> PiFiles:
     """The files' exact text (CRLF and a byte-order mark kept, as the byte-for-byte edits need)."""
-    texts: dict[str, str] = {}
-    for name in (*USER_FILES, extension_file(provider), manifest_file(provider)):
-        text = read_text(directory / name)
-        if text is not None:
-            texts[name] = text
+    names = (*USER_FILES, extension_file(provider), manifest_file(provider))
+    texts = {name: text for name in names if (text := read_text(directory / name)) is not None}
     return PiFiles(str(directory), texts)
 
 

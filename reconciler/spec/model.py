@@ -125,6 +125,11 @@ class SshTarget(StrictModel):
         default=10.0, gt=0, le=600, description="Seconds to connect, like ssh's ConnectTimeout."
     )
 
+    @property
+    def login(self) -> str:
+        """`[user@]host`, as the user gave it to ssh."""
+        return f"{self.user + '@' if self.user else ''}{self.host}"
+
 
 class Fabric(StrictModel):
     """Overrides for the RoCE fabric; empty fields are detected on the node."""

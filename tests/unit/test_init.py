@@ -426,7 +426,7 @@ def target(known_hosts: Path | None = None, host: str = WORKER_IP, port: int | N
 
 def problems(known_hosts: Path | None = None, host: str = WORKER_IP, port: int | None = None) -> list[tuple[str, str]]:
     given = target(known_hosts, host, port)
-    return init.unknown_host_keys(route_for(init.login(given), given))
+    return init.unknown_host_keys(route_for(given.login, given))
 
 
 def test_a_missing_host_key_gives_the_exact_commands_that_add_it(tmp_path: Path) -> None:
