@@ -180,10 +180,15 @@ def refresh_seconds(text: str) -> float:
     return value
 
 
-def positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+def _whole_within(text: str, low: int, high: float, what: str) -> int:
+    """Digits only: int() would also take a sign, spaces and underscores."""
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
     return int(text)
+
+
+def positive(text: str) -> int:
+    return _whole_within(text, 1, float("inf"), "a positive integer")
 
 
 def at_most(limit: int) -> Callable[[str], int]:
@@ -199,9 +204,7 @@ def at_most(limit: int) -> Callable[[str], int]:
 
 
 def count(text: str) -> int:
-    if not text.isdigit() or int(text) > 1_000_000:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0 to 1000000")
-    return int(text)
+    return _whole_within(text, 0, 1_000_000, "a whole number from 0 to 1000000")
 
 
 def fraction(text: str) -> float:
@@ -209,9 +212,7 @@ def fraction(text: str) -> float:
 
 
 def _port(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
-    return int(text)
+    return _whole_within(text, 1, 65535, "a port number (1-65535)")
 
 
 # --- options several commands share ----------------------------------------------------------
