@@ -31,10 +31,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         default = action.default
         if (
             "default" in text
-            or default is None
             or default is False
-            or default in ("", [], ())
-            or default is argparse.SUPPRESS
+            or default in (None, "", [], (), argparse.SUPPRESS)
             or (not action.option_strings and action.nargs not in ("?", "*"))
         ):
             return text

@@ -90,15 +90,10 @@ def _bench_compare(args: argparse.Namespace) -> int:
         sys.stdout.write(benchmark.render_compare(rows, *labels))
     if benchmark.is_vllm_result(first) or benchmark.is_vllm_result(second):
         return EXIT_OK  # a vLLM result holds one concurrency's figures: the table is the picture
-    path = _compare_plot_path(args)
+    a, b = (Path(name) for name in args.files)
+    path = Path(args.plot) if args.plot else b.with_name(f"{b.stem}-vs-{a.stem}.png")  # says which run is which
     _draw(lambda: plot.write_compare_plot(first, second, path, labels), path)
     return EXIT_OK
-
-
-def _compare_plot_path(args: argparse.Namespace) -> Path:
-    """--plot, else B-vs-A.png beside B: a name that says which run is which."""
-    a, b = (Path(name) for name in args.files)
-    return Path(args.plot) if args.plot else b.with_name(f"{b.stem}-vs-{a.stem}.png")
 
 
 def _draw(write: Callable[[], None], path: Path) -> None:

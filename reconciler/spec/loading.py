@@ -62,10 +62,10 @@ def parse_spec(text: str, filename: str) -> LoadedSpec:
         deployment = Deployment.model_validate(document.data)
     except ValidationError as exc:
         problems += [_locate(error, document, filename) for error in exc.errors()]
+    else:
+        problems += [_at(document, filename, loc, message, hint) for loc, message, hint in cross_check(deployment)]
+    if problems:  # always, when the model refused the spec
         raise SpecError(sorted(problems, key=lambda problem: (problem.line, problem.column))) from None
-    problems += [_at(document, filename, loc, message, hint) for loc, message, hint in cross_check(deployment)]
-    if problems:
-        raise SpecError(sorted(problems, key=lambda problem: (problem.line, problem.column)))
     return LoadedSpec(deployment, filename, _warnings(deployment, document, filename))
 
 
@@ -100,22 +100,19 @@ def _check_unique_nodes(deployment: Deployment) -> Iterator[Located]:
     fabric_ips: dict[str, int] = {}
     locals_: list[int] = []
     for index, node in enumerate(deployment.nodes):
-        if node.name in seen:
+        if seen.setdefault(node.name, index) != index:
             yield (
                 ("nodes", index, "name"),
                 f"node name '{node.name}' is used twice",
                 f"rename one; nodes[{seen[node.name]}] has it",
             )
-        seen.setdefault(node.name, index)
         ip = node.fabric.ip
-        if ip is not None and ip in fabric_ips:
+        if ip is not None and fabric_ips.setdefault(ip, index) != index:
             yield (
                 ("nodes", index, "fabric", "ip"),
                 f"fabric ip {ip} is also nodes[{fabric_ips[ip]}]'s",
                 "each Spark needs its own fabric address",
             )
-        if ip is not None:
-            fabric_ips.setdefault(ip, index)
         if node.ssh is None:
             locals_.append(index)
     if len(locals_) > 1:
