@@ -59,15 +59,12 @@ def innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argp
     return parser
 
 
-class Arg(NamedTuple):
-    """One add_argument call: the flags (or a positional's name) and the keywords."""
-
-    names: tuple[str, ...]
-    settings: dict[str, Any]
+# One add_argument call: the flags (or a positional's name) and the keywords.
+Arg = tuple[tuple[str, ...], dict[str, Any]]
 
 
 def arg(*names: str, **settings: Any) -> Arg:
-    return Arg(names, settings)
+    return names, settings
 
 
 class Command(NamedTuple):
@@ -128,8 +125,8 @@ def _declare(
             usage=command.usage,
             formatter_class=HelpFormatter,
         )
-        for argument in command.args:
-            sub.add_argument(*argument.names, **argument.settings)
+        for names, settings in command.args:
+            sub.add_argument(*names, **settings)
         sub.set_defaults(handler=command.handler, **(command.defaults or {}))
         if command.actions:
             _declare(sub, f"{command.name}_action", "ACTION", list(command.actions), None)
