@@ -12,6 +12,7 @@ Exit codes, everywhere: 0 success, 1 error (including usage errors), 2 "there ar
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
@@ -42,33 +43,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         sys.stdout, sys.stderr = saved
         if argv is None:
-            _skip_collection_at_exit()
+            # What is left when the command returns is the program itself: the interpreter's
+            # collections at exit would walk all of it to find nothing, which costs as much as
+            # building the spec's models. Frozen, they skip it; the process's exit frees the
+            # memory. Every file written is closed by then (with-blocks): none waits on a collection.
+            gc.freeze()
 
 
 # Commands that end by themselves in seconds, with what they allocate bounded by the spec and the
-# facts: they run without the cyclic collector (see _collect_no_cycles).
+# facts. What they allocate is mostly the program itself (modules, pydantic's models and their
+# schemas, alive to the end): the cyclic collector would walk it again and again (a twentieth of
+# `plan --facts`) and find nothing, so they run without it; the little garbage left in cycles is
+# freed by the exit.
 BRIEF = frozenset({"deploy:validate", "deploy:schema", "deploy:plan", "completion:print_script"})
-
-
-def _collect_no_cycles() -> None:
-    """Turn the cyclic collector off for the rest of this process. What a brief command allocates
-    is mostly the program itself (modules, pydantic's models and their schemas, alive to the
-    end): collecting while they are built walks them again and again (a twentieth of `plan
-    --facts`) and finds nothing; the little garbage left in cycles is freed by the exit."""
-    import gc
-
-    gc.disable()
-
-
-def _skip_collection_at_exit() -> None:
-    """What is left when the command returns is the program itself (modules, pydantic's models
-    and their schemas): the interpreter's collections at exit would walk all of it to find
-    nothing, which costs as much as building the spec's models. Freezing them makes those
-    collections skip it; the process's exit frees the memory. Every file the program writes is
-    closed by then (with-blocks), so nothing waits on a collection to be flushed."""
-    import gc
-
-    gc.freeze()
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -77,7 +64,7 @@ def _main(argv: Sequence[str] | None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     args = parse(build_parser(arguments), arguments)
     if argv is None and args.handler in BRIEF:
-        _collect_no_cycles()
+        gc.disable()  # for the rest of this process (see BRIEF)
     as_json = bool(getattr(args, "json", False))
     try:
         return _handler(args.handler)(args)
@@ -102,10 +89,6 @@ def _handler(name: str) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
-def _disable_pydantic_plugins() -> None:
-    """pydantic looks for plugins in every installed package's metadata when the first model is
-    built (a scan that costs more than building the spec's models); the program uses none."""
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-
-
-_disable_pydantic_plugins()
+# pydantic looks for plugins in every installed package's metadata when the first model is built
+# (a scan that costs more than building the spec's models); the program uses none.
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")

@@ -108,13 +108,13 @@ def apply(args: argparse.Namespace) -> int:
     loaded = load(args)
     warn(loaded)
     deployment = loaded.deployment
-    if args.plan_file is not None and (args.deep_verify or args.update_revision):
-        raise ReconcilerError(
-            "a saved plan runs as it was made: --deep-verify and --update-revision do not apply to it",
-            "plan again with the option (`reconciler plan --update-revision --out FILE`), or apply without a file",
-        )
     saved = None
     if args.plan_file is not None:
+        if args.deep_verify or args.update_revision:
+            raise ReconcilerError(
+                "a saved plan runs as it was made: --deep-verify and --update-revision do not apply to it",
+                "plan again with the option (`reconciler plan --update-revision --out FILE`), or apply without a file",
+            )
         path = Path(args.plan_file)
         saved = (savedplan.read(path), path)
     request = commands.Converge(

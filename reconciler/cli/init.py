@@ -31,10 +31,10 @@ def cmd_init(args: argparse.Namespace) -> int:
     drafted = init.draft(request, probed, schema_ref=_schema_ref(out))
     loaded = init.validated(drafted.text, str(out))
     _write(out, drafted.text)
-    steps = init.next_steps(_spec_option(out))
+    same = os.path.abspath(out) == os.path.abspath(default_spec_path())  # then the next steps need no --spec
+    steps = init.next_steps("" if same else f" --spec {out}")
     if args.json:
-        report = {**_report(out, drafted, probed, steps), "warnings": [w.to_dict() for w in loaded.warnings]}
-        emit_json(report)
+        emit_json({**_report(out, drafted, probed, steps), "warnings": [w.to_dict() for w in loaded.warnings]})
         return EXIT_OK
     warn(loaded)
     sys.stdout.write(_render(out, drafted, probed, steps))
@@ -121,11 +121,6 @@ def _schema_ref(out: Path) -> str | None:
     if not schema.is_file():
         return None
     return os.path.relpath(schema.resolve(), out.parent.resolve())
-
-
-def _spec_option(out: Path) -> str:
-    same = os.path.abspath(out) == os.path.abspath(default_spec_path())
-    return "" if same else f" --spec {out}"
 
 
 def _report(out: Path, drafted: Draft, probed: list[Probed], steps: list[str]) -> dict[str, object]:

@@ -31,10 +31,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         default = action.default
         if (
             "default" in text
-            or default is None
             or default is False
-            or default in ("", [], ())
-            or default is argparse.SUPPRESS
+            or default in (None, "", [], (), argparse.SUPPRESS)
             or (not action.option_strings and action.nargs not in ("?", "*"))
         ):
             return text
@@ -61,15 +59,12 @@ def innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argp
     return parser
 
 
-class Arg(NamedTuple):
-    """One add_argument call: the flags (or a positional's name) and the keywords."""
-
-    names: tuple[str, ...]
-    settings: dict[str, Any]
+# One add_argument call: the flags (or a positional's name) and the keywords.
+Arg = tuple[tuple[str, ...], dict[str, Any]]
 
 
 def arg(*names: str, **settings: Any) -> Arg:
-    return Arg(names, settings)
+    return names, settings
 
 
 class Command(NamedTuple):
@@ -130,8 +125,8 @@ def _declare(
             usage=command.usage,
             formatter_class=HelpFormatter,
         )
-        for argument in command.args:
-            sub.add_argument(*argument.names, **argument.settings)
+        for names, settings in command.args:
+            sub.add_argument(*names, **settings)
         sub.set_defaults(handler=command.handler, **(command.defaults or {}))
         if command.actions:
             _declare(sub, f"{command.name}_action", "ACTION", list(command.actions), None)
@@ -180,10 +175,15 @@ def refresh_seconds(text: str) -> float:
     return value
 
 
-def positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+def _whole_within(text: str, low: int, high: float, what: str) -> int:
+    """Digits only: int() would also take a sign, spaces and underscores."""
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
     return int(text)
+
+
+def positive(text: str) -> int:
+    return _whole_within(text, 1, float("inf"), "a positive integer")
 
 
 def at_most(limit: int) -> Callable[[str], int]:
@@ -199,9 +199,7 @@ def at_most(limit: int) -> Callable[[str], int]:
 
 
 def count(text: str) -> int:
-    if not text.isdigit() or int(text) > 1_000_000:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0 to 1000000")
-    return int(text)
+    return _whole_within(text, 0, 1_000_000, "a whole number from 0 to 1000000")
 
 
 def fraction(text: str) -> float:
@@ -209,9 +207,7 @@ def fraction(text: str) -> float:
 
 
 def _port(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
-    return int(text)
+    return _whole_within(text, 1, 65535, "a port number (1-65535)")
 
 
 # --- options several commands share ----------------------------------------------------------

@@ -13,7 +13,6 @@ from reconciler.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, emit, e
 from reconciler.errors import PlotUnavailableError, ReconcilerError
 
 if TYPE_CHECKING:
-    from reconciler.verify import benchmark
     from reconciler.verify.apiclient import ApiTarget
 
 
@@ -40,7 +39,7 @@ def bench(args: argparse.Namespace) -> int:
             "reconciler bench [URL] --out bench.json, or reconciler bench compare A.json B.json",
         )
     from reconciler.execution import Progress
-    from reconciler.verify import benchmark
+    from reconciler.verify import benchmark, plot
     from reconciler.verify.benchrun import MAX_STEP_STREAMS, BenchRun, BenchSettings
 
     if args.conc and max(args.conc) * args.reps > MAX_STEP_STREAMS:
@@ -69,16 +68,11 @@ def bench(args: argparse.Namespace) -> int:
         sys.stderr.write(f"interrupted: {args.out} keeps every step measured so far\n")
         return EXIT_INTERRUPTED
     finally:
-        _write_plot(run.report, Path(args.plot or Path(args.out).with_suffix(".png")))
+        if run.report.get("summary"):
+            path = Path(args.plot or Path(args.out).with_suffix(".png"))
+            _draw(lambda: plot.write_report_plot(run.report, path), path)
     emit(args.json, report, lambda: benchmark.render_table(report))
     return EXIT_OK if all(check["pass"] for check in report["recall"]) else EXIT_ERROR
-
-
-def _write_plot(report: benchmark.Report, path: Path) -> None:
-    from reconciler.verify import plot
-
-    if report.get("summary"):
-        _draw(lambda: plot.write_report_plot(report, path), path)
 
 
 def _bench_compare(args: argparse.Namespace) -> int:
@@ -96,15 +90,10 @@ def _bench_compare(args: argparse.Namespace) -> int:
         sys.stdout.write(benchmark.render_compare(rows, *labels))
     if benchmark.is_vllm_result(first) or benchmark.is_vllm_result(second):
         return EXIT_OK  # a vLLM result holds one concurrency's figures: the table is the picture
-    path = _compare_plot_path(args)
+    a, b = (Path(name) for name in args.files)
+    path = Path(args.plot) if args.plot else b.with_name(f"{b.stem}-vs-{a.stem}.png")  # says which run is which
     _draw(lambda: plot.write_compare_plot(first, second, path, labels), path)
     return EXIT_OK
-
-
-def _compare_plot_path(args: argparse.Namespace) -> Path:
-    """--plot, else B-vs-A.png beside B: a name that says which run is which."""
-    a, b = (Path(name) for name in args.files)
-    return Path(args.plot) if args.plot else b.with_name(f"{b.stem}-vs-{a.stem}.png")
 
 
 def _draw(write: Callable[[], None], path: Path) -> None:

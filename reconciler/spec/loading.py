@@ -14,7 +14,7 @@ from reconciler.constants import DEFAULT_SPEC_PATH, SPEC_PATH_ENV
 from reconciler.errors import Position, SpecError, SpecProblem, UntrustedTextError, YamlError
 from reconciler.fsutil import read_untrusted_text
 from reconciler.record import Record
-from reconciler.spec.model import REFERENCE_PROFILE_ONLY_FIELDS, Deployment, Serving
+from reconciler.spec.model import REFERENCE_PROFILE_ONLY_FIELDS, Deployment
 from reconciler.spec.values import _COMMIT_RE
 from reconciler.yamlpos import LocatedDocument, load_located
 
@@ -62,10 +62,10 @@ def parse_spec(text: str, filename: str) -> LoadedSpec:
         deployment = Deployment.model_validate(document.data)
     except ValidationError as exc:
         problems += [_locate(error, document, filename) for error in exc.errors()]
+    else:
+        problems += [_at(document, filename, loc, message, hint) for loc, message, hint in cross_check(deployment)]
+    if problems:  # always, when the model refused the spec
         raise SpecError(sorted(problems, key=lambda problem: (problem.line, problem.column))) from None
-    problems += [_at(document, filename, loc, message, hint) for loc, message, hint in cross_check(deployment)]
-    if problems:
-        raise SpecError(sorted(problems, key=lambda problem: (problem.line, problem.column)))
     return LoadedSpec(deployment, filename, _warnings(deployment, document, filename))
 
 
@@ -100,22 +100,19 @@ def _check_unique_nodes(deployment: Deployment) -> Iterator[Located]:
     fabric_ips: dict[str, int] = {}
     locals_: list[int] = []
     for index, node in enumerate(deployment.nodes):
-        if node.name in seen:
+        if seen.setdefault(node.name, index) != index:
             yield (
                 ("nodes", index, "name"),
                 f"node name '{node.name}' is used twice",
                 f"rename one; nodes[{seen[node.name]}] has it",
             )
-        seen.setdefault(node.name, index)
         ip = node.fabric.ip
-        if ip is not None and ip in fabric_ips:
+        if ip is not None and fabric_ips.setdefault(ip, index) != index:
             yield (
                 ("nodes", index, "fabric", "ip"),
                 f"fabric ip {ip} is also nodes[{fabric_ips[ip]}]'s",
                 "each Spark needs its own fabric address",
             )
-        if ip is not None:
-            fabric_ips.setdefault(ip, index)
         if node.ssh is None:
             locals_.append(index)
     if len(locals_) > 1:
@@ -145,35 +142,28 @@ def _check_ports(deployment: Deployment) -> Iterator[Located]:
 
 
 def _warnings(deployment: Deployment, document: LocatedDocument, filename: str) -> list[SpecProblem]:
-    warnings: list[SpecProblem] = _profile_warnings(deployment.serving, document, filename)
+    """A moving revision, and fields the chosen profile never renders: said rather than ignored."""
+    found: list[Located] = []
+    serving = deployment.serving
+    if serving.profile == "upstream":
+        found += [
+            (
+                ("serving", name),
+                f"serving.{name} has no effect with profile: upstream",
+                "remove it, or use profile: reference (with the default image's vLLM fork) where it is rendered",
+            )
+            for name in REFERENCE_PROFILE_ONLY_FIELDS
+            if name in serving.model_fields_set
+        ]
     if not re.match(_COMMIT_RE, deployment.model.revision):
-        warnings.append(
-            _at(
-                document,
-                filename,
+        found.append(
+            (
                 ("model", "revision"),
                 f"model revision '{deployment.model.revision}' is a branch, not a commit",
                 "pin the 40-hex commit so every node and every rerun gets the same bytes",
             )
         )
-    return warnings
-
-
-def _profile_warnings(serving: Serving, document: LocatedDocument, filename: str) -> list[SpecProblem]:
-    """Fields the chosen profile never renders: say so rather than ignore them silently."""
-    if serving.profile != "upstream":
-        return []
-    unused = [name for name in REFERENCE_PROFILE_ONLY_FIELDS if name in serving.model_fields_set]
-    return [
-        _at(
-            document,
-            filename,
-            ("serving", name),
-            f"serving.{name} has no effect with profile: upstream",
-            "remove it, or use profile: reference (with the default image's vLLM fork) where it is rendered",
-        )
-        for name in unused
-    ]
+    return [_at(document, filename, loc, message, hint) for loc, message, hint in found]
 
 
 def _at(document: LocatedDocument, filename: str, loc: tuple[str | int, ...], message: str, hint: str) -> SpecProblem:
@@ -192,17 +182,31 @@ def _render_path(loc: tuple[str | int, ...]) -> str:
 
 
 def _locate(error: Any, document: LocatedDocument, filename: str) -> SpecProblem:
+    """A pydantic error in plain words; the value type's own hint (in its context), else the kind's."""
     loc = _document_path(error["loc"], document)
-    context = error.get("ctx") or {}
+    kind = error["type"]
     message = error["msg"]
-    hint = str(context.get("hint") or _generic_hint(error, loc))
-    if error["type"] in _BOUND_ERRORS:
+    if kind in _BOUND_ERRORS:
         message = f"{error['input']!r:.80} is out of range: {message[:1].lower()}{message[1:]}"
-    elif error["type"] == "extra_forbidden":
+        hint = "use a value inside the allowed range"
+    elif kind == "extra_forbidden":
         message = f"unknown key '{loc[-1]}'"
-    elif error["type"] == "missing":
+        allowed = _allowed_keys(loc[:-1])
+        import difflib  # only to suggest a name for a misspelt key
+
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        suggestion = f"did you mean '{close[0]}'? " if close else ""
+        hint = f"{suggestion}allowed keys here: {', '.join(allowed)}"
+    elif kind == "missing":
         message = f"required key '{loc[-1]}' is missing"
-    return _at(document, filename, loc, message, hint)
+        hint = "add it; see schemas/deployment.schema.json for its meaning"
+    elif kind == "literal_error":
+        hint = "use one of the listed values"
+    elif kind.endswith(("_type", "_parsing")):
+        hint = "check the value's type: quote strings, write numbers without quotes"
+    else:
+        hint = "see schemas/deployment.schema.json for what this field accepts"
+    return _at(document, filename, loc, message, str((error.get("ctx") or {}).get("hint") or hint))
 
 
 _BOUND_ERRORS = {"greater_than_equal", "less_than_equal", "greater_than", "less_than"}
@@ -220,26 +224,6 @@ def _document_path(loc: tuple[str | int, ...], document: LocatedDocument) -> tup
 
 def _is_union_tag(part: object) -> bool:
     return isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool", "list", "dict"})
-
-
-def _generic_hint(error: Any, loc: tuple[str | int, ...]) -> str:
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1])
-        import difflib  # only to suggest a name for a misspelt key
-
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        suggestion = f"did you mean '{close[0]}'? " if close else ""
-        return f"{suggestion}allowed keys here: {', '.join(allowed)}"
-    if kind == "missing":
-        return "add it; see schemas/deployment.schema.json for its meaning"
-    if kind in _BOUND_ERRORS:
-        return "use a value inside the allowed range"
-    if kind == "literal_error":
-        return "use one of the listed values"
-    if kind.endswith(("_type", "_parsing")):
-        return "check the value's type: quote strings, write numbers without quotes"
-    return "see schemas/deployment.schema.json for what this field accepts"
 
 
 def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:

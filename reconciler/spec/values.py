@@ -142,7 +142,9 @@ def _check_text(value: str) -> str:
 
 
 def _check_size(value: str) -> str:
-    if not re.match(_SIZE_RE, value.lower()) or size_bytes(value) > 128 * GIB:
+    lowered = value.lower()
+    units = {"k": 1024, "m": 1024**2, "g": GIB}  # Docker's units are powers of 1024
+    if not re.match(_SIZE_RE, lowered) or int(lowered.rstrip("bkmg")) * units.get(lowered[-1], 1) > 128 * GIB:
         raise _problem("size", "'{value}' is not a size up to 128g", "write e.g. 32g, 512m or 1073741824", value=value)
     return value
 
@@ -157,15 +159,6 @@ def names_api_key(arg: str) -> bool:
         return False
     name = arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-").lower()
     return name == "api-key" or (len(name) >= len("api-k") and "api-key".startswith(name))
-
-
-def size_bytes(text: str) -> int:
-    """'32g' -> bytes (Docker's units are powers of 1024)."""
-    units = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-    lowered = text.lower()
-    if lowered[-1:] in units:
-        return int(lowered[:-1]) * units[lowered[-1]]
-    return int(lowered)
 
 
 Name = Annotated[
