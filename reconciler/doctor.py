@@ -23,7 +23,6 @@ from reconciler.components.assessment import (
     GB,
     assess,
     checkpoint_on,
-    human_bytes,
     is_part,
 )
 from reconciler.components.fabric import resolve_fabric
@@ -33,6 +32,7 @@ from reconciler.facts.fabric import subnet_mismatches
 from reconciler.facts.gather import NodeProbe, probe_every_node, probe_facts, with_hub_listing
 from reconciler.facts.memory import KIB_PER_GIB
 from reconciler.facts.node import Facts, NodeFacts
+from reconciler.fsutil import human_bytes
 from reconciler.record import replace
 from reconciler.serving import ResolvedFabric
 from reconciler.spec import Deployment, Node
@@ -212,18 +212,17 @@ def _nvidia_runtime(subject: _Subject) -> Check:
     if "error" in info or subject.probe.docker_error:
         return subject.check("nvidia runtime", "WARN", "not checked: Docker does not answer", "fix Docker first")
     runtimes = list(info.get("runtimes") or [])
+    listed = ", ".join(runtimes)
     if "nvidia" in runtimes:
-        return subject.check("nvidia runtime", "PASS", f"Docker runtimes: {', '.join(runtimes)}")
+        return subject.check("nvidia runtime", "PASS", f"Docker runtimes: {listed}")
     configure = "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker"
     gpus_off = subject.deployment.serving.gpus == "none"
     note = " (serving.gpus is none in this spec, so its ranks start without it)" if gpus_off else ""
     tools = subject.probe.host.get("tools") or {}
     if tools.get("nvidia-ctk") or tools.get("nvidia-container-runtime-hook"):
-        message = f"nvidia-container-toolkit is installed but not a Docker runtime (runtimes: {', '.join(runtimes)})"
+        message = f"nvidia-container-toolkit is installed but not a Docker runtime (runtimes: {listed})"
         return subject.check("nvidia runtime", "WARN", message + note, configure)
-    message = (
-        f"Docker has no nvidia runtime (runtimes: {', '.join(runtimes) or 'none'}) and no nvidia-container-toolkit"
-    )
+    message = f"Docker has no nvidia runtime (runtimes: {listed or 'none'}) and no nvidia-container-toolkit"
     return subject.check(
         "nvidia runtime", "FAIL", message + note, f"install nvidia-container-toolkit, then {configure}"
     )
@@ -390,12 +389,9 @@ _NODE_CHECKS: list[Callable[[_Subject], Check]] = [
 
 
 def cross_node_checks(deployment: Deployment, data: DoctorInput) -> list[Check]:
-    resolved: dict[str, ResolvedFabric] = {}
-    for _, node in deployment.ranked_nodes:
-        if data.probes[node.name].raw is not None:
-            fabric = resolve_fabric(node, data.facts)
-            if not isinstance(fabric, Blocker):
-                resolved[node.name] = fabric
+    answered = [node for _, node in deployment.ranked_nodes if data.probes[node.name].raw is not None]
+    fabrics = {node.name: resolve_fabric(node, data.facts) for node in answered}
+    resolved = {name: fabric for name, fabric in fabrics.items() if not isinstance(fabric, Blocker)}
     missing = ", ".join(node.name for node in deployment.nodes if node.name not in resolved)
     if missing:
         message = f"not checked: no fabric address on {missing}"

@@ -255,9 +255,8 @@ class Loop:
             reasons = self.triggers.wait(self.logic.wait_s())
             if self.stopping.is_set():
                 break
-            if not self.logic.admits(reasons):
-                continue
-            self.pass_(reasons or ["resync"])
+            if self.logic.admits(reasons):
+                self.pass_(reasons or ["resync"])
         notify.stopping()
         close_all(self.transports)
         # systemd's stop (SIGTERM) is a clean exit; a Ctrl-C in a terminal reports itself as one.
@@ -314,8 +313,7 @@ class Loop:
             self.status.spec_error = change.error
             return False
         self.status.spec_error = None
-        if change.kind == "new":
-            self.logic.settings = self.deployment.loop
+        self.logic.settings = self.deployment.loop  # unchanged unless the spec is new
         if change.nodes_changed:
             close_all(self.transports)
             self.transports = connect_all(self.deployment)

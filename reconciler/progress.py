@@ -21,6 +21,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconciler.fsutil import human_bytes
 from reconciler.redact import redact
 
 # The node-side programs spell the same prefix (they cannot import it); a unit test keeps them equal.
@@ -176,13 +177,6 @@ def eta_s(done: int, total: int | None, rate: float | None) -> float | None:
         return None
     eta = max(total - done, 0) / rate
     return eta if math.isfinite(eta) else None
-
-
-def human_bytes(count: float) -> str:
-    for unit, size in (("TB", 1000**4), ("GB", 1000**3), ("MB", 1000**2), ("kB", 1000)):
-        if count >= size:
-            return f"{count / size:.1f} {unit}"
-    return f"{count:.0f} B"
 
 
 def human_duration(seconds: float) -> str:

@@ -184,17 +184,7 @@ class _Resolver:
         self.text = config.text if config else ""
         self.local_user = local_user
         self.lines = _lines(self.text)
-        self._parse(self.text)
         self._loose: dict[tuple[int | None, str], list[str]] = {}
-
-    def _parse(self, text: str) -> SSHConfig:
-        try:
-            return _parsed(text)
-        except ConfigParseError as exc:
-            number = _unparsable_line(self.text)
-            raise self.error(
-                number, f"cannot parse this line: {exc}", "write `Keyword value` (see man ssh_config)"
-            ) from None
 
     def error(self, number: int | None, message: str, hint: str) -> SshConfigError:
         where = f"{self.path}:{number}" if number else str(self.path)
@@ -212,7 +202,13 @@ class _Resolver:
         options (so `%p` and `%r` in the config expand to them, as OpenSSH would)."""
         first = "".join(f"    {key} {value}\n" for key, value in (("Port", port), ("User", user)) if value)
         try:
-            options = dict(self._parse(f"Host *\n{first}" + self.text if first else self.text).lookup(name))
+            options = dict(_parsed(f"Host *\n{first}" + self.text if first else self.text).lookup(name))
+        except ConfigParseError as exc:
+            raise self.error(
+                _unparsable_line(self.text),
+                f"cannot parse this line: {exc}",
+                "write `Keyword value` (see man ssh_config)",
+            ) from None
         except CouldNotCanonicalize:
             raise self.error(
                 self.line_of("canonicalizehostname"),
