@@ -419,7 +419,8 @@ def _prefix(facts: Facts, node: str, fabric: ResolvedFabric) -> int | None:
 
 
 def _mtu(resolved: dict[str, ResolvedFabric], facts: Facts) -> Check:
-    mtus = {name: _mtu_of(facts, name, fabric) for name, fabric in resolved.items()}
+    detected = {name: facts.nodes[name].fabric for name in resolved}
+    mtus = {name: found.mtu if found.ifname == resolved[name].ifname else None for name, found in detected.items()}
     listed = ", ".join(
         f"{name} {resolved[name].ifname} {mtu if mtu is not None else '?'}" for name, mtu in mtus.items()
     )
@@ -429,11 +430,6 @@ def _mtu(resolved: dict[str, ResolvedFabric], facts: Facts) -> Check:
         fix = "set the same MTU on every fabric interface (netplan `mtu: 9000`)"
         return Check(ALL_NODES, "mtu", "FAIL", f"MTU differs: {listed}", fix)
     return Check(ALL_NODES, "mtu", "PASS", listed)
-
-
-def _mtu_of(facts: Facts, node: str, fabric: ResolvedFabric) -> int | None:
-    detected = facts.nodes[node].fabric
-    return detected.mtu if detected.ifname == fabric.ifname else None
 
 
 def _clock(deployment: Deployment, data: DoctorInput) -> Check:

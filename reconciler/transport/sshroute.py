@@ -250,28 +250,25 @@ class _Resolver:
 
     def port(self, options: dict[str, Any], name: str) -> int:
         value = str(options.get("port", SSH_PORT))
-        number = _whole_number(value)
-        if number is None or not 1 <= number <= 65535:
-            raise self.error(
-                self.line_of("port", value),
-                f"Port '{value}' (for {_subject(name, options)}) is not a port number",
-                "write a number from 1 to 65535, or set nodes[].ssh.port in the spec (the spec wins)",
-            )
-        return number
+        problem = f"Port '{value}' (for {_subject(name, options)}) is not a port number"
+        hint = "write a number from 1 to 65535, or set nodes[].ssh.port in the spec (the spec wins)"
+        return self.whole_number("port", value, 65535, problem, hint)
 
     def timeout(self, options: dict[str, Any], name: str) -> float | None:
         value = options.get("connecttimeout")
         if value is None or str(value).lower() == "none":
             return None
         text = str(value)
-        seconds = _whole_number(text)
-        if seconds is None or not 1 <= seconds <= 600:
-            raise self.error(
-                self.line_of("connecttimeout", text),
-                f"ConnectTimeout '{text}' (for {_subject(name, options)}) is not a number of seconds from 1 to 600",
-                "write whole seconds, or set nodes[].ssh.connect_timeout_s in the spec (the spec wins)",
-            )
-        return float(seconds)
+        problem = f"ConnectTimeout '{text}' (for {_subject(name, options)}) is not a number of seconds from 1 to 600"
+        hint = "write whole seconds, or set nodes[].ssh.connect_timeout_s in the spec (the spec wins)"
+        return float(self.whole_number("connecttimeout", text, 600, problem, hint))
+
+    def whole_number(self, key: str, text: str, high: int, problem: str, hint: str) -> int:
+        """`text` as a number from 1 to `high`, else the error at the line setting `key`. ASCII
+        digits only: `str.isdigit` also takes `²`, which `int` then refuses."""
+        if not re.fullmatch(r"[0-9]{1,6}", text) or not 1 <= int(text) <= high:
+            raise self.error(self.line_of(key, text), problem, hint)
+        return int(text)
 
     def known_hosts(self, options: dict[str, Any], name: str, *, default: str) -> tuple[str, ...]:
         value = options.get("userknownhostsfile")
@@ -402,11 +399,6 @@ def _subject(name: str, options: dict[str, Any]) -> str:
     """The name being resolved, and the address it resolved to so far."""
     hostname = options.get("hostname")
     return f"{name}, HostName {hostname}" if hostname and hostname != name else name
-
-
-def _whole_number(text: str) -> int | None:
-    """ASCII digits only: `str.isdigit` also takes `²`, which `int` then refuses."""
-    return int(text) if re.fullmatch(r"[0-9]{1,6}", text) else None
 
 
 def _unquote(value: str) -> str:
