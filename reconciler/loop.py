@@ -223,6 +223,7 @@ class Loop:
         self.logic = LoopLogic(self.deployment.loop)
         self.triggers = Triggers()
         self.stopping = threading.Event()
+        self.interrupted = False  # by a Ctrl-C, not systemd's stop
         self.transports: dict[str, Transport] = connect_all(self.deployment)
         self.last_facts: Facts | None = None
         self.threads: list[threading.Thread] = []
@@ -238,14 +239,8 @@ class Loop:
     # ---- the main loop -------------------------------------------------------------------
 
     def run(self) -> int:
-        interrupted = threading.Event()
-
-        def on_interrupt(*_: object) -> None:
-            interrupted.set()
-            self.stop()
-
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
-        signal.signal(signal.SIGINT, on_interrupt)
+        signal.signal(signal.SIGINT, lambda *_: self.stop(interrupted=True))
         self._start_threads()
         # Say "starting" at once: the first pass may download for hours before it says more.
         self._publish()
@@ -260,9 +255,10 @@ class Loop:
         notify.stopping()
         close_all(self.transports)
         # systemd's stop (SIGTERM) is a clean exit; a Ctrl-C in a terminal reports itself as one.
-        return EXIT_INTERRUPTED if interrupted.is_set() else 0
+        return EXIT_INTERRUPTED if self.interrupted else 0
 
-    def stop(self) -> None:
+    def stop(self, *, interrupted: bool = False) -> None:
+        self.interrupted = self.interrupted or interrupted
         self.stopping.set()
         self.triggers.fire("stopping")
 

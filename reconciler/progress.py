@@ -228,10 +228,6 @@ def bar(counter: Counter, width: int = 24) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-def shorten(text: str, limit: int = _SHORT_SUMMARY) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 @dataclass
 class StepState:
     """One step under way: which of how many, what it is, and how far its work has come."""
@@ -257,7 +253,8 @@ class StepState:
 
     def text(self) -> str:
         """'step 3/12 checkpoint.download@spark-head (download 41 files, …): download 41% of …'."""
-        head = f"step {self.number}/{self.steps} {self.action} ({shorten(self.summary)})"
+        summary = self.summary if len(self.summary) <= _SHORT_SUMMARY else self.summary[: _SHORT_SUMMARY - 1] + "…"
+        head = f"step {self.number}/{self.steps} {self.action} ({summary})"
         tail = [part for part in (self.progress_text(), self.detail) if part]
         return head + (": " + "; ".join(tail) if tail else "")
 

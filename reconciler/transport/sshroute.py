@@ -377,12 +377,9 @@ def _parsed(text: str) -> SSHConfig:
 
 
 def _lines(text: str) -> list[_Line]:
-    lines = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        match = _SETTING.match(raw.strip())
-        if match and not raw.strip().startswith("#"):
-            lines.append(_Line(number, match.group(1).lower(), match.group(2)))
-    return lines
+    """The setting lines (a comment's `#` is no keyword character, so comments never match)."""
+    matches = [(number, _SETTING.match(raw.strip())) for number, raw in enumerate(text.splitlines(), start=1)]
+    return [_Line(number, match.group(1).lower(), match.group(2)) for number, match in matches if match]
 
 
 def _unparsable_line(text: str) -> int | None:
