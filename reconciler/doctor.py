@@ -434,17 +434,12 @@ def _mtu(resolved: dict[str, ResolvedFabric], facts: Facts) -> Check:
 
 def _clock(deployment: Deployment, data: DoctorInput) -> Check:
     """Each node's offset from this machine, bounded by half the round trip; skew = spread of offsets."""
-    offsets: dict[str, tuple[float, float]] = {}
-    for node in deployment.nodes:
-        probe = data.probes[node.name]
-        stamp = probe.host.get("time")
-        if isinstance(stamp, int | float):
-            middle = (probe.sent_at + probe.received_at) / 2
-            offsets[node.name] = (float(stamp) - middle, (probe.received_at - probe.sent_at) / 2)
-    if len(offsets) < len(deployment.nodes):
+    probes = [data.probes[node.name] for node in deployment.nodes]
+    if not all(isinstance(probe.host.get("time"), int | float) for probe in probes):
         return Check(ALL_NODES, "clock skew", "WARN", "not checked: not every node answered")
-    skew = max(o for o, _ in offsets.values()) - min(o for o, _ in offsets.values())
-    uncertainty = sum(sorted(u for _, u in offsets.values())[-2:])
+    offsets = [float(probe.host["time"]) - (probe.sent_at + probe.received_at) / 2 for probe in probes]
+    skew = max(offsets) - min(offsets)
+    uncertainty = sum(sorted((probe.received_at - probe.sent_at) / 2 for probe in probes)[-2:])
     message = f"clocks differ by {skew:.2f} s (± {uncertainty:.2f} s)"
     if skew - uncertainty > CLOCK_SKEW_S:
         return Check(

@@ -319,16 +319,13 @@ class _Resolver:
                 f"ProxyJump for {name} goes more than {MAX_JUMP_DEPTH} hops deep: a loop",
                 "end the chain: give the first jump host `ProxyJump none`",
             )
-        looked_up = []
-        for part in jump.split(","):
-            user, host, port = self.parse_hop(part.strip(), name)
-            looked_up.append((host, self.lookup(host, port=port, user=user)))
+        looked_up = [self.hop(part.strip(), name) for part in jump.split(",")]
         hops = [self.endpoint(host, hop_options, identity=None) for host, hop_options in looked_up]
         first_jumps, proxy = self.jumps_to(*looked_up[0], depth=depth + 1)
         return (*first_jumps, *hops), proxy
 
-    def parse_hop(self, text: str, name: str) -> tuple[str | None, str, int | None]:
-        """`[user@]host[:port]` or `ssh://[user@]host[:port]`, as ProxyJump takes them."""
+    def hop(self, text: str, name: str) -> tuple[str, dict[str, Any]]:
+        """A ProxyJump hop, `[user@]host[:port]` or `ssh://[user@]host[:port]`, and its options."""
         bare = text.removeprefix("ssh://").rstrip("/")
         user, _, hostport = bare.rpartition("@")
         match = re.fullmatch(r"\[([^\]]+)\](?::([0-9]{1,5}))?|([^:\[\]]+)(?::([0-9]{1,5}))?", hostport)
@@ -344,7 +341,7 @@ class _Resolver:
             raise self.error(
                 self.line_of("proxyjump"), f"ProxyJump hop '{text}' (for {name}) has no valid port", "use 1-65535"
             )
-        return user or None, host, int(port) if port else None
+        return host, self.lookup(host, port=int(port) if port else None, user=user or None)
 
     def entries(self, name: str) -> tuple[str, ...]:
         """The Host lines whose patterns match `name` (Match blocks are evaluated, not listed)."""
