@@ -23,7 +23,6 @@ from reconciler.components.assessment import (
     GB,
     assess,
     checkpoint_on,
-    human_bytes,
     is_part,
 )
 from reconciler.components.fabric import resolve_fabric
@@ -33,6 +32,7 @@ from reconciler.facts.fabric import subnet_mismatches
 from reconciler.facts.gather import NodeProbe, probe_every_node, probe_facts, with_hub_listing
 from reconciler.facts.memory import KIB_PER_GIB
 from reconciler.facts.node import Facts, NodeFacts
+from reconciler.fsutil import human_bytes
 from reconciler.record import replace
 from reconciler.serving import ResolvedFabric
 from reconciler.spec import Deployment, Node
@@ -212,18 +212,17 @@ def _nvidia_runtime(subject: _Subject) -> Check:
     if "error" in info or subject.probe.docker_error:
         return subject.check("nvidia runtime", "WARN", "not checked: Docker does not answer", "fix Docker first")
     runtimes = list(info.get("runtimes") or [])
+    listed = ", ".join(runtimes)
     if "nvidia" in runtimes:
-        return subject.check("nvidia runtime", "PASS", f"Docker runtimes: {', '.join(runtimes)}")
+        return subject.check("nvidia runtime", "PASS", f"Docker runtimes: {listed}")
     configure = "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker"
     gpus_off = subject.deployment.serving.gpus == "none"
     note = " (serving.gpus is none in this spec, so its ranks start without it)" if gpus_off else ""
     tools = subject.probe.host.get("tools") or {}
     if tools.get("nvidia-ctk") or tools.get("nvidia-container-runtime-hook"):
-        message = f"nvidia-container-toolkit is installed but not a Docker runtime (runtimes: {', '.join(runtimes)})"
+        message = f"nvidia-container-toolkit is installed but not a Docker runtime (runtimes: {listed})"
         return subject.check("nvidia runtime", "WARN", message + note, configure)
-    message = (
-        f"Docker has no nvidia runtime (runtimes: {', '.join(runtimes) or 'none'}) and no nvidia-container-toolkit"
-    )
+    message = f"Docker has no nvidia runtime (runtimes: {listed or 'none'}) and no nvidia-container-toolkit"
     return subject.check(
         "nvidia runtime", "FAIL", message + note, f"install nvidia-container-toolkit, then {configure}"
     )
@@ -390,12 +389,9 @@ _NODE_CHECKS: list[Callable[[_Subject], Check]] = [
 
 
 def cross_node_checks(deployment: Deployment, data: DoctorInput) -> list[Check]:
-    resolved: dict[str, ResolvedFabric] = {}
-    for _, node in deployment.ranked_nodes:
-        if data.probes[node.name].raw is not None:
-            fabric = resolve_fabric(node, data.facts)
-            if not isinstance(fabric, Blocker):
-                resolved[node.name] = fabric
+    answered = [node for _, node in deployment.ranked_nodes if data.probes[node.name].raw is not None]
+    fabrics = {node.name: resolve_fabric(node, data.facts) for node in answered}
+    resolved = {name: fabric for name, fabric in fabrics.items() if not isinstance(fabric, Blocker)}
     missing = ", ".join(node.name for node in deployment.nodes if node.name not in resolved)
     if missing:
         message = f"not checked: no fabric address on {missing}"
@@ -423,7 +419,8 @@ def _prefix(facts: Facts, node: str, fabric: ResolvedFabric) -> int | None:
 
 
 def _mtu(resolved: dict[str, ResolvedFabric], facts: Facts) -> Check:
-    mtus = {name: _mtu_of(facts, name, fabric) for name, fabric in resolved.items()}
+    detected = {name: facts.nodes[name].fabric for name in resolved}
+    mtus = {name: found.mtu if found.ifname == resolved[name].ifname else None for name, found in detected.items()}
     listed = ", ".join(
         f"{name} {resolved[name].ifname} {mtu if mtu is not None else '?'}" for name, mtu in mtus.items()
     )
@@ -435,24 +432,14 @@ def _mtu(resolved: dict[str, ResolvedFabric], facts: Facts) -> Check:
     return Check(ALL_NODES, "mtu", "PASS", listed)
 
 
-def _mtu_of(facts: Facts, node: str, fabric: ResolvedFabric) -> int | None:
-    detected = facts.nodes[node].fabric
-    return detected.mtu if detected.ifname == fabric.ifname else None
-
-
 def _clock(deployment: Deployment, data: DoctorInput) -> Check:
     """Each node's offset from this machine, bounded by half the round trip; skew = spread of offsets."""
-    offsets: dict[str, tuple[float, float]] = {}
-    for node in deployment.nodes:
-        probe = data.probes[node.name]
-        stamp = probe.host.get("time")
-        if isinstance(stamp, int | float):
-            middle = (probe.sent_at + probe.received_at) / 2
-            offsets[node.name] = (float(stamp) - middle, (probe.received_at - probe.sent_at) / 2)
-    if len(offsets) < len(deployment.nodes):
+    probes = [data.probes[node.name] for node in deployment.nodes]
+    if not all(isinstance(probe.host.get("time"), int | float) for probe in probes):
         return Check(ALL_NODES, "clock skew", "WARN", "not checked: not every node answered")
-    skew = max(o for o, _ in offsets.values()) - min(o for o, _ in offsets.values())
-    uncertainty = sum(sorted(u for _, u in offsets.values())[-2:])
+    offsets = [float(probe.host["time"]) - (probe.sent_at + probe.received_at) / 2 for probe in probes]
+    skew = max(offsets) - min(offsets)
+    uncertainty = sum(sorted((probe.received_at - probe.sent_at) / 2 for probe in probes)[-2:])
     message = f"clocks differ by {skew:.2f} s (± {uncertainty:.2f} s)"
     if skew - uncertainty > CLOCK_SKEW_S:
         return Check(

@@ -20,7 +20,7 @@ from pathlib import Path
 from reconciler.errors import UntrustedFileError, UntrustedTextError
 from reconciler.nodeside.ops import PRIVATE, atomic_write, private_dir
 
-__all__ = ["PRIVATE", "atomic_write", "private_dir", "read_bounded", "read_untrusted_text"]
+__all__ = ["PRIVATE", "atomic_write", "human_bytes", "private_dir", "read_bounded", "read_untrusted_text"]
 
 
 def read_bounded(path: str | os.PathLike[str], *, limit: int) -> bytes:
@@ -59,6 +59,14 @@ def _kind(mode: int) -> str:
 
 def _size(count: int) -> str:
     return f"{count // (1024 * 1024)} MiB" if count >= 1024 * 1024 else f"{count} bytes"
+
+
+def human_bytes(count: float) -> str:
+    """A size or a rate in the decimal units the Hub and disks are sold in: '3.0 GB', '512 B'."""
+    for unit, size in (("TB", 1000**4), ("GB", 1000**3), ("MB", 1000**2), ("kB", 1000)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count:.0f} B"
 
 
 def read_untrusted_text(path: str | os.PathLike[str], *, what: str, limit: int) -> str:

@@ -223,6 +223,7 @@ class Loop:
         self.logic = LoopLogic(self.deployment.loop)
         self.triggers = Triggers()
         self.stopping = threading.Event()
+        self.interrupted = False  # by a Ctrl-C, not systemd's stop
         self.transports: dict[str, Transport] = connect_all(self.deployment)
         self.last_facts: Facts | None = None
         self.threads: list[threading.Thread] = []
@@ -238,14 +239,8 @@ class Loop:
     # ---- the main loop -------------------------------------------------------------------
 
     def run(self) -> int:
-        interrupted = threading.Event()
-
-        def on_interrupt(*_: object) -> None:
-            interrupted.set()
-            self.stop()
-
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
-        signal.signal(signal.SIGINT, on_interrupt)
+        signal.signal(signal.SIGINT, lambda *_: self.stop(interrupted=True))
         self._start_threads()
         # Say "starting" at once: the first pass may download for hours before it says more.
         self._publish()
@@ -255,15 +250,15 @@ class Loop:
             reasons = self.triggers.wait(self.logic.wait_s())
             if self.stopping.is_set():
                 break
-            if not self.logic.admits(reasons):
-                continue
-            self.pass_(reasons or ["resync"])
+            if self.logic.admits(reasons):
+                self.pass_(reasons or ["resync"])
         notify.stopping()
         close_all(self.transports)
         # systemd's stop (SIGTERM) is a clean exit; a Ctrl-C in a terminal reports itself as one.
-        return EXIT_INTERRUPTED if interrupted.is_set() else 0
+        return EXIT_INTERRUPTED if self.interrupted else 0
 
-    def stop(self) -> None:
+    def stop(self, *, interrupted: bool = False) -> None:
+        self.interrupted = self.interrupted or interrupted
         self.stopping.set()
         self.triggers.fire("stopping")
 
@@ -314,8 +309,7 @@ class Loop:
             self.status.spec_error = change.error
             return False
         self.status.spec_error = None
-        if change.kind == "new":
-            self.logic.settings = self.deployment.loop
+        self.logic.settings = self.deployment.loop  # unchanged unless the spec is new
         if change.nodes_changed:
             close_all(self.transports)
             self.transports = connect_all(self.deployment)

@@ -21,6 +21,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconciler.fsutil import human_bytes
 from reconciler.redact import redact
 
 # The node-side programs spell the same prefix (they cannot import it); a unit test keeps them equal.
@@ -178,13 +179,6 @@ def eta_s(done: int, total: int | None, rate: float | None) -> float | None:
     return eta if math.isfinite(eta) else None
 
 
-def human_bytes(count: float) -> str:
-    for unit, size in (("TB", 1000**4), ("GB", 1000**3), ("MB", 1000**2), ("kB", 1000)):
-        if count >= size:
-            return f"{count / size:.1f} {unit}"
-    return f"{count:.0f} B"
-
-
 def human_duration(seconds: float) -> str:
     """'45s', '12m', '3h05m', '2d': as precise as a remaining time deserves."""
     whole = round(seconds)
@@ -234,10 +228,6 @@ def bar(counter: Counter, width: int = 24) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-def shorten(text: str, limit: int = _SHORT_SUMMARY) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 @dataclass
 class StepState:
     """One step under way: which of how many, what it is, and how far its work has come."""
@@ -263,7 +253,8 @@ class StepState:
 
     def text(self) -> str:
         """'step 3/12 checkpoint.download@spark-head (download 41 files, …): download 41% of …'."""
-        head = f"step {self.number}/{self.steps} {self.action} ({shorten(self.summary)})"
+        summary = self.summary if len(self.summary) <= _SHORT_SUMMARY else self.summary[: _SHORT_SUMMARY - 1] + "…"
+        head = f"step {self.number}/{self.steps} {self.action} ({summary})"
         tail = [part for part in (self.progress_text(), self.detail) if part]
         return head + (": " + "; ".join(tail) if tail else "")
 

@@ -239,19 +239,28 @@ def check_user_name(name: str) -> None:
         )
 
 
-def access_problems(settings: UnitSettings) -> list[str]:
-    """Paths the service user could not reach: the unit would fail at its first start."""
+def user_problems(settings: UnitSettings) -> tuple[list[str], list[str]]:
+    """What the service user lacks: paths it cannot reach (the unit would fail at its first
+    start), and the docker group (the service reaches Docker as its user: without it, it cannot)."""
     if settings.user == "root":
-        return []
+        return [], []
     account = pwd.getpwnam(settings.user)
     groups = set(os.getgrouplist(account.pw_name, account.pw_gid))
     interpreter = os.path.realpath(sys.executable)
     wanted = [(settings.executable, os.X_OK), (interpreter, os.X_OK), (settings.spec, os.R_OK)]
-    return [
+    unreachable = [
         f"{settings.user} cannot {'run' if mode == os.X_OK else 'read'} {path}"
         for path, mode in wanted
         if not _reachable(path, mode, account.pw_uid, groups)
     ]
+    try:
+        docker_gid = grp.getgrnam("docker").gr_gid
+    except KeyError:
+        return unreachable, ["there is no docker group on this machine: is Docker installed on the head?"]
+    if docker_gid in groups:
+        return unreachable, []
+    fix = f"sudo usermod -aG docker {settings.user}"
+    return unreachable, [f"{settings.user} is not in the docker group, so the service cannot reach Docker: {fix}"]
 
 
 def _reachable(path: str, mode: int, uid: int, groups: set[int]) -> bool:
@@ -270,20 +279,6 @@ def _permits(path: Path, want: int, uid: int, groups: set[int]) -> bool:
     return (stat.st_mode >> shift) & want == want
 
 
-def docker_warning(user: str) -> str | None:
-    """The service reaches Docker as its user: without the docker group it cannot."""
-    if user == "root":
-        return None
-    account = pwd.getpwnam(user)
-    try:
-        docker_gid = grp.getgrnam("docker").gr_gid
-    except KeyError:
-        return "there is no docker group on this machine: is Docker installed on the head?"
-    if docker_gid in os.getgrouplist(user, account.pw_gid):
-        return None
-    return f"{user} is not in the docker group, so the service cannot reach Docker: sudo usermod -aG docker {user}"
-
-
 # --- installation ---------------------------------------------------------------------------
 
 
@@ -298,14 +293,13 @@ def install(
     """Render the unit and, unless dry_run, write it, create its directories and start it."""
     unit_path = unit_dir / UNIT_NAME
     report = InstallReport(str(unit_path), render_unit(settings), dry_run)
-    problems = access_problems(settings)
+    problems, warnings = user_problems(settings)
     if problems and not dry_run:
         raise ReconcilerError(
             "the service could not start: " + "; ".join(problems),
             "install spark-reconciler where that user can read it (e.g. a venv in its home), or pass --user",
         )
-    warning = docker_warning(settings.user)
-    report.warnings = problems + ([warning] if warning else [])
+    report.warnings = problems + warnings
     report.changed = _current(unit_path) != report.unit
     if dry_run:
         return report

@@ -115,13 +115,6 @@ def _mismatch(actual: str | None, expected: str) -> bool:
     return actual is not None and actual.lower() != expected.lower()
 
 
-def human_bytes(count: int) -> str:
-    for unit, size in (("TB", 1000**4), ("GB", GB), ("MB", 1000**2), ("kB", 1000)):
-        if count >= size:
-            return f"{count / size:.1f} {unit}"
-    return f"{count} B"
-
-
 class NodeView(Record):
     """A node's checkpoint as planning sees it: the facts and the node's own absolute paths."""
 

@@ -47,7 +47,6 @@ from reconciler.components.assessment import (
     NodeView,
     assess,
     expectation,
-    human_bytes,
     rewritten_plan,
     shard_of,
     staged_plan_current,
@@ -58,6 +57,7 @@ from reconciler.components.routing import PeerSource, copy_route, peer_source, p
 from reconciler.facts.files import FileFacts, HubFacts, RevisionFacts
 from reconciler.facts.node import Facts
 from reconciler.facts.revisions import is_commit, pinned, revision_dir, short
+from reconciler.fsutil import human_bytes
 from reconciler.nodeside.statedir import StateDir
 from reconciler.record import MutableRecord, Record, field
 from reconciler.repofiles import HubFile

@@ -29,10 +29,11 @@ from reconciler.actions import (
     shorten,
 )
 from reconciler.clock import utc_iso
-from reconciler.components.assessment import human_bytes, rewritten_plan, shard_of
+from reconciler.components.assessment import rewritten_plan, shard_of
 from reconciler.components.rsync import rsync_streams
 from reconciler.errors import FactsChangedError, NodeCommandError
 from reconciler.execution import ApplyContext
+from reconciler.fsutil import human_bytes
 from reconciler.nodeside.ops import ReassembleArgs, RemoveRevisionsArgs, SwitchArgs
 from reconciler.repofiles import HubFile, parse_manifest
 from reconciler.transport.base import run_program

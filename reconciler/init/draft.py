@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from reconciler.components.assessment import FULL_SIZE_HEAD, FULL_SIZE_WORKER, human_bytes
+from reconciler.components.assessment import FULL_SIZE_HEAD, FULL_SIZE_WORKER
 from reconciler.errors import ReconcilerError, SpecError
 from reconciler.facts.fabric import FabricFacts, subnet_mismatches
 from reconciler.facts.memory import KIB_PER_GIB
 from reconciler.facts.node import NodeFacts
+from reconciler.fsutil import human_bytes
 from reconciler.init.probe import leads_to
 from reconciler.init.request import DEFAULT_STATE_DIR, REVIEW, InitRequest, Probed
 from reconciler.init.yamltext import Lines, Note, flow_scalar, scalar, single_line

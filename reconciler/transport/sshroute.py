@@ -184,17 +184,7 @@ class _Resolver:
         self.text = config.text if config else ""
         self.local_user = local_user
         self.lines = _lines(self.text)
-        self._parse(self.text)
         self._loose: dict[tuple[int | None, str], list[str]] = {}
-
-    def _parse(self, text: str) -> SSHConfig:
-        try:
-            return _parsed(text)
-        except ConfigParseError as exc:
-            number = _unparsable_line(self.text)
-            raise self.error(
-                number, f"cannot parse this line: {exc}", "write `Keyword value` (see man ssh_config)"
-            ) from None
 
     def error(self, number: int | None, message: str, hint: str) -> SshConfigError:
         where = f"{self.path}:{number}" if number else str(self.path)
@@ -212,7 +202,13 @@ class _Resolver:
         options (so `%p` and `%r` in the config expand to them, as OpenSSH would)."""
         first = "".join(f"    {key} {value}\n" for key, value in (("Port", port), ("User", user)) if value)
         try:
-            options = dict(self._parse(f"Host *\n{first}" + self.text if first else self.text).lookup(name))
+            options = dict(_parsed(f"Host *\n{first}" + self.text if first else self.text).lookup(name))
+        except ConfigParseError as exc:
+            raise self.error(
+                _unparsable_line(self.text),
+                f"cannot parse this line: {exc}",
+                "write `Keyword value` (see man ssh_config)",
+            ) from None
         except CouldNotCanonicalize:
             raise self.error(
                 self.line_of("canonicalizehostname"),
@@ -254,28 +250,25 @@ class _Resolver:
 
     def port(self, options: dict[str, Any], name: str) -> int:
         value = str(options.get("port", SSH_PORT))
-        number = _whole_number(value)
-        if number is None or not 1 <= number <= 65535:
-            raise self.error(
-                self.line_of("port", value),
-                f"Port '{value}' (for {_subject(name, options)}) is not a port number",
-                "write a number from 1 to 65535, or set nodes[].ssh.port in the spec (the spec wins)",
-            )
-        return number
+        problem = f"Port '{value}' (for {_subject(name, options)}) is not a port number"
+        hint = "write a number from 1 to 65535, or set nodes[].ssh.port in the spec (the spec wins)"
+        return self.whole_number("port", value, 65535, problem, hint)
 
     def timeout(self, options: dict[str, Any], name: str) -> float | None:
         value = options.get("connecttimeout")
         if value is None or str(value).lower() == "none":
             return None
         text = str(value)
-        seconds = _whole_number(text)
-        if seconds is None or not 1 <= seconds <= 600:
-            raise self.error(
-                self.line_of("connecttimeout", text),
-                f"ConnectTimeout '{text}' (for {_subject(name, options)}) is not a number of seconds from 1 to 600",
-                "write whole seconds, or set nodes[].ssh.connect_timeout_s in the spec (the spec wins)",
-            )
-        return float(seconds)
+        problem = f"ConnectTimeout '{text}' (for {_subject(name, options)}) is not a number of seconds from 1 to 600"
+        hint = "write whole seconds, or set nodes[].ssh.connect_timeout_s in the spec (the spec wins)"
+        return float(self.whole_number("connecttimeout", text, 600, problem, hint))
+
+    def whole_number(self, key: str, text: str, high: int, problem: str, hint: str) -> int:
+        """`text` as a number from 1 to `high`, else the error at the line setting `key`. ASCII
+        digits only: `str.isdigit` also takes `²`, which `int` then refuses."""
+        if not re.fullmatch(r"[0-9]{1,6}", text) or not 1 <= int(text) <= high:
+            raise self.error(self.line_of(key, text), problem, hint)
+        return int(text)
 
     def known_hosts(self, options: dict[str, Any], name: str, *, default: str) -> tuple[str, ...]:
         value = options.get("userknownhostsfile")
@@ -326,16 +319,13 @@ class _Resolver:
                 f"ProxyJump for {name} goes more than {MAX_JUMP_DEPTH} hops deep: a loop",
                 "end the chain: give the first jump host `ProxyJump none`",
             )
-        looked_up = []
-        for part in jump.split(","):
-            user, host, port = self.parse_hop(part.strip(), name)
-            looked_up.append((host, self.lookup(host, port=port, user=user)))
+        looked_up = [self.hop(part.strip(), name) for part in jump.split(",")]
         hops = [self.endpoint(host, hop_options, identity=None) for host, hop_options in looked_up]
         first_jumps, proxy = self.jumps_to(*looked_up[0], depth=depth + 1)
         return (*first_jumps, *hops), proxy
 
-    def parse_hop(self, text: str, name: str) -> tuple[str | None, str, int | None]:
-        """`[user@]host[:port]` or `ssh://[user@]host[:port]`, as ProxyJump takes them."""
+    def hop(self, text: str, name: str) -> tuple[str, dict[str, Any]]:
+        """A ProxyJump hop, `[user@]host[:port]` or `ssh://[user@]host[:port]`, and its options."""
         bare = text.removeprefix("ssh://").rstrip("/")
         user, _, hostport = bare.rpartition("@")
         match = re.fullmatch(r"\[([^\]]+)\](?::([0-9]{1,5}))?|([^:\[\]]+)(?::([0-9]{1,5}))?", hostport)
@@ -351,7 +341,7 @@ class _Resolver:
             raise self.error(
                 self.line_of("proxyjump"), f"ProxyJump hop '{text}' (for {name}) has no valid port", "use 1-65535"
             )
-        return user or None, host, int(port) if port else None
+        return host, self.lookup(host, port=int(port) if port else None, user=user or None)
 
     def entries(self, name: str) -> tuple[str, ...]:
         """The Host lines whose patterns match `name` (Match blocks are evaluated, not listed)."""
@@ -384,12 +374,9 @@ def _parsed(text: str) -> SSHConfig:
 
 
 def _lines(text: str) -> list[_Line]:
-    lines = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        match = _SETTING.match(raw.strip())
-        if match and not raw.strip().startswith("#"):
-            lines.append(_Line(number, match.group(1).lower(), match.group(2)))
-    return lines
+    """The setting lines (a comment's `#` is no keyword character, so comments never match)."""
+    matches = [(number, _SETTING.match(raw.strip())) for number, raw in enumerate(text.splitlines(), start=1)]
+    return [_Line(number, match.group(1).lower(), match.group(2)) for number, match in matches if match]
 
 
 def _unparsable_line(text: str) -> int | None:
@@ -406,11 +393,6 @@ def _subject(name: str, options: dict[str, Any]) -> str:
     """The name being resolved, and the address it resolved to so far."""
     hostname = options.get("hostname")
     return f"{name}, HostName {hostname}" if hostname and hostname != name else name
-
-
-def _whole_number(text: str) -> int | None:
-    """ASCII digits only: `str.isdigit` also takes `²`, which `int` then refuses."""
-    return int(text) if re.fullmatch(r"[0-9]{1,6}", text) else None
 
 
 def _unquote(value: str) -> str:
