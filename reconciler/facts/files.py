@@ -68,12 +68,8 @@ class HubFacts(FactsModel):
     @field_serializer("files")
     def _stored(self, files: dict[str, HubFile]) -> dict[str, dict[str, object]]:
         # A file as it was always stored: its key names it, and an absent hash is left out.
-        return {name: _stored_file(item) for name, item in files.items()}
-
-
-def _stored_file(item: HubFile) -> dict[str, object]:
-    fields = {"size": item.size, "sha256": item.sha256, "blob_id": item.blob_id}
-    return {key: value for key, value in fields.items() if value is not None}
+        kept = ("size", "sha256", "blob_id")
+        return {name: {k: getattr(f, k) for k in kept if getattr(f, k) is not None} for name, f in files.items()}
 
 
 class RevisionFacts(FactsModel):
