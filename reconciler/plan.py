@@ -80,11 +80,11 @@ class Plan(MutableRecord):
 
     @property
     def bytes_moved(self) -> int:
-        """Bytes the plan downloads or copies (what it knows of them)."""
+        """Bytes the plan downloads or copies."""
         total = 0
         for action in self.actions:
             if isinstance(action.payload, Download):
-                total += sum(item.size or 0 for item in action.payload.files)
+                total += sum(item.size for item in action.payload.files)
             elif isinstance(action.payload, Copy):
                 total += action.payload.bytes
         return total

@@ -114,7 +114,8 @@ class _Record:
         validated as its annotation says, then the record built from it; or a record already."""
         from pydantic_core import core_schema
 
-        hints = typing.get_type_hints(cls)
+        # include_extras: a field's Annotated constraints (a pattern, a bound) are checked too.
+        hints = typing.get_type_hints(cls, include_extras=True)
         fields = {
             name: core_schema.typed_dict_field(handler.generate_schema(hints[name]), required=name not in cls._defaults)
             for name in cls._fields

@@ -10,9 +10,11 @@ from pydantic import Field
 
 from reconciler.record import KeywordRecord
 
-# A git commit or blob id, and a sha256, as the Hub and sha256sum spell them.
+# A git commit or blob id, and a sha256, as the Hub and sha256sum spell them; a repository in
+# git's SHA-256 object format names its blobs with 64 hex digits.
 GIT_ID = r"^[0-9a-f]{40}$"
 SHA256 = r"^[0-9a-f]{64}$"
+BLOB_ID = r"^[0-9a-f]{40}(?:[0-9a-f]{24})?$"
 
 
 class HubFile(KeywordRecord):
@@ -24,7 +26,7 @@ class HubFile(KeywordRecord):
     # The LFS sha256 of a large file; None for a small file kept in git itself.
     sha256: Annotated[str, Field(pattern=SHA256)] | None = None
     # The git blob id: what tells two versions of a small (non-LFS) file apart.
-    blob_id: Annotated[str, Field(pattern=GIT_ID)] | None = None
+    blob_id: Annotated[str, Field(pattern=BLOB_ID)] | None = None
 
     @property
     def etag(self) -> str:

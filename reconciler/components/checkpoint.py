@@ -383,13 +383,12 @@ def _fetch(steps: _NodeSteps, state: CheckpointState, why: str) -> None:
         steps.add(payload_copy, "create", summary, cause, after=source.after)
         return
     summary = f"download {len(fetch)} files, {size} of {model.repo}@{short(commit)} into {where}"
+    everything = sorted(listing.files.values(), key=lambda item: item.path)
     payload = Download(
         repo=model.repo,
         commit=commit,
         model_dir=target,
-        files=sorted(listing.files.values(), key=lambda item: item.path)
-        if nothing_here
-        else repo_files(fetch, listing),
+        files=everything if nothing_here else repo_files(fetch, listing),
         refetch=state.corrupt,
         on_node=node.ssh is not None,
         cache=view.layout.hash_cache,

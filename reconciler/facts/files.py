@@ -68,8 +68,11 @@ class HubFacts(FactsModel):
     @field_serializer("files")
     def _stored(self, files: dict[str, HubFile]) -> dict[str, dict[str, object]]:
         # A file as it was always stored: its key names it, and an absent hash is left out.
-        kept = ("size", "sha256", "blob_id")
-        return {name: {k: getattr(f, k) for k in kept if getattr(f, k) is not None} for name, f in files.items()}
+        fields = ("size", "sha256", "blob_id")
+        return {
+            name: {key: getattr(item, key) for key in fields if getattr(item, key) is not None}
+            for name, item in files.items()
+        }
 
 
 class RevisionFacts(FactsModel):

@@ -1,4 +1,4 @@
-"""Pi coding agent facts: the agent on the machine running the reconciler, and our part of its pi_config.
+"""Pi coding agent facts: the agent on the machine running the reconciler, and our part of its config.
 
 Gathered locally, because the reconciler configures the Pi of the machine it runs on: `pi` on PATH
 and which npm package it is, and what models.json, settings.json, the extension and the install
@@ -19,7 +19,6 @@ from reconciler.errors import PiConfigError
 from reconciler.facts.base import FactsModel, text_or_none
 from reconciler.pi import config as pi_config
 from reconciler.pi import files as pi_files
-from reconciler.pi.agent import locate_pi
 
 REDACTED = "<redacted>"
 
@@ -49,6 +48,8 @@ class PiFacts(FactsModel):
 
 def gather_pi(provider: str) -> PiFacts:
     """Never raises: a config Pi could not read either is the facts' `error`, for the plan to show."""
+    from reconciler.pi.agent import locate_pi  # not loaded by a plan from saved facts
+
     pi_path, package = locate_pi()
     directory = os.environ.get("PI_CODING_AGENT_DIR") or "~/.pi/agent"
     try:
@@ -107,6 +108,8 @@ def _without_headers(entry: dict[str, Any]) -> dict[str, Any]:
 def pi_status(provider: str) -> dict[str, Any]:
     """What is installed and configured here; the key variable's state, never its value."""
     directory = pi_files.agent_dir()
+    from reconciler.pi.agent import locate_pi
+
     path, package = locate_pi()
     facts = pi_facts_from_files(pi_files.read_files(directory, provider), provider, path, package)
     entry = facts.provider or {}

@@ -237,7 +237,8 @@ def fetch(
     on_file: Callable[[HubFile], None] | None = None,
 ) -> HubListing:
     """Resume what a killed run left, then fetch the rest file by file: `files` of `commit` as a
-    plan's listing named them, or (None) every file the Hub lists there now.
+    plan's listing named them, or (None) every file the Hub lists there now. A plan names exact
+    files: re-fetching one corrupt file must not bring back every other file's pruned parts.
 
     `on_bytes` gets what is on disk every few seconds (see `downloaded`); `on_file` each file
     once it is complete on disk (also one that already was), from the download's threads.

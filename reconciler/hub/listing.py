@@ -15,7 +15,7 @@ from reconciler.fsutil import read_bounded
 from reconciler.hub import client
 from reconciler.hub.client import endpoint, token
 from reconciler.hub.failures import hub_call
-from reconciler.repofiles import GIT_ID, SHA256, HubFile, is_inside, parse_manifest
+from reconciler.repofiles import BLOB_ID, GIT_ID, SHA256, HubFile, is_inside, parse_manifest
 from reconciler.spec import Model
 
 
@@ -92,7 +92,7 @@ def _hub_file(entry: RepoFile) -> HubFile:
     sha256 = entry.lfs.sha256 if entry.lfs is not None else None
     if sha256 is not None and not (isinstance(sha256, str) and re.match(SHA256, sha256)):
         raise HubError(f"the Hub lists {path} with a malformed sha256", "retry later", kind="malformed")
-    blob_id = entry.blob_id if isinstance(entry.blob_id, str) and re.match(GIT_ID, entry.blob_id) else None
+    blob_id = entry.blob_id if isinstance(entry.blob_id, str) and re.match(BLOB_ID, entry.blob_id) else None
     if sha256 is None and blob_id is None:
         raise HubError(f"the Hub lists {path} without a usable blob id", "retry later", kind="malformed")
     return HubFile(path=path, size=size, sha256=sha256, blob_id=blob_id)

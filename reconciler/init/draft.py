@@ -255,15 +255,13 @@ def _fabric_decided(out: Lines, fabric: FabricFacts, ifname: str, ip: str, here:
         out.raw(f"      hcas: [{', '.join(flow_scalar(hca) for hca in fabric.hcas)}]")
     else:
         unset = "so NCCL_IB_HCA stays unset (NCCL chooses)"
-        out.review(
-            6,
-            f"{here}.hcas",
-            f"the node reports HCAs the spec refuses ({bad_hcas}), {unset}. List the RDMA devices by hand "
-            "(`rdma link`): hcas: [...]."
-            if bad_hcas is not None
-            else f"no ACTIVE port's GID {GID_INDEX} holds ::ffff:{ip}, {unset}. Find the GID index holding it "
-            "(`cat /sys/class/infiniband/*/ports/1/gids/*`) and set gid_index, or list hcas: [...] by hand.",
-        )
+        if bad_hcas is not None:
+            why = f"the node reports HCAs the spec refuses ({bad_hcas}), {unset}. List the RDMA devices by hand "
+            why += "(`rdma link`): hcas: [...]."
+        else:
+            why = f"no ACTIVE port's GID {GID_INDEX} holds ::ffff:{ip}, {unset}. Find the GID index holding it "
+            why += "(`cat /sys/class/infiniband/*/ports/1/gids/*`) and set gid_index, or list hcas: [...] by hand."
+        out.review(6, f"{here}.hcas", why)
     out.key(6, "gid_index", GID_INDEX)
 
 

@@ -12,8 +12,10 @@ Usage: python3 memguard.py STATE_DIR   (config in STATE_DIR/memguard.json, writt
 
 from __future__ import annotations
 
+import http.client  # noqa: F401  (loaded now: the first Docker call comes when memory is short)
 import json
 import os
+import socket  # noqa: F401
 import sys
 import time
 import urllib.parse

@@ -1,4 +1,4 @@
-"""The Pi coding agent on this machine: the flows behind `reconciler pi install|uninstall|status`.
+"""The Pi coding agent on this machine: finding it, and the flows behind `reconciler pi install|uninstall`.
 
 When `pi` is not on PATH, install runs `npm install -g`. Which package depends on node: Pi 1.6.0
 (`@earendil-works/pi-coding-agent`) needs node >= 22.19, and under node 20 npm installs it with a mere

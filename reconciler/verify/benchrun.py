@@ -205,7 +205,9 @@ class BenchRun:
 
 
 def timed_stream(target: ApiTarget, path: str, body: JsonObject) -> benchmark.Stream:
-    return slotted_streams(target, path, [[body]])[1][0][0]
+    _sent, streams = slotted_streams(target, path, [[body]])
+    (only,) = streams[0]  # one repetition of one slot
+    return only
 
 
 def slotted_streams(

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from reconciler.errors import FactsError
 from reconciler.facts.containers import container_from_inspect
+from reconciler.facts.files import HubFacts
 from reconciler.facts.memory import parse_meminfo
 from reconciler.facts.node import load_facts
 from reconciler.repofiles import parse_manifest
@@ -69,3 +71,16 @@ def test_bad_facts_files_name_the_problem(tmp_path: Path, content: str, words: s
         load_facts(path)
     assert words in caught.value.message
     assert str(path) in caught.value.message
+
+
+def test_a_listed_file_is_checked_when_a_cached_listing_is_read() -> None:
+    """A cached listing is read back from the head's state dir: a file in it is checked like the Hub's answer."""
+
+    def listing(entry: dict[str, object]) -> HubFacts:
+        return HubFacts.model_validate({"commit": "a" * 40, "files": {"x.json": entry}})
+
+    assert listing({"size": 1, "blob_id": "b" * 40}).files["x.json"].etag == "b" * 40
+    assert listing({"size": 1, "blob_id": "c" * 64}).files["x.json"].path == "x.json"  # git's SHA-256 format
+    for bad in ({"size": -1, "blob_id": "b" * 40}, {"size": 1, "sha256": "zz"}, {"size": 1, "blob_id": "q"}):
+        with pytest.raises(ValidationError):
+            listing(bad)
