@@ -78,9 +78,9 @@ class Converge:
     saved: tuple[savedplan.SavedPlan, Path] | None = None
     # Runs under the lock before anything is observed: `stop` holds, `start` releases.
     first: Callable[[ApplyContext], None] | None = None
-    show: Callable[[Plan], None] | None = None
+    show: Callable[[Plan], None] = lambda _plan: None
     # False declines: nothing is applied.
-    confirm: Callable[[Plan], bool] | None = None
+    confirm: Callable[[Plan], bool] = lambda _plan: True
     liveness: Liveness | None = None
     # `apply` fails when nothing can be planned; the loop reports it as its condition instead.
     blocked_is_error: bool = True
@@ -116,14 +116,13 @@ def _converge_locked(
     progress.phase("gathering facts")
     facts = observe(deployment, transports, request.liveness, update_revision=request.update_revision)
     before = _plan_to_run(deployment, facts, request)
-    if request.show is not None:
-        request.show(before)
+    request.show(before)
     if before.blockers and not before.actions and request.blocked_is_error:
         blocker = before.blockers[0]
         raise ReconcilerError(f"{blocker.node}: {blocker.message}", blocker.hint)
     if not before.actions:
         return ApplyOutcome(before, ApplyResult(), before, facts)
-    if request.confirm is not None and not request.confirm(before):
+    if not request.confirm(before):
         return ApplyOutcome(before, ApplyResult(), before, facts, declined=True)
     result = ApplyResult()
     failed = _apply_round(context, before, facts, result)
@@ -140,9 +139,8 @@ def _converge_locked(
         # made from the world as it is now decides what follows, shown and asked for like the first.
         replanned = after
         progress.line(f"{failed.cause.message}: planned again from the facts as they are now")
-        if request.show is not None:
-            request.show(after)
-        if request.confirm is None or request.confirm(after):
+        request.show(after)
+        if request.confirm(after):
             again = _apply_round(context, after, after_facts, result)
             if again is not None:
                 raise ApplyError(again.message, _hint_again(failed, again), cause=again.cause)

@@ -123,8 +123,8 @@ def apply(args: argparse.Namespace) -> int:
         deep_verify=args.deep_verify,
         update_revision=args.update_revision,
         saved=saved,
-        show=None if args.json else show_plan,
-        confirm=None if args.yes else confirm,
+        show=(lambda _plan: None) if args.json else show_plan,
+        confirm=(lambda _plan: True) if args.yes else confirm,
     )
     outcome = _converge(deployment, request)
     if args.json:

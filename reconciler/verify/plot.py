@@ -43,14 +43,6 @@ PASS_COLOUR, FAIL_COLOUR = "#2ca02c", "#d62728"
 MUTED = "#555555"
 
 
-def plot_available() -> bool:
-    try:
-        _agg()
-    except PlotUnavailableError:
-        return False
-    return True
-
-
 def write_report_plot(report: Report, path: Path) -> None:
     """One run: prefill rate by prompt length, decode rates by concurrency, recall if measured."""
     path.write_bytes(_png(report_figure(report)))

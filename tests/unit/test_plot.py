@@ -229,7 +229,6 @@ def no_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("no_matplotlib")
 def test_without_matplotlib_the_plot_says_how_to_add_it(tmp_path: Path) -> None:
-    assert plot.plot_available() is False
     with pytest.raises(PlotUnavailableError) as missing:
         plot.write_report_plot(bench_report("x"), tmp_path / "bench.png")
     assert (missing.value.message, missing.value.hint) == (plot.MISSING, plot.HOW_TO_ADD)
@@ -240,10 +239,6 @@ def test_without_matplotlib_the_plot_says_how_to_add_it(tmp_path: Path) -> None:
     with pytest.raises(PlotUnavailableError):
         plot.write_compare_plot(bench_report("a"), bench_report("b"), tmp_path / "c.png", ("a", "b"))
     assert not list(tmp_path.iterdir())
-
-
-def test_with_matplotlib_the_plot_is_available() -> None:
-    assert plot.plot_available() is True
 
 
 def test_the_command_line_starts_without_importing_matplotlib() -> None:
