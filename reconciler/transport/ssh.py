@@ -36,6 +36,8 @@ from reconciler.transport.sshconnect import SshConnection, open_route
 from reconciler.transport.sshroute import route_for
 
 _CHUNK = 65536
+# How long closing the Docker forward waits for its relays' pipes to end.
+_PIPES_END_S = 2.0
 _RELAY = nodeside.source("dockerrelay")
 
 
@@ -155,6 +157,9 @@ class _DockerForward:
         self._server.bind(self.path)
         self._server.listen(16)
         self._closed = False
+        # The pipes of each relayed connection: `close` waits for them, so none is still running
+        # (and failing on a closed connection) while the interpreter shuts down.
+        self._pipes: list[threading.Thread] = []
         threading.Thread(target=self._accept, name="docker-forward", daemon=True).start()
 
     def _accept(self) -> None:
@@ -168,8 +173,13 @@ class _DockerForward:
             except (paramiko.SSHException, OSError, ReconcilerError):
                 connection.close()
                 continue
-            threading.Thread(target=_pipe_to_channel, args=(connection, channel), daemon=True).start()
-            threading.Thread(target=_pipe_to_socket, args=(channel, connection), daemon=True).start()
+            pipes = [
+                threading.Thread(target=_pipe_to_channel, args=(connection, channel), daemon=True),
+                threading.Thread(target=_pipe_to_socket, args=(channel, connection), daemon=True),
+            ]
+            self._pipes = [pipe for pipe in self._pipes if pipe.is_alive()] + pipes
+            for pipe in pipes:
+                pipe.start()
 
     def _open_relay(self) -> paramiko.Channel:
         """A session running the relay; when sessions run out or the link dropped, reconnect once
@@ -193,7 +203,10 @@ class _DockerForward:
         self._closed = True
         with contextlib.suppress(OSError):
             self._server.close()
-        self._client.close()
+        self._client.close()  # ends every relay's channel, and so its pipes
+        deadline = time.monotonic() + _PIPES_END_S
+        for pipe in self._pipes:
+            pipe.join(timeout=max(0.0, deadline - time.monotonic()))
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
@@ -207,7 +220,7 @@ def _pipe_to_channel(connection: socket.socket, channel: paramiko.Channel) -> No
     except OSError:
         pass
     finally:
-        channel.close()
+        _close(channel)
 
 
 def _pipe_to_socket(channel: paramiko.Channel, connection: socket.socket) -> None:
@@ -218,6 +231,14 @@ def _pipe_to_socket(channel: paramiko.Channel, connection: socket.socket) -> Non
     except OSError:
         pass
     finally:
-        channel.close()
+        _close(channel)
         with contextlib.suppress(OSError):
-            connection.close()
+            connection.shutdown(socket.SHUT_RDWR)  # wakes the other pipe's recv; a close alone does not
+        connection.close()
+
+
+def _close(channel: paramiko.Channel) -> None:
+    # The connection under the channel may be closed already (the forward is closing): then
+    # telling the node the channel ends fails, and there is nothing left to tell.
+    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+        channel.close()
