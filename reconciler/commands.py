@@ -41,8 +41,7 @@ from reconciler.progress import PassState
 from reconciler.record import Record
 from reconciler.serving import api_base, container_name
 from reconciler.spec import Deployment
-from reconciler.transport import Transport
-from reconciler.transport.base import find_container
+from reconciler.transport.base import Transport, find_container
 from reconciler.transport.connect import close_all, connect_all
 from reconciler.verify import smoke
 from reconciler.verify.apiclient import ApiTarget

@@ -37,7 +37,7 @@ from reconciler.plan import Plan, summary_line
 from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, LoadedSpec, parse_spec, read_spec_text
 from reconciler.spec import Loop as LoopSettings
-from reconciler.transport import Transport
+from reconciler.transport.base import Transport
 from reconciler.transport.connect import close_all, connect_all
 
 DEBOUNCE_S = 0.5

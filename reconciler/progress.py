@@ -54,11 +54,6 @@ class Counter:
     name: str | None = None
     unit: str | None = None
 
-    def to_line(self) -> str:
-        """The structured line a node-side program prints (and `parse_line` reads)."""
-        fields = {key: value for key, value in self.__dict__.items() if value is not None}
-        return PREFIX + json.dumps(fields, separators=(",", ":"))
-
 
 def parse_line(line: str) -> Counter | None:
     """A node's structured progress line as a Counter; None for any other line or a malformed one.

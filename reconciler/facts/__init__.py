@@ -4,7 +4,3 @@ Each module pairs a domain's facts model with the pure parsers of the real comma
 it is built from (the pyinfra model). Gatherers that run commands on nodes build these;
 `plan` only ever reads them, so a facts snapshot saved as JSON replays a plan offline.
 """
-
-from reconciler.facts.node import Facts, NodeFacts, load_facts
-
-__all__ = ["Facts", "NodeFacts", "load_facts"]

@@ -4,9 +4,5 @@ One transport per node per pass: commands, stdin-fed programs and the Docker API
 over it (for SSH: one authenticated connection, several channels).
 
 Opening one (reconciler.transport.connect) imports paramiko and docker; this package's
-`__init__` does not, so code that only plans (and names `Transport` in its types) stays light.
+`__init__` does not, so code that only plans (and names `base.Transport` in its types) stays light.
 """
-
-from reconciler.transport.base import CommandResult, Transport
-
-__all__ = ["CommandResult", "Transport"]

@@ -36,8 +36,6 @@ from reconciler.transport.sshconnect import SshConnection, open_route
 from reconciler.transport.sshroute import route_for
 
 _CHUNK = 65536
-# How long closing the Docker forward waits for its relays' pipes to end.
-_PIPES_END_S = 2.0
 _RELAY = nodeside.source("dockerrelay")
 
 
@@ -157,8 +155,7 @@ class _DockerForward:
         self._server.bind(self.path)
         self._server.listen(16)
         self._closed = False
-        # The pipes of each relayed connection: `close` waits for them, so none is still running
-        # (and failing on a closed connection) while the interpreter shuts down.
+        # Each relayed connection's pipes: `close` waits for them, so none runs on into the shutdown.
         self._pipes: list[threading.Thread] = []
         threading.Thread(target=self._accept, name="docker-forward", daemon=True).start()
 
@@ -204,7 +201,7 @@ class _DockerForward:
         with contextlib.suppress(OSError):
             self._server.close()
         self._client.close()  # ends every relay's channel, and so its pipes
-        deadline = time.monotonic() + _PIPES_END_S
+        deadline = time.monotonic() + 2.0  # the pipes end at once; this only bounds a stuck one
         for pipe in self._pipes:
             pipe.join(timeout=max(0.0, deadline - time.monotonic()))
         shutil.rmtree(self._dir, ignore_errors=True)
@@ -220,7 +217,10 @@ def _pipe_to_channel(connection: socket.socket, channel: paramiko.Channel) -> No
     except OSError:
         pass
     finally:
-        _close(channel)
+        # The connection under the channel may be closed already (the forward is closing): then
+        # telling the node the channel ends fails, and there is nothing left to tell.
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            channel.close()
 
 
 def _pipe_to_socket(channel: paramiko.Channel, connection: socket.socket) -> None:
@@ -231,14 +231,8 @@ def _pipe_to_socket(channel: paramiko.Channel, connection: socket.socket) -> Non
     except OSError:
         pass
     finally:
-        _close(channel)
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            channel.close()
         with contextlib.suppress(OSError):
             connection.shutdown(socket.SHUT_RDWR)  # wakes the other pipe's recv; a close alone does not
         connection.close()
-
-
-def _close(channel: paramiko.Channel) -> None:
-    # The connection under the channel may be closed already (the forward is closing): then
-    # telling the node the channel ends fails, and there is nothing left to tell.
-    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-        channel.close()

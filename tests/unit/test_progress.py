@@ -56,11 +56,15 @@ def download_action() -> Action:
 # ---- counters and their structured lines -------------------------------------------------------
 
 
-def test_a_counter_survives_its_structured_line() -> None:
-    counter = Counter("download", 41, 100, 2, 12, "model-00003-of-00006.safetensors")
-    assert counter.to_line().startswith(PREFIX)
-    assert parse_line(counter.to_line()) == counter
-    assert parse_line(Counter("hash", 0).to_line()) == Counter("hash", 0)
+def test_a_node_meters_structured_line_reads_back_as_its_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    meter = nodeside_common.Meter("download", 100, 12)
+    meter.add(41, name="model-00003-of-00006.safetensors")
+    meter.file_done()
+    meter.file_done()
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith(PREFIX)
+    assert parse_line(line) == Counter("download", 41, 100, 2, 12, "model-00003-of-00006.safetensors")
+    assert parse_line(PREFIX + '{"what":"hash","done":0}') == Counter("hash", 0)
 
 
 def test_the_node_side_programs_spell_the_heads_prefix() -> None:
@@ -260,7 +264,7 @@ def test_a_nodes_structured_lines_are_counted_and_its_other_lines_shown() -> Non
     progress = Progress(out, tty=False, clock=clock)
     with progress.step(1, 1, download_action()) as step:
         sink = progress.sink("spark-worker")
-        sink(Counter("hash", 5, 10, 1, 2).to_line())
+        sink(PREFIX + '{"what":"hash","done":5,"total":10,"files_done":1,"files":2}')
         sink("resuming model-00001 at byte 5")
     assert step.counter == Counter("hash", 5, 10, 1, 2)
     assert PREFIX not in out.getvalue()
