@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar, ge
 
 from pydantic import Field
 
+from reconciler.front import FrontContainer
 from reconciler.record import KeywordRecord, MutableRecord, Record, field, record_fields
 from reconciler.repofiles import HubFile
 from reconciler.serving import RankContainer
@@ -50,6 +51,7 @@ class Component(enum.StrEnum):
     APIKEY = "apikey"
     MEMGUARD = "memguard"
     RANKS = "ranks"
+    FRONT = "front"
     PI = "pi"
 
 
@@ -78,6 +80,8 @@ class Step(enum.StrEnum):
     START_RANK = "ranks.start"
     WAIT_READY = "ranks.wait-ready"
     SMOKE = "ranks.smoke"
+    START_FRONT = "front.start"
+    REMOVE_FRONT = "front.remove"
     CONFIGURE_PI = "pi.configure"
 
     @property
@@ -345,6 +349,23 @@ class StartRank(Payload):
     intent: str
 
 
+class StartFront(Payload):
+    """Write the front's config on the head, then create and start exactly this container
+    (replacing our old one), and wait until it accepts connections on `address`."""
+
+    STEP = Step.START_FRONT
+    kind: Literal["start-front"] = "start-front"
+    container: FrontContainer
+    address: tuple[str, int]
+
+
+class RemoveFront(StopContainer):
+    """A front of ours that is not this spec's (another name)."""
+
+    STEP = Step.REMOVE_FRONT
+    kind: Literal["remove-front"] = "remove-front"
+
+
 class WaitReady(Payload):
     """Poll the keyed `{url}/v1/models` until it answers 200 while watching every rank's container
     (node, name; rank 0 first): any exit fails the group at once."""
@@ -415,6 +436,8 @@ StepPayload = (
     | HaltRank
     | RemoveContainer
     | StartRank
+    | StartFront
+    | RemoveFront
     | WaitReady
     | Smoke
     | ConfigurePi

@@ -23,7 +23,7 @@ import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from reconciler.actions import Action, Payload, Step, is_pipelined
-from reconciler.components import apikey, checkpoint_run, image, memguard, pi, ranks
+from reconciler.components import apikey, checkpoint_run, front, image, memguard, pi, ranks
 from reconciler.errors import (
     ApplyError,
     NodeCommandError,
@@ -43,6 +43,7 @@ EXECUTORS: dict[type[Payload], Executor] = dict(
         *apikey.EXECUTORS,
         *memguard.EXECUTORS,
         *ranks.EXECUTORS,
+        *front.EXECUTORS,
         *pi.EXECUTORS,
     ]
 )

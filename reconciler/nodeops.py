@@ -64,6 +64,10 @@ class NodeOps:
     def remove_file(self, path: str) -> None:
         self._call(ops.remove_file, ops.PathArgs(path=path))
 
+    def key_file(self, path: str) -> ops.KeyFileState:
+        """The key file's owner and version (never its content); `present` False when missing."""
+        return self._call(ops.key_file, ops.PathArgs(path=path))
+
     def disk_free(self, path: str) -> int | None:
         """Free bytes where `path` is or would be; None when the node cannot say."""
         return self._call(ops.disk_free, ops.PathArgs(path=path))["free"]

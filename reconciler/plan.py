@@ -12,7 +12,8 @@ from typing import Any
 from reconciler.actions import VERBS, Action, Blocker, Component, Copy, Download, InSync, Outcome, Step, behind
 from reconciler.components.apikey import plan_apikey
 from reconciler.components.checkpoint import DeepVerify, placements, plan_checkpoint
-from reconciler.components.image import plan_image
+from reconciler.components.front import plan_front
+from reconciler.components.image import FRONT_PULL, plan_image
 from reconciler.components.memguard import plan_memguard
 from reconciler.components.pi import plan_pi
 from reconciler.components.ranks import hold_reasons, plan_ranks
@@ -125,6 +126,9 @@ def plan(
         )
         outcome.extend(ranks)
         outcome.actions += _after_ready(staging.after_ready, ranks)
+    front = plan_front(deployment, facts, _front_after(deployment, outcome.actions))
+    outcome.actions = _with_front(outcome.actions, front.actions)
+    outcome.in_sync += front.in_sync
     outcome.extend(plan_pi(deployment, facts))  # after the ranks, and never one of their prerequisites
     nodes: list[tuple[int, str, str]] = [(rank, node.name, node.role) for rank, node in deployment.ranked_nodes]
     return Plan(deployment.name, nodes, outcome.actions, outcome.blockers, outcome.in_sync, outcome.notes, outcome.held)
@@ -145,6 +149,28 @@ def _after_ready(after_ready: list[Action], ranks: Outcome) -> list[Action]:
     ]
 
 
+def _front_after(deployment: Deployment, actions: list[Action]) -> tuple[str, ...]:
+    """The front starts after the key and its image are there and, in a group restart, after
+    rank 0's start: the old rank 0 may hold the API port until it is stopped."""
+    head = deployment.head.name
+    before = [
+        action.id
+        for action in actions
+        if action.node == head and (action.component is Component.APIKEY or action.target == FRONT_PULL)
+    ]
+    starts = [action.id for action in actions if action.step is Step.START_RANK]
+    return (*before, *starts[-1:])
+
+
+def _with_front(actions: list[Action], front: list[Action]) -> list[Action]:
+    """The front's actions before the wait for readiness, which goes through the front."""
+    wait = next((index for index, action in enumerate(actions) if action.step is Step.WAIT_READY), None)
+    if wait is None or not front:
+        return actions + front
+    ready = replace(actions[wait], depends_on=(*actions[wait].depends_on, front[-1].id))
+    return [*actions[:wait], *front, ready, *actions[wait + 1 :]]
+
+
 def _check_facts_cover_spec(deployment: Deployment, facts: Facts) -> None:
     missing = [node.name for node in deployment.nodes if node.name not in facts.nodes]
     if missing:
@@ -159,7 +185,13 @@ def _rank_prerequisites(deployment: Deployment, actions: list[Action]) -> dict[s
     head = deployment.head.name
     prerequisites: dict[str, list[str]] = {}
     for node in deployment.nodes:
-        own = [a for a in actions if a.node == node.name and (a.component is not Component.APIKEY or node.name == head)]
+        own = [
+            a
+            for a in actions
+            if a.node == node.name
+            and (a.component is not Component.APIKEY or node.name == head)
+            and a.target != FRONT_PULL
+        ]
         # Each component's last action, in the order the components first act.
         prerequisites[node.name] = list({action.component: action.id for action in own}.values())
     return prerequisites

@@ -2,8 +2,8 @@
 
 Pure: no I/O. The default spec renders the `vllm serve` arguments and environment the default
 image is tuned with, flag for flag (a golden test holds it to that), except where README's
-"Deliberate differences" says otherwise — chiefly the API key, which reaches the engine
-from a read-only mounted file and never appears in argv or the container's environment.
+"Deliberate differences" says otherwise — chiefly the API: rank 0 listens on 127.0.0.1 only,
+behind the front (reconciler/front.py), which holds the key; the engine never sees it.
 """
 
 from __future__ import annotations
@@ -22,19 +22,18 @@ LABEL_RANK = "io.spark-reconciler.rank"
 LABEL_NODE = "io.spark-reconciler.node"
 LABEL_CONFIG_HASH = "io.spark-reconciler.config-hash"
 LABEL_COMMIT = "io.spark-reconciler.commit"
+# What a container of ours is when it is not a rank (no label: a rank, as every container was
+# before the front).
+LABEL_ROLE = "io.spark-reconciler.role"
+ROLE_FRONT = "front"
 # Bumped only when the hashed fields change meaning, so that upgrading the reconciler
 # does not recreate every container, as unstable hashes did to docker compose users
 # (see docs/sources.md). v2: the checkpoint's commit is part of the hash.
 HASH_SCHEME = "v2"
 
+# Where the front's container finds the key file (read-only).
 KEY_MOUNT = "/run/secrets/dsv41-api-key"
-# vLLM reads VLLM_API_KEY; set it in the process only, at exec time, from the mounted file.
 # `$0` names the wrapper in `ps`; the argv after it is the real vllm command.
-KEY_WRAPPER = (
-    'VLLM_API_KEY="$(cat ' + KEY_MOUNT + ')" || exit 78; '
-    '[ -n "$VLLM_API_KEY" ] || { echo "api key file is empty" >&2; exit 78; }; '
-    'export VLLM_API_KEY; exec "$@"'
-)
 PLAIN_WRAPPER = 'exec "$@"'
 
 
@@ -205,14 +204,18 @@ def group_args(deployment: Deployment, master_addr: str) -> list[str]:
     ]
 
 
+# Rank 0's API answers the head only: the front is the door from anywhere else.
+ENGINE_HOST = "127.0.0.1"
+
+
 def rank_args(deployment: Deployment, rank: int) -> list[str]:
-    """Rank 0 serves the API; every other rank runs headless."""
+    """Rank 0 serves the API (on loopback, behind the front); every other rank runs headless."""
     if rank != 0:
         return ["--node-rank", str(rank), "--headless"]
     s = deployment.serving
     reasoning = ["--reasoning-parser", s.reasoning_parser] if s.reasoning_parser is not None else []
     return [
-        *("--node-rank", "0", "--host", deployment.api.bind, "--port", str(s.port)),
+        *("--node-rank", "0", "--host", ENGINE_HOST, "--port", str(deployment.api.engine_port)),
         *reasoning,
         *("--tool-call-parser", s.tool_call_parser),
         "--enable-auto-tool-choice",
@@ -244,9 +247,9 @@ def rank_env(deployment: Deployment, fabric: ResolvedFabric) -> dict[str, str]:
     return {**env, **deployment.serving.extra_env}
 
 
-def rank_mounts(deployment: Deployment, rank: int, context: NodeContext, head_home: str) -> tuple[Mount, ...]:
+def rank_mounts(deployment: Deployment, rank: int, context: NodeContext) -> tuple[Mount, ...]:
     """The revision directory read-only at /model (never model_dir's link: a later switch of the
-    link must not change what a running rank sees), its staged plans, the kernel caches, the key."""
+    link must not change what a running rank sees), its staged plans, the kernel caches."""
     node = _node_of_rank(deployment, rank)
     layout = StateDir(expand_home(deployment.state_dir, context.home))
     mounts = [
@@ -254,8 +257,6 @@ def rank_mounts(deployment: Deployment, rank: int, context: NodeContext, head_ho
         Mount(context.plans_path or layout.plans, "/plans", read_only=True),
         Mount(layout.engine_cache, "/cache", read_only=False),
     ]
-    if rank == 0:
-        mounts.append(Mount(expand_home(deployment.key_file(), head_home), KEY_MOUNT, read_only=True))
     return tuple(mounts)
 
 
@@ -268,16 +269,15 @@ def render_rank(deployment: Deployment, rank: int, contexts: dict[str, NodeConte
     node = _node_of_rank(deployment, rank)
     head = deployment.head
     context = contexts[node.name]
-    wrapper = KEY_WRAPPER if rank == 0 else PLAIN_WRAPPER
     container = RankContainer(
         name=container_name(deployment, rank),
         node=node.name,
         rank=rank,
         image=deployment.image.ref,
-        entrypoint=("/bin/sh", "-c", wrapper, f"{deployment.name}-r{rank}"),
+        entrypoint=("/bin/sh", "-c", PLAIN_WRAPPER, f"{deployment.name}-r{rank}"),
         command=tuple(vllm_argv(deployment, rank, contexts[head.name].fabric.ip)),
         env=tuple(rank_env(deployment, context.fabric).items()),
-        mounts=rank_mounts(deployment, rank, context, contexts[head.name].home),
+        mounts=rank_mounts(deployment, rank, context),
         commit=context.commit or "",
         shm_size=deployment.serving.shm_size,
         stop_timeout_s=deployment.serving.stop_timeout_s,
@@ -313,10 +313,16 @@ def rewrite_exl3_plan(plan_text: str) -> str:
 
 
 def api_base(deployment: Deployment) -> str:
-    """Where the reconciler reaches the API: locally on the head, else the head's address."""
+    """Where the reconciler reaches the API, through the front: locally on the head, else the
+    head's address."""
     head = deployment.head
     port = deployment.serving.port
     if head.ssh is not None:
         return f"http://{head.ssh.host}:{port}"
     bind = deployment.api.bind
     return f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{port}"
+
+
+def engine_base(deployment: Deployment) -> str:
+    """Rank 0's own API, past the front: reachable only on the head itself."""
+    return f"http://{ENGINE_HOST}:{deployment.api.engine_port}"

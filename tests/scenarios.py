@@ -26,9 +26,10 @@ from reconciler.facts.files import (
 from reconciler.facts.memory import GuardFacts, GuardTrip
 from reconciler.facts.node import Facts, NodeFacts, load_facts
 from reconciler.facts.revisions import revision_dir
+from reconciler.front import LABEL_KEY_VERSION, render_front
 from reconciler.init import InitRequest
 from reconciler.record import replace
-from reconciler.serving import RankContainer, render_group, rewrite_exl3_plan
+from reconciler.serving import LABEL_ROLE, RankContainer, render_group, rewrite_exl3_plan
 from reconciler.spec import Deployment, Node, SshTarget, expand_home, load_spec
 from tests.testbed import fakesys
 
@@ -107,6 +108,23 @@ def running(container: RankContainer) -> ContainerFacts:
     )
 
 
+KEY_VERSION = "1764547200000000000:4242:44"
+
+
+def running_front(deployment: Deployment, home: str) -> ContainerFacts:
+    """The front as its start leaves it: rendered, labelled with the key file's version."""
+    front = render_front(deployment, home)
+    return ContainerFacts(
+        name=front.name,
+        id="f" * 64,
+        image=front.image,
+        status="running",
+        labels={**front.labels, LABEL_KEY_VERSION: KEY_VERSION},
+        command=[*front.entrypoint, *front.command],
+        env={},
+    )
+
+
 def converged_facts(deployment: Deployment | None = None) -> Facts:
     """What the fresh fixture looks like after a successful apply of `deployment`."""
     deployment = deployment or reference_deployment()
@@ -120,15 +138,18 @@ def converged_facts(deployment: Deployment | None = None) -> Facts:
     containers = {rank.node: rank for rank in render_group(deployment, contexts)}
     nodes: dict[str, NodeFacts] = {}
     for name, observed in base.nodes.items():
+        head = name == deployment.head.name
+        assert observed.home is not None
         nodes[name] = observed.model_copy(
             update={
                 "checkpoint": complete_checkpoint(deployment, deployment.node(name), base),
-                "images": [deployment.image.ref],
-                "containers": [running(containers[name])],
+                "images": [deployment.image.ref, *([deployment.api.front_image] if head else [])],
+                "containers": [
+                    running(containers[name]),
+                    *([running_front(deployment, observed.home)] if head else []),
+                ],
                 "guard": GuardFacts(running=True, config_hash=guard_config_hash(deployment)),
-                "api_key": KeyFileFacts(present=True, empty=False, mode=0o600)
-                if name == deployment.head.name
-                else None,
+                "api_key": KeyFileFacts(present=True, empty=False, mode=0o600, version=KEY_VERSION) if head else None,
             }
         )
     return base.model_copy(update={"nodes": nodes})
@@ -143,7 +164,8 @@ def running_on(deployment: Deployment, facts: Facts, commit: str) -> Facts:
             contexts[name], model_path=placed.model_path, plans_path=placed.plans_path, commit=placed.commit
         )
     for rank in render_group(deployment, contexts):
-        facts = with_node(facts, rank.node, containers=[running(rank)])
+        others = [c for c in facts.nodes[rank.node].containers if c.labels.get(LABEL_ROLE)]
+        facts = with_node(facts, rank.node, containers=[running(rank), *others])
     return facts
 
 

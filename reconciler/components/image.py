@@ -14,18 +14,26 @@ if TYPE_CHECKING:
     from reconciler.progress import Counter
 
 COMPONENT = Component.IMAGE
+# The target of the front image's pull on the head: no rank waits for it, the front does.
+FRONT_PULL = "front"
 
 
 def plan_image(deployment: Deployment, facts: Facts) -> Outcome:
+    """The serving image on every node (pulled side by side), then the front's on the head."""
     outcome = Outcome()
-    ref = deployment.image.ref
-    for _, node, observed in facts.answering(deployment.ranked_nodes):
+    wanted = [(node, observed, "", deployment.image.ref) for _, node, observed in facts.answering(deployment.ranked_nodes)]
+    wanted += [
+        (node, observed, FRONT_PULL, deployment.api.front_image)
+        for rank, node, observed in facts.answering(deployment.ranked_nodes)
+        if rank == 0
+    ]
+    for node, observed, target, ref in wanted:
         if ref in observed.images:
             outcome.in_sync.append(InSync(node.name, COMPONENT, f"{short_ref(ref)} present"))
             continue
-        outcome.actions.append(
-            action(Pull(ref=ref), node.name, "create", f"pull {short_ref(ref)}", "image not present on the node")
-        )
+        cause = "image not present on the node" + (" (the front's)" if target else "")
+        pull = action(Pull(ref=ref), node.name, "create", f"pull {short_ref(ref)}", cause, (), target)
+        outcome.actions.append(pull)
     return outcome
 
 

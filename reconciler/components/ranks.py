@@ -47,6 +47,7 @@ from reconciler.serving import (
     LABEL_DEPLOYMENT,
     LABEL_OWNER,
     LABEL_RANK,
+    LABEL_ROLE,
     OWNER,
     RankContainer,
     api_base,
@@ -62,12 +63,15 @@ COMPONENT = Component.RANKS
 _SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
-def owned_containers(deployment: Deployment, facts: Facts, node: str) -> list[ContainerFacts]:
-    """Containers labelled as ours and of this deployment; anything else is never touched."""
+def owned_containers(deployment: Deployment, facts: Facts, node: str, role: str = "") -> list[ContainerFacts]:
+    """Containers labelled as ours, of this deployment and in this role (none: a rank); anything
+    else is never touched."""
     return [
         container
         for container in facts.nodes[node].containers
-        if container.labels.get(LABEL_OWNER) == OWNER and container.labels.get(LABEL_DEPLOYMENT) == deployment.name
+        if container.labels.get(LABEL_OWNER) == OWNER
+        and container.labels.get(LABEL_DEPLOYMENT) == deployment.name
+        and container.labels.get(LABEL_ROLE, "") == role
     ]
 
 
@@ -307,7 +311,7 @@ _STOPPABLE = {"running", "restarting", "paused", "created"}
 
 def _start_action(deployment: Deployment, state: RankState, group_cause: str, depends: list[str]) -> Action:
     rank = state.desired.rank
-    role = f"API on :{deployment.serving.port}" if rank == 0 else "headless"
+    role = f"API on 127.0.0.1:{deployment.api.engine_port}, behind the front" if rank == 0 else "headless"
     verb: Verb = "create" if state.observed is None else "replace"
     summary = f"start {state.desired.name} (rank {rank}, {role})"
     payload = StartRank(container=state.desired, intent=group_cause)

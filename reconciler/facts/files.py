@@ -128,3 +128,5 @@ class KeyFileFacts(FactsModel):
     present: bool = False
     empty: bool = True
     mode: int | None = None
+    # Changes when the file is rewritten or replaced (mtime, inode, size): the front reloads the key.
+    version: str | None = None

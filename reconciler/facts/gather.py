@@ -194,7 +194,10 @@ def _key_file(raw: dict[str, Any]) -> KeyFileFacts:
     if not raw.get("present"):
         return KeyFileFacts(present=False)
     mode = raw.get("mode")
-    return KeyFileFacts(present=True, empty=raw.get("size", 0) == 0, mode=mode if isinstance(mode, int) else None)
+    version = text_or_none(raw.get("version"))
+    return KeyFileFacts(
+        present=True, empty=raw.get("size", 0) == 0, mode=mode if isinstance(mode, int) else None, version=version
+    )
 
 
 class NodeProbe(Record):

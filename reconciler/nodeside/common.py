@@ -136,3 +136,21 @@ def free_bytes(path: str) -> int | None:
     except OSError:
         return None
     return info.f_bavail * info.f_frsize
+
+
+def key_file_state(path: str) -> dict[str, Any]:
+    """The key file described without its content: its owner (the front runs as that user to
+    read the 0600 file) and a version that changes when the file is rewritten or replaced."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return {"present": False}
+    version = f"{info.st_mtime_ns}:{info.st_ino}:{info.st_size}"
+    return {
+        "present": True,
+        "size": info.st_size,
+        "mode": info.st_mode & 0o7777,
+        "uid": info.st_uid,
+        "gid": info.st_gid,
+        "version": version,
+    }

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from reconciler.nodeside.common import CHUNK, Meter, free_bytes, is_commit, reply, stop_pid
+from reconciler.nodeside.common import CHUNK, Meter, free_bytes, is_commit, key_file_state, reply, stop_pid
 from reconciler.nodeside.statedir import StateDir
 
 # Hashing, thread pools, processes and rmtree import their modules where they are used: the head
@@ -153,6 +153,15 @@ class RemoveRevisionsRequired(ModelDirArgs):
 
 class RemoveRevisionsArgs(RemoveRevisionsRequired, total=False):
     shared_only: list[str]
+
+
+class KeyFileState(TypedDict, total=False):
+    present: bool
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    version: str
 
 
 class RevisionsRemoved(Removed):
@@ -448,6 +457,12 @@ def disk_free(args: PathArgs) -> DiskFree:
     return {"free": free_bytes(os.path.expanduser(args["path"]))}
 
 
+def key_file(args: PathArgs) -> KeyFileState:
+    """The key file's owner and version, never its content."""
+    state: KeyFileState = key_file_state(os.path.expanduser(args["path"]))  # type: ignore[assignment]
+    return state
+
+
 def remove_file(args: PathArgs) -> Done:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.expanduser(args["path"]))
@@ -566,6 +581,7 @@ OPERATIONS: dict[str, Callable[[Any], object]] = {
         guard_start,
         guard_stop,
         remove_file,
+        key_file,
         disk_free,
         link_files,
         switch_model_dir,

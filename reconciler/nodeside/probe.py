@@ -20,7 +20,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from reconciler.nodeside.common import docker_request, free_bytes, is_commit, pid_of, reply
+from reconciler.nodeside.common import docker_request, free_bytes, is_commit, key_file_state, pid_of, reply
 from reconciler.nodeside.statedir import StateDir
 
 MAX_PLAN_BYTES = 4 * 1024 * 1024
@@ -68,14 +68,6 @@ def list_files(root: str) -> dict[str, list[int]]:
             if stat.S_ISREG(info.st_mode):
                 files[os.path.relpath(full, root)] = [info.st_size, info.st_mtime_ns, info.st_ino]
     return files
-
-
-def stat_key_file(path: str) -> dict[str, Any]:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return {"present": False}
-    return {"present": True, "size": info.st_size, "mode": stat.S_IMODE(info.st_mode)}
 
 
 def process_alive(pid_file: str) -> bool:
@@ -259,7 +251,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "hash_cache": read_json(layout.hash_cache) or {},
         "hub_listings": hub_listings(state_dir) if args.get("head") else [],
         "disk_free": free_bytes(model_dir),
-        "key_file": stat_key_file(os.path.expanduser(args["key_file"])) if args.get("key_file") else None,
+        "key_file": key_file_state(os.path.expanduser(args["key_file"])) if args.get("key_file") else None,
         "guard_running": process_alive(layout.guard_pid),
         "guard_config": read_json(layout.guard_config),
         "guard_trip": read_json(layout.guard_trip),

@@ -35,6 +35,8 @@ class StateDir:
         self.copy_daemon = self._at("copy-daemon")
         # The API key, on the head (the default of api.key_file): random, mode 0600, never printed.
         self.api_key = self._at("api_key")
+        # The front's HAProxy config, mounted read-only into its container (it holds no secret).
+        self.front_config = self._at("front.cfg")
         # A group restart begun and not yet ready: a reconciler that dies mid-restart resumes it.
         self.restart_intent = self._at("restart-intent.json")
         # `reconciler stop`: the ranks stay down until `reconciler start`.

@@ -15,7 +15,7 @@ from reconciler.errors import Position, SpecError, SpecProblem, UntrustedTextErr
 from reconciler.fsutil import read_untrusted_text
 from reconciler.record import Record
 from reconciler.spec.model import REFERENCE_PROFILE_ONLY_FIELDS, Deployment
-from reconciler.spec.values import _COMMIT_RE
+from reconciler.spec.values import _COMMIT_RE, _DIGEST_RE
 from reconciler.yamlpos import LocatedDocument, load_located
 
 
@@ -74,7 +74,8 @@ Located = tuple[tuple[str | int, ...], str, str]
 
 def cross_check(deployment: Deployment) -> list[Located]:
     """Rules that span several fields; each result is (path, message, hint)."""
-    return [*_check_roles(deployment), *_check_unique_nodes(deployment), *_check_ports(deployment)]
+    checks = (_check_roles, _check_unique_nodes, _check_ports, _check_front)
+    return [problem for check in checks for problem in check(deployment)]
 
 
 def _check_roles(deployment: Deployment) -> Iterator[Located]:
@@ -120,6 +121,24 @@ def _check_unique_nodes(deployment: Deployment) -> Iterator[Located]:
             ("nodes", locals_[1]),
             "more than one node has no ssh: (only the machine running the reconciler is local)",
             "add an ssh: target to every remote node",
+        )
+
+
+def _check_front(deployment: Deployment) -> Iterator[Located]:
+    api, serving = deployment.api, deployment.serving
+    taken = {serving.port: "serving.port (where the front listens)", serving.master_port: "serving.master_port"}
+    if api.engine_port in taken:
+        yield (
+            ("api", "engine_port"),
+            f"engine_port {api.engine_port} is also {taken[api.engine_port]}",
+            "give rank 0 a port of its own (the default: 18000)",
+        )
+    if not deployment.image.allow_unpinned and not re.search(_DIGEST_RE, api.front_image):
+        yield (
+            ("api", "front_image"),
+            f"front image '{api.front_image}' is not pinned by digest",
+            "append @sha256:<digest> (see `docker image inspect --format '{{index .RepoDigests 0}}'`), "
+            "or set image.allow_unpinned: true to accept a moving tag",
         )
 
 

@@ -47,6 +47,9 @@ from reconciler.spec.values import (
 REFERENCE_IMAGE = (
     "ghcr.io/0xsero/deepseek-v4.1-flash-spark@sha256:5668e35e5ee021da4b9ce88a1964caf0e082e8ca01d81d1d64b6213a55c6add5"
 )
+# The official HAProxy 3.0 (LTS) image, 3.0.28 on Alpine: the digest of its multi-arch index
+# (linux/arm64 for the Sparks, linux/amd64 among the others), as docker-library publishes it.
+FRONT_IMAGE = "haproxy:3.0-alpine@sha256:c76d0e66c19908aa3fccc72203c156a09e2aac07a148bf45f40586894d83c4d9"
 
 
 # The container environment both ranks get by default, minus the values that
@@ -425,10 +428,18 @@ class MemGuard(StrictModel):
 
 
 class Api(StrictModel):
-    """The OpenAI-compatible API on the head."""
+    """The OpenAI-compatible API on the head, behind the front: a reverse proxy that is the only
+    listener on bind:serving.port and lets through only requests with the key (and GET /health)."""
 
     key_file: HostPath | None = Field(default=None, description="Default: <state_dir>/api_key.")
-    bind: BindIPv4 = Field(default="0.0.0.0", description="vLLM --host.")
+    bind: BindIPv4 = Field(default="0.0.0.0", description="Where the front listens, on serving.port.")
+    engine_port: Port = Field(
+        default=18000, description="Rank 0's own port, on 127.0.0.1 only: the front forwards to it."
+    )
+    front_image: ImageRef = Field(
+        default=FRONT_IMAGE,
+        description="The front's image (HAProxy), pinned by digest unless image.allow_unpinned is set.",
+    )
 
 
 class Startup(StrictModel):

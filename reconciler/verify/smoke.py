@@ -2,7 +2,7 @@
 
 The content checks ask what a working DeepSeek-V4.1-Flash answers: 17 * 23
 (391), a get_weather call for Warsaw, and the colours of a red-left/blue-right image. Users
-also meet the protocol: the served model listed, 401 without the key, reasoning split
+also meet the protocol: the served model listed, every route refused without the key, reasoning split
 out by the reasoning parser, and streams framed as OpenAI clients parse them (role chunk, a
 finish_reason, a final usage chunk, [DONE]). Each check is one request (I/O) and a pure
 judgement, so every way a check fails is testable without a server.
@@ -131,12 +131,37 @@ def judge_models(status: int, body: object, model: str | None) -> str:
     return f"lists {model or models[0]}"
 
 
-def judge_unauthorized(without_key: int, wrong_key: int) -> str:
-    for status, how in ((without_key, "without a key"), (wrong_key, "with a wrong key")):
-        if status != 401:
-            open_api = " (the API is open to anyone who reaches the port)" if status == 200 else ""
-            raise CheckFailedError(f"GET /v1/models {how} answered HTTP {status}, not 401{open_api}")
-    return "401 without a key and with a wrong key"
+# One request per class of route the engine serves, keyed or not by vLLM itself: the OpenAI API,
+# SageMaker's /invocations, the tokenizer, metrics, version and load, the pooling family, the
+# docs. The front must refuse every one without the key: 401, or 404 where it hides a route.
+UNKEYED_PROBES: tuple[tuple[str, str], ...] = (
+    ("GET", "/v1/models"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/invocations"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+    ("GET", "/metrics"),
+    ("GET", "/version"),
+    ("GET", "/load"),
+    ("POST", "/pooling"),
+    ("POST", "/score"),
+    ("POST", "/rerank"),
+    ("GET", "/docs"),
+    ("GET", "/openapi.json"),
+)
+REFUSED = frozenset({401, 404})
+
+
+def judge_unauthorized(answers: list[tuple[str, str, int]]) -> str:
+    """`answers`: (request, how it was sent, HTTP status) for each probe without the key."""
+    opened = [(request, how, status) for request, how, status in answers if status not in REFUSED]
+    if opened:
+        request, how, status = opened[0]
+        open_api = " (open to anyone who reaches the port)" if status < 400 else ""
+        more = f"; {len(opened) - 1} more request(s) not refused" if len(opened) > 1 else ""
+        raise CheckFailedError(f"{request} {how} answered HTTP {status}, not 401{open_api}{more}")
+    return f"{len(answers)} requests over {len(UNKEYED_PROBES)} routes refused without a key and with a wrong key"
 
 
 def judge_text(body: object) -> str:
@@ -282,11 +307,16 @@ def _check_models(probe: _Probe) -> str:
 
 
 def _check_unauthorized(probe: _Probe) -> str:
+    wrong = {"Authorization": f"Bearer wrong-{uuid.uuid4().hex}"}
+    body = probe.body("Say hi.", 1)
+    answers: list[tuple[str, str, int]] = []
     with client(probe.target, keyed=False, timeout=min(30.0, probe.timeout_s)) as anonymous:
-        without_key = anonymous.get("/v1/models").status_code
-        wrong = {"Authorization": f"Bearer wrong-{uuid.uuid4().hex}"}
-        wrong_key = anonymous.get("/v1/models", headers=wrong).status_code
-    return judge_unauthorized(without_key, wrong_key)
+        for method, path in UNKEYED_PROBES:
+            for how, headers in (("without a key", {}), ("with a wrong key", wrong)):
+                payload = body if method == "POST" else None
+                status = anonymous.request(method, path, json=payload, headers=headers).status_code
+                answers.append((f"{method} {path}", how, status))
+    return judge_unauthorized(answers)
 
 
 def _check_stream(probe: _Probe) -> str:

@@ -1,7 +1,7 @@
 """What a testbed user edits by hand after `reconciler init`, shared by the init and quickstart tests.
 
 init drafts a spec for real Sparks; on the testbed a user then points it at the Hub stand-in
-(model.endpoint), the engine stand-in's image, no GPUs or --privileged (serving), a small memory
+(model.endpoint), the engine stand-in's image, no GPUs or --privileged (serving), the front image (api), a small memory
 floor and short startup timeouts, and a state dir on /srv/spark. These helpers paste exactly
 those sections from specs/testbed.yaml over the drafted ones, as a user editing the file would,
 and leave everything init detected untouched.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 # The sections a user of the testbed edits after init.
-TESTBED_SECTIONS = ("state_dir", "model", "image", "serving", "memguard", "startup")
+TESTBED_SECTIONS = ("state_dir", "model", "image", "serving", "api", "memguard", "startup")
 
 
 def top_level_blocks(text: str) -> dict[str, str]:

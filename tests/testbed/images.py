@@ -38,6 +38,7 @@ FORMAT = "hostpy-1"  # part of the base layer cache key: bump when the rootfs re
 PYTHON = Path("/usr/bin/python3.11")
 STDLIB = Path("/usr/lib/python3.11")
 BUSYBOX = Path("/bin/busybox")
+HAPROXY = Path("/usr/sbin/haproxy")
 STDLIB_EXCLUDE = {"idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "test", "pydoc_data"}
 STDLIB_EXCLUDE_FILES = {"EXTERNALLY-MANAGED"}
 ENGINE_DIR = PACKAGE_DIR / "engine"
@@ -205,6 +206,14 @@ def engine_entries(engine_dir: Path) -> list[Entry]:
     return _with_parents(entries)
 
 
+def front_entries() -> list[Entry]:
+    """The front's layer: Debian's haproxy and the libraries it needs, on the hostpy base."""
+    entries = {"usr/sbin/haproxy": _file("usr/sbin/haproxy", HAPROXY)}
+    for lib in _ldd_closure([HAPROXY]):
+        entries[lib.lstrip("/")] = _file(lib.lstrip("/"), Path(lib).resolve())
+    return _with_parents(entries)
+
+
 # ---------------------------------------------------------------- layers
 
 
@@ -345,16 +354,18 @@ class Image:
 class Images:
     pybase: Image
     engine: Image
+    front: Image
 
     def refs(self) -> dict[str, str]:
-        return {"pybase": self.pybase.ref, "engine": self.engine.ref}
+        return {"pybase": self.pybase.ref, "engine": self.engine.ref, "front": self.front.ref}
 
 
 def build(cache: Path, engine_dir: Path = ENGINE_DIR) -> Images:
-    """Build (or reuse) the base layer and build the engine layer; nothing is pushed."""
+    """Build (or reuse) the base layer and build the engine and front layers; nothing is pushed."""
     base = base_layer(cache)
     engine = write_layer(engine_entries(engine_dir), cache / "engine" / "layer.tar.gz")
-    return Images(Image("tb/pybase", (base,)), Image("tb/engine", (base, engine)))
+    front = write_layer(front_entries(), cache / "front" / "layer.tar.gz")
+    return Images(Image("tb/pybase", (base,)), Image("tb/engine", (base, engine)), Image("tb/front", (base, front)))
 
 
 # ---------------------------------------------------------------- registry (HTTP API v2)

@@ -14,6 +14,7 @@ from pathlib import Path
 from tests.testbed.config import TestbedError
 
 PACKAGES = ["docker.io", "openssh-server", "docker-registry", "busybox-static", "rsync", "tini", "iproute2", "curl"]
+PACKAGES += ["haproxy"]  # the front image the testbed builds (tests/testbed/images.py)
 PACKAGES += ["python3"]
 # The quickstart test installs the reconciler as the README says (pipx); the completion test runs zsh.
 PACKAGES += ["pipx", "zsh"]

@@ -219,9 +219,10 @@ class Testbed:
         if base_too:
             registry.push(built.pybase)
         registry.push(built.engine, mount_from=built.pybase.repo)
+        registry.push(built.front, mount_from=built.pybase.repo)
 
     def _pull(self, built: img.Images, targets: tuple[Node, ...], *, base_too: bool) -> None:
-        pulls = [(built.engine, "tb/engine:latest")]
+        pulls = [(built.engine, "tb/engine:latest"), (built.front, "tb/front:latest")]
         if base_too:
             pulls.append((built.pybase, "tb/pybase:latest"))
         img.pull_everywhere([str(self.layout.docker_sock(n)) for n in targets], pulls)

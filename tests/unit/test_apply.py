@@ -10,7 +10,7 @@ import pytest
 
 from reconciler import apply
 from reconciler.actions import Action, GuardConfig, Pull, StartGuard, Step, StepPayload, action
-from reconciler.components import apikey, checkpoint_run, image, memguard, pi, ranks
+from reconciler.components import apikey, checkpoint_run, front, image, memguard, pi, ranks
 from reconciler.errors import (
     ApplyError,
     JsoncError,
@@ -40,7 +40,7 @@ def test_each_step_has_one_payload_type_and_each_payload_type_one_executor() -> 
     assert sorted(kind.STEP for kind in payload_types) == sorted(Step)
     assert set(apply.EXECUTORS) == set(payload_types)
     bound = [*checkpoint_run.EXECUTORS, *image.EXECUTORS, *apikey.EXECUTORS, *memguard.EXECUTORS]
-    bound += [*ranks.EXECUTORS, *pi.EXECUTORS]
+    bound += [*ranks.EXECUTORS, *front.EXECUTORS, *pi.EXECUTORS]
     assert len(bound) == len(apply.EXECUTORS), "a payload type bound twice"
 
 
@@ -65,7 +65,8 @@ def test_a_pull_waiting_for_another_is_not_batched_with_it() -> None:
 def test_the_fresh_bring_up_pulls_every_node_at_once() -> None:
     actions = plan(reference_deployment(), empty_facts()).actions
     pulls = [batch for batch in apply.batches(list(actions)) if batch[0].step is Step.PULL]
-    assert [[a.node for a in batch] for batch in pulls] == [["spark-head", "spark-worker"]]
+    # The front's image comes after, on the head alone.
+    assert [[a.node for a in batch] for batch in pulls] == [["spark-head", "spark-worker"], ["spark-head"]]
 
 
 def run(monkeypatch: pytest.MonkeyPatch, actions: list[Action], executor: object) -> tuple[object, str]:

@@ -82,7 +82,7 @@ def test_malformed_yaml_never_prints_a_traceback(tmp_path: Path) -> None:
 def test_plan_from_empty_facts_prints_a_bring_up_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "plan", "--spec", str(SPEC_PATH), "--facts", str(EMPTY_FACTS), "--detailed-exitcode")
     assert code == 2
-    assert out.rstrip().endswith("Plan: 13 to add, 2 to change, 0 to replace, 1 to destroy, 4 to run.")
+    assert out.rstrip().endswith("Plan: 15 to add, 2 to change, 0 to replace, 1 to destroy, 4 to run.")
     assert out.index("start dsv41-r1") < out.index("start dsv41-r0") < out.index("wait until GET /v1/models")
 
 

@@ -129,7 +129,8 @@ def rendered_argv(rank: int, model_dir: Path, port: int, master_port: int) -> li
     argv = argv[1:]
     argv[argv.index("/model")] = str(model_dir)
     if rank == 0:
-        argv[argv.index("--host") + 1] = "127.0.0.1"
+        assert argv[argv.index("--host") + 1] == "127.0.0.1"
+        argv[argv.index("--port") + 1] = str(port)
     return argv
 
 
@@ -165,12 +166,13 @@ class Group:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=timeout)
 
 
-def start_group(launcher: Launcher, env: dict[str, str] | None = None) -> Group:
+def start_group(launcher: Launcher, env: dict[str, str] | None = None, *, keyed: bool = True) -> Group:
+    """Both ranks from the rendered argv; rank 0 requires the key on /v1 unless not `keyed` (as
+    behind the front, which holds the key)."""
     port, master_port = free_port(), free_port()
     rank1 = launcher.start(rendered_argv(1, launcher.model_dir, port, master_port), env)
-    rank0 = launcher.start(
-        rendered_argv(0, launcher.model_dir, port, master_port), {"VLLM_API_KEY": KEY, **(env or {})}
-    )
+    key = {"VLLM_API_KEY": KEY} if keyed else {}
+    rank0 = launcher.start(rendered_argv(0, launcher.model_dir, port, master_port), {**key, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     wait_healthy(rank0, url)
     return Group(rank0, rank1, url, port, master_port)

@@ -77,15 +77,17 @@ def test_converged_facts_give_no_changes() -> None:
     for node in (HEAD, WORKER):
         assert {("checkpoint", node), ("image", node), ("memguard", node), ("ranks", node)} <= components
     assert ("apikey", HEAD) in components
+    assert ("front", HEAD) in components
 
 
 def test_bring_up_from_empty_is_complete_and_ordered() -> None:
     result = plan_of(empty_facts())
     assert_dependencies_come_first(result)
     assert ids(result)[0] == "checkpoint.pin@spark-head"
-    assert ids(result)[-6:] == [
+    assert ids(result)[-7:] == [
         "ranks.start-dsv41-r1@spark-worker",
         "ranks.start-dsv41-r0@spark-head",
+        "front.start-dsv41-front@spark-head",
         "ranks.wait-ready@spark-head",
         "ranks.smoke@spark-head",
         "checkpoint.switch@spark-head",
@@ -105,13 +107,13 @@ def test_bring_up_from_empty_is_complete_and_ordered() -> None:
     copy = by_id(result, "checkpoint.copy@spark-worker")
     assert copy.depends_on == ("checkpoint.verify@spark-head",)
     assert position(result, "memguard.start@spark-worker") < position(result, "memguard.start@spark-head")
-    assert result.summary() == {"add": 13, "change": 2, "replace": 0, "destroy": 1, "stop": 0, "run": 4}
+    assert result.summary() == {"add": 15, "change": 2, "replace": 0, "destroy": 1, "stop": 0, "run": 4}
 
 
 def test_every_action_has_node_component_verb_and_cause() -> None:
     for action in plan_of(empty_facts()).actions:
         assert action.node in {HEAD, WORKER}
-        assert action.component in {"checkpoint", "image", "apikey", "memguard", "ranks"}
+        assert action.component in {"checkpoint", "image", "apikey", "memguard", "ranks", "front"}
         assert action.cause
         assert action.summary
 
@@ -369,7 +371,7 @@ def test_missing_image_is_pulled_on_that_node_only() -> None:
 def test_plan_json_is_complete_and_serialisable() -> None:
     data = json.loads(json.dumps(plan_of(empty_facts()).to_dict()))
     assert data["changes"] is True
-    assert data["summary"]["add"] == 13
+    assert data["summary"]["add"] == 15
     assert {"id", "component", "verb", "node", "summary", "cause", "depends_on", "target"} <= set(data["actions"][0])
     assert [n["name"] for n in data["nodes"]] == [HEAD, WORKER]
 

@@ -79,12 +79,16 @@ def test_rank1_argv_is_the_reference_flag_for_flag() -> None:
     assert list(render()[1].command) == expected
 
 
-def test_rank0_argv_is_the_reference_except_the_api_key() -> None:
+def test_rank0_argv_is_the_reference_except_the_api_key_and_its_address() -> None:
+    """The key stays with the front; rank 0 answers on 127.0.0.1:api.engine_port, behind it."""
     reference = ["vllm", "serve", *reference_args("serve-args-both.txt"), *reference_args("serve-args-rank0.txt")]
     key_at = reference.index("--api-key")
     assert reference[key_at + 1] == SECRET
-    without_key = reference[:key_at] + reference[key_at + 2 :]
-    assert list(render()[0].command) == without_key
+    expected = reference[:key_at] + reference[key_at + 2 :]
+    host_at = expected.index("--host")
+    assert expected[host_at : host_at + 4] == ["--host", "0.0.0.0", "--port", "8000"]
+    expected[host_at : host_at + 4] = ["--host", "127.0.0.1", "--port", "18000"]
+    assert list(render()[0].command) == expected
 
 
 @pytest.mark.parametrize(("rank", "ip"), [(0, HEAD_IP), (1, WORKER_IP)])
@@ -108,7 +112,7 @@ def test_container_flags_match_the_reference_docker_run() -> None:
     assert render()[1].name == "dsv41-r1"
 
 
-def test_mounts_model_read_only_plans_read_only_cache_writable_key_only_on_rank0() -> None:
+def test_mounts_model_read_only_plans_read_only_cache_writable_and_no_key() -> None:
     group = render()
     state = "/home/nvidia/.dsv41-two-sparks"
     shared = [
@@ -117,7 +121,7 @@ def test_mounts_model_read_only_plans_read_only_cache_writable_key_only_on_rank0
         Mount(f"{state}/cache", "/cache", read_only=False),
     ]
     assert list(group[1].mounts) == shared
-    assert list(group[0].mounts) == [*shared, Mount(f"{state}/api_key", KEY_MOUNT, read_only=True)]
+    assert list(group[0].mounts) == shared
 
 
 def test_worker_paths_expand_against_the_worker_home() -> None:
@@ -128,16 +132,13 @@ def test_worker_paths_expand_against_the_worker_home() -> None:
     assert worker.mounts[2].source == "/srv/worker/.dsv41-two-sparks/cache"
 
 
-def test_the_key_is_read_from_the_mounted_file_at_exec_time() -> None:
-    rank0 = render()[0]
-    assert rank0.entrypoint[:2] == ("/bin/sh", "-c")
-    script = rank0.entrypoint[2]
-    assert f"cat {KEY_MOUNT}" in script
-    assert "VLLM_API_KEY" in script
-    assert 'exec "$@"' in script
-    assert "--api-key" not in rank0.command
-    assert all("API_KEY" not in name for name in rank0.env_dict)
-    assert "VLLM_API_KEY" not in render()[1].entrypoint[2]
+def test_no_rank_gets_the_key_in_any_form() -> None:
+    """The front holds the key; a rank has none to leak (argv, environment, mounts, wrapper)."""
+    for rank in (render()[0], render()[1]):
+        assert rank.entrypoint[:3] == ("/bin/sh", "-c", 'exec "$@"')
+        assert "--api-key" not in rank.command
+        assert all("API_KEY" not in name for name in rank.env_dict)
+        assert all(mount.target != KEY_MOUNT for mount in rank.mounts)
 
 
 def test_labels_identify_owner_deployment_rank_node_and_versioned_hash() -> None:
@@ -276,7 +277,7 @@ def test_upstream_profile_renders_only_stock_vllm_flags_in_group_order() -> None
     ]
     assert list(ranks[1].command) == ["vllm", "serve", *group, "--node-rank", "1", "--headless"]
     rank0 = [
-        *("--node-rank", "0", "--host", "0.0.0.0", "--port", "8000", "--tool-call-parser", "hermes"),
+        *("--node-rank", "0", "--host", "127.0.0.1", "--port", "18000", "--tool-call-parser", "hermes"),
         *("--enable-auto-tool-choice", "--enable-prompt-tokens-details", "--enable-force-include-usage"),
     ]
     assert list(ranks[0].command) == ["vllm", "serve", *group, *rank0]

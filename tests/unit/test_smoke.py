@@ -5,6 +5,7 @@ that answers wrongly) and through its pure judgement — names the reason."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import struct
 import threading
@@ -34,11 +35,29 @@ from tests.unit.test_engine_standin import (
     Group,
     Launcher,
     single_argv,
+    start_group,
     wait_healthy,
 )
+from tests.unit.frontproc import running_front
 
 ALL = ["models", "unauthorized", "stream", "text", "reasoning", "tools", "vision"]
 Route = Callable[[str, str, dict[str, Any]], tuple[int, str, bytes]]
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
+    """The two-rank stand-in as the reconciler runs it: rank 0 without the key, behind a real
+    HAProxy with the rendered front config; `url` and `port` are the front's."""
+    directory = tmp_path_factory.mktemp("fronted")
+    key_file = directory / "api_key"
+    key_file.write_text(KEY + "\n", encoding="utf-8")
+    launched = Launcher(directory)
+    try:
+        started = start_group(launched, keyed=False)
+        with running_front(directory, started.port, key_file) as port:
+            yield dataclasses.replace(started, url=f"http://127.0.0.1:{port}", port=port)
+    finally:
+        launched.close()
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +88,7 @@ def test_every_check_passes_against_the_standin(group: Group) -> None:
     assert list(found) == ALL
     assert all(ok for ok, _ in found.values()), found
     assert found["models"][1] == f"lists {MODEL}"
-    assert found["unauthorized"][1] == "401 without a key and with a wrong key"
+    assert found["unauthorized"][1] == "28 requests over 14 routes refused without a key and with a wrong key"
     assert found["stream"][1].endswith("finish_reason stop, usage chunk (5 completion tokens), [DONE]")
     assert found["text"][1] == "answered '391'"
     assert found["reasoning"][1].startswith("reasoning_content present")
@@ -131,8 +150,8 @@ def test_an_api_without_a_key_fails_unauthorized(open_url: str) -> None:
     found = results(run_smoke(ApiTarget(open_url, "any-key", MODEL), "protocol"))
     ok, reason = found["unauthorized"]
     assert not ok
-    assert reason == (
-        "GET /v1/models without a key answered HTTP 200, not 401 (the API is open to anyone who reaches the port)"
+    assert reason.startswith(
+        "GET /v1/models without a key answered HTTP 200, not 401 (open to anyone who reaches the port); "
     )
     assert found["models"][0]
     assert found["stream"][0]
@@ -228,7 +247,8 @@ def test_wrong_answers_fail_each_check_with_its_reason(serve: Callable[[Route], 
         "models": (False, f"lists other-model, not {MODEL}"),
         "unauthorized": (
             False,
-            "GET /v1/models without a key answered HTTP 200, not 401 (the API is open to anyone who reaches the port)",
+            "GET /v1/models without a key answered HTTP 200, not 401 (open to anyone who reaches the port); "
+            "27 more request(s) not refused",
         ),
         "stream": (False, "no final usage chunk (choices: [] with usage) before [DONE]"),
         "text": (False, "391 not in the answer: 'I believe it is 392.'"),
@@ -372,8 +392,21 @@ def test_models_failures(status: int, body: object, reason: str) -> None:
 
 def test_unauthorized_needs_401_both_without_and_with_a_wrong_key() -> None:
     with pytest.raises(CheckFailedError) as failed:
-        smoke.judge_unauthorized(401, 403)
+        smoke.judge_unauthorized([("GET /v1/models", "without a key", 401), ("GET /v1/models", "with a wrong key", 403)])
     assert failed.value.reason == "GET /v1/models with a wrong key answered HTTP 403, not 401"
+
+
+def test_unauthorized_fails_on_any_route_the_engine_serves_without_the_key() -> None:
+    """vLLM's own --api-key guards /v1 only: /invocations answering 200 without a key must fail."""
+    answers = [("GET /v1/models", "without a key", 401), ("POST /invocations", "without a key", 200)]
+    answers.append(("GET /metrics", "without a key", 200))
+    with pytest.raises(CheckFailedError) as failed:
+        smoke.judge_unauthorized(answers)
+    assert failed.value.reason == (
+        "POST /invocations without a key answered HTTP 200, not 401 (open to anyone who reaches the port); "
+        "1 more request(s) not refused"
+    )
+    assert "refused" in smoke.judge_unauthorized([("GET /docs", "without a key", 404)])
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -418,7 +451,7 @@ def test_cli_takes_the_key_from_the_environment_and_exits_1_on_a_failure(
     out, _ = capsys.readouterr()
     assert code == 1
     assert f"models        FAIL  lists {MODEL}, not other-model" in out
-    assert "unauthorized  PASS  401 without a key and with a wrong key" in out
+    assert "unauthorized  PASS  28 requests over 14 routes refused without a key and with a wrong key" in out
     assert out.rstrip().endswith(f"smoke: 1/3 checks passed against {group.url} (model other-model)")
     assert KEY not in out
 

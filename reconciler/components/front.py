@@ -1,0 +1,178 @@
+"""The front on the head: the API's one door (reconciler/front.py says why and how).
+
+It is managed apart from the rank group: a new config, image or key replaces the front alone,
+in a second, and never restarts a rank; a missing or exited front is started again by the
+next pass (Docker also restarts it unless it was stopped). When the group restarts, the front
+starts after rank 0 (whose old container may still hold the API port, on an upgrade from a
+reconciler without a front) and before the wait for readiness, which goes through it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from reconciler.actions import Action, Component, InSync, Outcome, RemoveFront, StartFront, Verb, action, runs
+from reconciler.components.ranks import owned_containers
+from reconciler.errors import ReconcilerError
+from reconciler.facts.containers import ContainerFacts
+from reconciler.facts.node import Facts
+from reconciler.front import GRACE_S, LABEL_KEY_VERSION, FrontContainer, render_front
+from reconciler.redact import redact
+from reconciler.serving import KEY_MOUNT, LABEL_CONFIG_HASH, LABEL_OWNER, OWNER, ROLE_FRONT, api_base
+from reconciler.spec import Deployment
+
+if TYPE_CHECKING:
+    from reconciler.execution import ApplyContext
+
+COMPONENT = Component.FRONT
+# How long a started front may take to accept connections (HAProxy needs well under a second).
+LISTEN_WAIT_S = 15.0
+
+
+def plan_front(deployment: Deployment, facts: Facts, after: tuple[str, ...] = ()) -> Outcome:
+    """Start or replace the front when it is missing, stopped, or not what the spec renders;
+    remove fronts of ours with another name. `after`: what the front's start waits for."""
+    head = deployment.head
+    observed = facts.nodes[head.name]
+    if not observed.reachable or observed.home is None:
+        return Outcome()
+    desired = render_front(deployment, observed.home)
+    fronts = owned_containers(deployment, facts, head.name, ROLE_FRONT)
+    current = next((c for c in fronts if c.name == desired.name), None)
+    removals = [
+        action(_removal(c), head.name, "remove", f"stop and remove {c.name}", _stray(c), (), c.name)
+        for c in fronts
+        if c is not current
+    ]
+    problem = _problem(desired, current, facts.nodes[head.name].api_key)
+    if not problem:
+        return Outcome(
+            actions=removals, in_sync=[InSync(head.name, COMPONENT, f"{desired.name} running, config current")]
+        )
+    verb: Verb = "create" if current is None else "replace"
+    bind, port = deployment.api.bind, deployment.serving.port
+    summary = f"start {desired.name} (HAProxy on {bind}:{port}: the key or GET /health; rank 0 behind it)"
+    depends = (*after, *(a.id for a in removals))
+    start = StartFront(container=desired, address=_address(deployment))
+    return Outcome(actions=[*removals, action(start, head.name, verb, summary, problem, depends, desired.name)])
+
+
+def _removal(container: ContainerFacts) -> RemoveFront:
+    return RemoveFront(name=container.name, container_id=container.id, grace_s=GRACE_S)
+
+
+def _stray(container: ContainerFacts) -> str:
+    return f"a front of this deployment under another name ({container.name})"
+
+
+def _problem(desired: FrontContainer, observed: ContainerFacts | None, key: object) -> str:
+    if observed is None:
+        return "no front: the API must have one door, with the key"
+    if observed.status != "running":
+        return f"the front is {observed.status}" + (f" (exit code {observed.exit_code})" if observed.exit_code else "")
+    if observed.labels.get(LABEL_CONFIG_HASH) != desired.labels[LABEL_CONFIG_HASH]:
+        return "front settings changed (config, image or mounts)"
+    version = getattr(key, "version", None)
+    if version is not None and observed.labels.get(LABEL_KEY_VERSION) != version:
+        return "the key file changed since the front read it"
+    return ""
+
+
+def _address(deployment: Deployment) -> tuple[str, int]:
+    """Where the reconciler checks that the front listens: the API's own address."""
+    host = api_base(deployment).split("//", 1)[1].rsplit(":", 1)[0]
+    return host, deployment.serving.port
+
+
+def _start(ctx: ApplyContext, action: Action, start: StartFront) -> str:
+    """Write the config, read the key file's owner and version (the front runs as its owner,
+    to read the 0600 file), replace our old front with the rendered one, and wait for it."""
+    from reconciler.transport.base import find_container  # executors only: planning loads no transport
+
+    desired = start.container
+    ops = ctx.ops(action.node)
+    key_path = next(m.source for m in desired.mounts if m.target == KEY_MOUNT)
+    key = ops.key_file(key_path)
+    if not key.get("present") or not key.get("size"):
+        raise ReconcilerError(f"{action.node}: the key file {key_path} is missing or empty", "run `reconciler apply`")
+    ops.write_file(desired.config_path, desired.config, mode=0o644)
+    client = ctx.transport(action.node).docker()
+    old = find_container(client, desired.name)
+    if old is not None:
+        if old.labels.get(LABEL_OWNER) != OWNER:
+            raise ReconcilerError(
+                f"{action.node}: a container named {desired.name} exists and is not ours",
+                "remove or rename it; the reconciler never touches containers it does not own",
+            )
+        old.remove(force=True)
+    labels = {**desired.labels, LABEL_KEY_VERSION: str(key.get("version", ""))}
+    created = client.api.create_container(
+        **_create_args(client.api, desired, labels, f"{key.get('uid', 0)}:{key.get('gid', 0)}")
+    )
+    client.api.start(created["Id"])
+    _wait_listening(ctx, action, created["Id"], start.address)
+    return f"started {desired.name} ({created['Id'][:12]}), listening on {start.address[0]}:{start.address[1]}"
+
+
+def _create_args(api: Any, desired: FrontContainer, labels: dict[str, str], user: str) -> dict[str, object]:
+    """Low-level Docker API arguments: a read-only root, no capabilities, as the key's owner."""
+    host_config = api.create_host_config(
+        binds={m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in desired.mounts},
+        network_mode=desired.network_mode,
+        restart_policy={"Name": desired.restart_policy},
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        read_only=True,
+    )
+    return {
+        "image": desired.image,
+        "name": desired.name,
+        "entrypoint": list(desired.entrypoint),
+        "command": list(desired.command),
+        "user": user,
+        "labels": labels,
+        "stop_timeout": desired.stop_timeout_s,
+        "host_config": host_config,
+    }
+
+
+def _wait_listening(ctx: ApplyContext, action: Action, container_id: str, address: tuple[str, int]) -> None:
+    """Until the front accepts a connection; its exit (a port taken, a bad key file) fails at once."""
+    import socket
+
+    client = ctx.transport(action.node).docker()
+    deadline = time.monotonic() + LISTEN_WAIT_S
+    while True:
+        state = client.api.inspect_container(container_id)["State"]
+        if not state.get("Running"):
+            logs = client.api.logs(container_id, tail=5).decode("utf-8", "replace").strip()
+            raise ReconcilerError(
+                f"{action.node}: the front exited (code {state.get('ExitCode')}): {redact(logs)[-600:]}",
+                f"is another program listening on {address[0]}:{address[1]}? (`ss -ltnp`)",
+            )
+        try:
+            with socket.create_connection(address, timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise ReconcilerError(
+                    f"{action.node}: the front runs but {address[0]}:{address[1]} accepts no connection",
+                    f"see `docker logs {action.target}` on {action.node}",
+                ) from None
+            time.sleep(0.2)
+
+
+def _remove(ctx: ApplyContext, action: Action, remove: RemoveFront) -> str:
+    from reconciler.transport.base import find_container
+
+    container = find_container(ctx.transport(action.node).docker(), remove.name)
+    if container is None:
+        return "already gone"
+    if container.labels.get(LABEL_OWNER) != OWNER:
+        raise ReconcilerError(f"{action.node}: {remove.name} is not ours; leaving it", "rename or remove it by hand")
+    container.remove(force=True)
+    return "stopped and removed"
+
+
+EXECUTORS = (runs(StartFront, _start), runs(RemoveFront, _remove))

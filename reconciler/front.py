@@ -1,0 +1,156 @@
+"""The front: the one door to the API. From the spec to the front's exact container and config.
+
+vLLM's own `--api-key` guards only its OpenAI routes: `/invocations` serves a completion
+without the key, and the tokenizer, metrics, version, load and docs routes answer anyone.
+So rank 0 listens on 127.0.0.1 only (api.engine_port), and the front, an HAProxy container
+on the head's host network, is the only listener on api.bind:serving.port. It denies by
+default: a request passes only with `Authorization: Bearer <key>`, except `GET /health`,
+which load balancers and the reconciler's readiness poll need. Whatever route a later vLLM
+adds is refused the same way, because the front never lists what to guard.
+
+HAProxy because it reads the key straight from the key file (an ACL pattern file, mounted
+read-only: the key is never in argv, the environment, `docker inspect` or a config we
+write), answers the 401 itself, streams responses as they come (SSE needs no setting), and
+costs a few microseconds a request. Its config is rendered here and holds no secret.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from reconciler.nodeside.statedir import StateDir
+from reconciler.record import Record, field, replace
+from reconciler.serving import (
+    KEY_MOUNT,
+    LABEL_CONFIG_HASH,
+    LABEL_DEPLOYMENT,
+    LABEL_NODE,
+    LABEL_OWNER,
+    LABEL_ROLE,
+    OWNER,
+    ROLE_FRONT,
+    Mount,
+)
+from reconciler.spec import Deployment, expand_home
+
+CONFIG_MOUNT = "/run/front/haproxy.cfg"
+# Bumped only when the hashed fields change meaning (see serving.HASH_SCHEME).
+HASH_SCHEME = "front-v1"
+# The key file's version (mtime, inode) the running front read at its start: a rotated key
+# file gives another version, and the front is replaced to read the new key.
+LABEL_KEY_VERSION = "io.spark-reconciler.key-version"
+# A prefill of 262,144 tokens takes minutes; no answer of the engine's is cut before an hour.
+ENGINE_TIMEOUT_S = 3600
+# A client must send its request's headers within this: idle or trickling connections do not
+# hold the front's slots.
+REQUEST_HEADERS_TIMEOUT_S = 30
+MAX_CONNECTIONS = 1024
+# HAProxy stops at once; its clients retry.
+GRACE_S = 5
+UNAUTHORIZED_BODY = '{"error":"Unauthorized"}'
+
+
+def haproxy_config(bind: str, port: int, engine_port: int, key_path: str) -> str:
+    """The front's whole config: deny by default, the key from `key_path`, rank 0 behind it.
+
+    The key is compared as the whole header after "Bearer " (one Authorization header only),
+    against the key file's line; the header is dropped before the request goes on, so the key
+    never reaches the engine or its logs."""
+    return f"""# Written by spark-reconciler: the front of the API. Edits are replaced on the next apply.
+global
+    log stdout format raw local0
+    maxconn {MAX_CONNECTIONS}
+
+defaults
+    mode http
+    log global
+    option httplog
+    option dontlognull
+    option forwardfor
+    timeout connect 5s
+    timeout http-request {REQUEST_HEADERS_TIMEOUT_S}s
+    timeout http-keep-alive 60s
+    timeout client {ENGINE_TIMEOUT_S}s
+    timeout server {ENGINE_TIMEOUT_S}s
+    timeout tunnel {ENGINE_TIMEOUT_S}s
+
+frontend api
+    bind {bind}:{port}
+    acl health_check method GET
+    acl health_path path /health
+    acl one_authorization req.hdr_cnt(authorization) eq 1
+    acl bearer req.hdr(authorization) -m beg "Bearer "
+    acl right_key req.hdr(authorization),bytes(7) -m str -f {key_path}
+    http-request return status 401 content-type application/json string '{UNAUTHORIZED_BODY}' \
+hdr WWW-Authenticate Bearer unless health_check health_path or one_authorization bearer right_key
+    http-request del-header authorization
+    default_backend engine
+
+backend engine
+    server rank0 127.0.0.1:{engine_port}
+"""
+
+
+class FrontContainer(Record):
+    """Everything `docker run` needs for the front; hashable into a config label."""
+
+    name: str
+    node: str
+    image: str
+    entrypoint: tuple[str, ...]
+    command: tuple[str, ...]
+    mounts: tuple[Mount, ...]
+    config: str
+    config_path: str
+    network_mode: str = "host"
+    restart_policy: str = "unless-stopped"
+    stop_timeout_s: int = GRACE_S
+    labels: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def config_hash(self) -> str:
+        canonical = {
+            "image": self.image,
+            "entrypoint": list(self.entrypoint),
+            "command": list(self.command),
+            "mounts": sorted((m.source, m.target, m.read_only) for m in self.mounts),
+            "config": self.config,
+            "host": [self.network_mode, self.restart_policy, self.stop_timeout_s],
+        }
+        digest = hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode())
+        return f"{HASH_SCHEME}:{digest.hexdigest()}"
+
+
+def front_name(deployment: Deployment) -> str:
+    return f"{deployment.name}-front"
+
+
+def render_front(deployment: Deployment, head_home: str) -> FrontContainer:
+    """The front's container on the head, its config in the head's state dir."""
+    head = deployment.head
+    config = haproxy_config(deployment.api.bind, deployment.serving.port, deployment.api.engine_port, KEY_MOUNT)
+    config_path = StateDir(expand_home(deployment.state_dir, head_home)).front_config
+    mounts = (
+        Mount(config_path, CONFIG_MOUNT, read_only=True),
+        Mount(expand_home(deployment.key_file(), head_home), KEY_MOUNT, read_only=True),
+    )
+    container = FrontContainer(
+        name=front_name(deployment),
+        node=head.name,
+        image=deployment.api.front_image,
+        entrypoint=("haproxy",),
+        command=("-db", "-f", CONFIG_MOUNT),
+        mounts=mounts,
+        config=config,
+        config_path=config_path,
+    )
+    labels = {
+        LABEL_OWNER: OWNER,
+        LABEL_DEPLOYMENT: deployment.name,
+        LABEL_ROLE: ROLE_FRONT,
+        LABEL_NODE: head.name,
+        LABEL_CONFIG_HASH: container.config_hash(),
+    }
+    return replace(container, labels=labels)
