@@ -21,11 +21,10 @@ FRONT_PULL = "front"
 def plan_image(deployment: Deployment, facts: Facts) -> Outcome:
     """The serving image on every node (pulled side by side), then the front's on the head."""
     outcome = Outcome()
-    wanted = [(node, observed, "", deployment.image.ref) for _, node, observed in facts.answering(deployment.ranked_nodes)]
+    answering = list(facts.answering(deployment.ranked_nodes))
+    wanted = [(node, observed, "", deployment.image.ref) for _, node, observed in answering]
     wanted += [
-        (node, observed, FRONT_PULL, deployment.api.front_image)
-        for rank, node, observed in facts.answering(deployment.ranked_nodes)
-        if rank == 0
+        (node, observed, FRONT_PULL, deployment.api.front_image) for rank, node, observed in answering if rank == 0
     ]
     for node, observed, target, ref in wanted:
         if ref in observed.images:

@@ -93,7 +93,8 @@ def test_probe_reports_revisions_plans_key_and_a_docker_error(tmp_path: Path, mo
     key_file = raw["key_file"]
     version = key_file.pop("version")
     assert key_file == {"present": True, "size": 2, "mode": 0o644, "uid": os.getuid(), "gid": os.getgid()}
-    assert version.endswith(":2") and version.count(":") == 2  # mtime ns, inode, size: never the content
+    assert version.endswith(":2")  # mtime ns, inode, size: never the content
+    assert version.count(":") == 2
     facts = node_facts_from_probe(deployment.head, raw)
     assert not facts.reachable
     assert facts.error is not None

@@ -29,6 +29,7 @@ from reconciler.verify.apiclient import ApiTarget
 from reconciler.verify.smoke import run_smoke
 from tests.ports import free_port
 from tests.scenarios import empty_facts, reference_deployment, with_serving
+from tests.unit.frontproc import running_front
 from tests.unit.test_engine_standin import (
     KEY,
     MODEL,
@@ -38,7 +39,6 @@ from tests.unit.test_engine_standin import (
     start_group,
     wait_healthy,
 )
-from tests.unit.frontproc import running_front
 
 ALL = ["models", "unauthorized", "stream", "text", "reasoning", "tools", "vision"]
 Route = Callable[[str, str, dict[str, Any]], tuple[int, str, bytes]]
@@ -392,7 +392,9 @@ def test_models_failures(status: int, body: object, reason: str) -> None:
 
 def test_unauthorized_needs_401_both_without_and_with_a_wrong_key() -> None:
     with pytest.raises(CheckFailedError) as failed:
-        smoke.judge_unauthorized([("GET /v1/models", "without a key", 401), ("GET /v1/models", "with a wrong key", 403)])
+        smoke.judge_unauthorized(
+            [("GET /v1/models", "without a key", 401), ("GET /v1/models", "with a wrong key", 403)]
+        )
     assert failed.value.reason == "GET /v1/models with a wrong key answered HTTP 403, not 401"
 
 
