@@ -19,6 +19,9 @@ DOCKER_SOCKET = "/var/run/docker.sock"
 # The head's reconciler.progress.PREFIX (this program cannot import it; a unit test keeps them equal).
 PROGRESS_PREFIX = "@progress "
 REPORT_EVERY_S = 1.0
+# What a child keeps: where programs are, the locale and time zone it prints in, and the Docker
+# socket (the memory guard's way to the ranks).
+CHILD_VARIABLES = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "DOCKER_HOST")
 
 
 def reply(value: Any) -> None:
@@ -78,6 +81,13 @@ def docker_request(method: str, path: str, timeout: float = 10.0) -> tuple[int, 
         connection.close()
 
 
+def child_environment() -> dict[str, str]:
+    """The environment a program started here gets: the few variables it needs, never all of
+    this one's. An SSH session may carry the operator's tokens, and a detached child would keep
+    them readable in /proc/<pid>/environ for as long as it runs."""
+    return {name: os.environ[name] for name in CHILD_VARIABLES if name in os.environ}
+
+
 def write_private(path: str, text: str) -> None:
     """`path` replaced by a 0600 file holding `text`, never written through a symlink."""
     temporary = f"{path}.tmp-{os.urandom(6).hex()}"
@@ -88,22 +98,37 @@ def write_private(path: str, text: str) -> None:
 
 
 def pid_of(pid_file: str) -> int | None:
-    """The process a pid file names; None when there is no file or no pid in it."""
+    """The process a pid file names; None when there is no file or no pid in it (0 and 1 are never
+    a program of ours: signalling them would reach this session's group or init)."""
     try:
         with open(pid_file, encoding="utf-8") as handle:
             pid = int(handle.read().strip())
     except (OSError, ValueError):
         return None
-    return pid if pid > 0 else None
+    return pid if pid > 1 else None
 
 
-def stop_pid(pid_file: str, *, group: bool = False) -> bool:
-    """Stop the process (with `group`, the process group) a pid file names: SIGTERM, SIGKILL after
-    five seconds. Whether one was running that this user may stop."""
+def runs_command(pid: int, command: list[str]) -> bool:
+    """Whether process `pid` is running `command`: its command line holds these words in a row."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            words = [word.decode(errors="replace") for word in handle.read().rstrip(b"\0").split(b"\0")]
+    except OSError:
+        return False
+    width = len(command)
+    return width > 0 and any(words[start : start + width] == command for start in range(len(words) - width + 1))
+
+
+def stop_pid(pid_file: str, command: list[str], *, group: bool = False) -> bool:
+    """Stop the process (with `group`, the process group) a pid file names, if it still runs
+    `command` (words of the command line it was started with): SIGTERM, SIGKILL after five
+    seconds. A pid file outlives its process, and the kernel hands the pid to the next program
+    that starts: a process running anything else is left alone. Whether one was running that
+    this user may stop."""
     import signal
 
     pid = pid_of(pid_file)
-    if pid is None:
+    if pid is None or not runs_command(pid, command):
         return False
     kill = os.killpg if group else os.kill
     try:
@@ -116,8 +141,10 @@ def stop_pid(pid_file: str, *, group: bool = False) -> bool:
         except ProcessLookupError:
             return True
         time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        kill(pid, signal.SIGKILL)
+    # A group keeps its id while any member lives, so only a lone process may have been replaced.
+    if group or runs_command(pid, command):
+        with contextlib.suppress(ProcessLookupError):
+            kill(pid, signal.SIGKILL)
     return True
 
 

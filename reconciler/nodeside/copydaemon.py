@@ -8,8 +8,9 @@ revision directory being filled), writes as the SSH user, a password made for th
 reaches the head over the SSH control connection and the daemon in a 0600 file of the private
 state dir. The bytes themselves are not encrypted: they cross the same direct cable as the
 ranks' tensor traffic (RoCE is not encrypted either), and every file is sha256-verified on the
-worker before anything serves it. A daemon left by a killed apply is stopped by the next start
-and ends on its own after a day (`timeout`).
+worker before anything serves it. The head learns the port only once the listener on it is
+proven rsync's own (another user could have bound the free port first). A daemon left by a
+killed apply is stopped by the next start and ends on its own after a day (`timeout`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,16 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from reconciler.nodeside.common import reply, stop_pid, write_private
+from reconciler.nodeside.common import child_environment, reply, stop_pid, write_private
 
 MODULE = "checkpoint"
 USER = "reconciler"
 LIFETIME_S = 24 * 3600
+# A connection silent this long is dropped, so connections that never authenticate cannot hold
+# the `max connections` slots. A healthy stream is never that quiet: its sender writes file data
+# without pause (its progress reaches the head every second), and rsync sends keep-alives when a
+# side waits longer than half this on its own work; ten minutes is rsyncd.conf's own suggestion.
+IDLE_TIMEOUT_S = 600
 _FILES = ("rsyncd.conf", "rsyncd.secrets", "rsyncd.pid", "rsyncd.lock")
 
 
@@ -43,7 +49,7 @@ def _plain_value(value: str, what: str) -> str:
     return value
 
 
-def config(directory: str, path: str, allow: str, connections: int) -> str:
+def config(directory: str, path: str, allow: str, connections: int, idle_timeout_s: int = IDLE_TIMEOUT_S) -> str:
     return (
         f"pid file = {directory}/rsyncd.pid\n"
         f"lock file = {directory}/rsyncd.lock\n"
@@ -52,11 +58,14 @@ def config(directory: str, path: str, allow: str, connections: int) -> str:
         # No DNS for the head's address: a node whose resolver is unreachable would stall each stream.
         "reverse lookup = no\n"
         f"max connections = {connections}\n"
+        # Set for the whole daemon, it also bounds the greeting and login before a module is chosen.
+        f"timeout = {idle_timeout_s}\n"
         f"uid = {os.getuid()}\n"
         f"gid = {os.getgid()}\n"
         f"[{MODULE}]\n"
         f"path = {_plain_value(path, 'the destination')}\n"
         "read only = false\n"
+        "write only = true\n"  # the copy only ever sends files here
         "list = false\n"
         f"auth users = {USER}\n"
         f"secrets file = {directory}/rsyncd.secrets\n"
@@ -66,9 +75,14 @@ def config(directory: str, path: str, allow: str, connections: int) -> str:
     )
 
 
+def _command(directory: str) -> list[str]:
+    """The daemon's command line after `timeout`: how its pid file is told from a reused pid."""
+    return ["rsync", "--daemon", "--no-detach", f"--config={directory}/rsyncd.conf"]
+
+
 def _stop(directory: str) -> bool:
     """Stop the daemon of a previous copy (its pid file), if one still runs."""
-    return stop_pid(f"{directory}/daemon.pid", group=True)
+    return stop_pid(f"{directory}/daemon.pid", _command(directory), group=True)
 
 
 def _free_port(address: str) -> int:
@@ -81,15 +95,54 @@ def _free_port(address: str) -> int:
         return port
 
 
-def _listening(address: str, port: int, process: subprocess.Popen[bytes]) -> bool:
+def _listeners(address: str, port: int) -> set[str]:
+    """Socket inodes listening where a connection to address:port would arrive (that address or
+    any), from the kernel's IPv4 socket table."""
+    wanted = {
+        f"{int.from_bytes(socket.inet_aton(host), sys.byteorder):08X}:{port:04X}" for host in (address, "0.0.0.0")
+    }
+    with open("/proc/net/tcp", encoding="ascii") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return {row[9] for row in rows if row[1] in wanted and row[3] == "0A"}  # 0A: LISTEN
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (the kernel's per-task children list is not always built in)."""
+    return [int(entry) for entry in filter(str.isdigit, os.listdir("/proc")) if _parent(entry) == pid]
+
+
+def _parent(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])  # after the name in parentheses: state, ppid
+    except (OSError, IndexError, ValueError):
+        return None  # gone meanwhile
+
+
+def _sockets_of(pids: list[int]) -> set[str]:
+    inodes = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for descriptor in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{descriptor}")
+                    if target.startswith("socket:["):
+                        inodes.add(target[len("socket:[") : -1])
+    return inodes
+
+
+def _serving(address: str, port: int, process: subprocess.Popen[bytes]) -> bool:
+    """Whether the rsync we started (the child of `timeout`) listens on address:port, and nothing
+    else does. The port was free when chosen, but another user may bind it before rsync does, and
+    a connection would then reach that user's program with the password and the checkpoint. The
+    kernel lets no other user listen there once rsync does, so owning the listener is enough."""
     for _ in range(100):
         if process.poll() is not None:
-            return False
-        try:
-            with socket.create_connection((address, port), timeout=0.5):
-                return True
-        except OSError:
-            time.sleep(0.05)
+            return False  # rsync could not bind (the port was taken) or failed otherwise
+        listeners = _listeners(address, port)
+        if listeners and listeners <= _sockets_of([process.pid, *_children(process.pid)]):
+            return True
+        time.sleep(0.05)
     return False
 
 
@@ -103,17 +156,21 @@ def start(args: dict[str, Any]) -> None:
     write_private(f"{directory}/rsyncd.conf", config(directory, args["path"], args["allow"], args["connections"]))
     for _ in range(3):  # another program may take the free port before rsync binds it
         port = _free_port(args["address"])
-        argv = ["timeout", str(LIFETIME_S), "rsync", "--daemon", "--no-detach", f"--config={directory}/rsyncd.conf"]
-        argv += [f"--address={args['address']}", f"--port={port}"]
+        argv = ["timeout", str(LIFETIME_S), *_command(directory), f"--address={args['address']}", f"--port={port}"]
         log = open(f"{directory}/rsyncd.log", "ab")  # noqa: SIM115 - handed to the daemon
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        process = subprocess.Popen(
+            argv, env=child_environment(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+        )
         log.close()
         write_private(f"{directory}/daemon.pid", f"{process.pid}\n")
-        if _listening(args["address"], port, process):
+        if _serving(args["address"], port, process):
             reply({"port": port})
             return
         _stop(directory)
-    _fail(f"rsync --daemon did not start on {args['address']} (see {directory}/rsyncd.log)")
+    _fail(
+        f"rsync --daemon did not start listening on {args['address']} in 3 tries (another program may have taken "
+        f"each free port first; see {directory}/rsyncd.log)"
+    )
 
 
 def stop(args: dict[str, Any]) -> None:

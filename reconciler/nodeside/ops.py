@@ -23,7 +23,16 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from reconciler.nodeside.common import CHUNK, Meter, free_bytes, is_commit, key_file_state, reply, stop_pid
+from reconciler.nodeside.common import (
+    CHUNK,
+    Meter,
+    child_environment,
+    free_bytes,
+    is_commit,
+    key_file_state,
+    reply,
+    stop_pid,
+)
 from reconciler.nodeside.statedir import StateDir
 
 # Hashing, thread pools, processes and rmtree import their modules where they are used: the head
@@ -428,13 +437,14 @@ def guard_start(args: GuardStartArgs) -> GuardStarted:
     state_dir = os.path.expanduser(args["state_dir"])
     layout = StateDir(state_dir)
     private_dir(state_dir)
-    stop_pid(layout.guard_pid)
+    stop_pid(layout.guard_pid, _guard_command(layout))
     atomic_write(layout.guard_program, args["program"].encode())
     atomic_write(layout.guard_config, json.dumps(args["config"]).encode())
     if args.get("clear_trip"):
         remove_file({"path": layout.guard_trip})
     process = subprocess.Popen(
         [sys.executable, layout.guard_program, state_dir],
+        env=child_environment(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -445,10 +455,16 @@ def guard_start(args: GuardStartArgs) -> GuardStarted:
     return {"pid": process.pid}
 
 
+def _guard_command(layout: StateDir) -> list[str]:
+    """What the guard's command line holds: its program in the private state dir, which nothing
+    else runs. How its pid file is told from a pid the kernel has since given to another program."""
+    return [layout.guard_program]
+
+
 def guard_stop(args: StateDirArgs) -> GuardStopped:
-    pid_file = StateDir(os.path.expanduser(args["state_dir"])).guard_pid
-    stopped = stop_pid(pid_file)
-    remove_file({"path": pid_file})
+    layout = StateDir(os.path.expanduser(args["state_dir"]))
+    stopped = stop_pid(layout.guard_pid, _guard_command(layout))
+    remove_file({"path": layout.guard_pid})
     return {"stopped": stopped}
 
 

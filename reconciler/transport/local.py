@@ -13,6 +13,22 @@ import docker
 from reconciler.errors import NodeUnreachableError
 from reconciler.transport.base import CommandResult, LineSink, LineSplitter, keep_tail
 
+# What a command on this machine keeps of the reconciler's environment: what a login over SSH
+# would give it (user, paths, locale, the agent for the copy's ssh), the proxy a node's Hub
+# fetch goes through, and where the node's Docker and RDMA sysfs are. Never the rest: the
+# reconciler's own environment may hold the Hub token or the API key, which no node command reads.
+_KEPT = frozenset(
+    {
+        *("PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TMPDIR", "TZ", "LANG", "LANGUAGE"),
+        *("SSH_AUTH_SOCK", "XDG_RUNTIME_DIR", "DOCKER_HOST", "RECONCILER_SYSFS_ROOT"),
+        *("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"),
+    }
+)
+
+
+def node_environment() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name in _KEPT or name.startswith("LC_")}
+
 
 class LocalTransport:
     def __init__(self, node: str) -> None:
@@ -31,7 +47,9 @@ class LocalTransport:
         self.round_trips += 1
         try:
             if on_line is None:
-                completed = subprocess.run(list(argv), input=stdin, capture_output=True, timeout=timeout, check=False)
+                completed = subprocess.run(
+                    list(argv), input=stdin, capture_output=True, timeout=timeout, check=False, env=node_environment()
+                )
                 return CommandResult(completed.returncode, completed.stdout, completed.stderr)
             return _run_streaming(list(argv), stdin, timeout, on_line)
         except subprocess.TimeoutExpired:
@@ -66,7 +84,9 @@ def _run_streaming(argv: list[str], stdin: bytes | None, timeout: float, on_line
     would read it too, and every chunk it took would never reach `on_line`."""
     read_end, write_end = os.pipe()
     try:
-        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=write_end)
+        process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=write_end, env=node_environment()
+        )
     except BaseException:
         os.close(read_end)
         raise

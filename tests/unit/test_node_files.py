@@ -3,10 +3,13 @@ created exclusively and never through a symlink, reads that refuse FIFOs and dev
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ from typing import Any
 import pytest
 
 from reconciler import nodeside
+from reconciler.nodeside import common, copydaemon
 from reconciler.nodeside import ops as node_ops
 from reconciler.transport.base import run_program
 from reconciler.transport.local import LocalTransport
@@ -139,3 +143,93 @@ def test_the_shipped_memory_guard_runs_from_its_state_dir_alone(tmp_path: Path) 
             time.sleep(0.05)
     finally:
         assert run("guard_stop", state, state_dir=str(state)) == {"stopped": True}
+
+
+def sleeper(*argv: str) -> subprocess.Popen[bytes]:
+    """A process of this test's own that waits to be stopped; its own session, like the node's daemons."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", *argv], start_new_session=True, close_fds=True
+    )
+    deadline = time.monotonic() + 10
+    while b"time.sleep" not in Path(f"/proc/{process.pid}/cmdline").read_bytes():  # exec may still be under way
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return process
+
+
+def test_a_stale_pid_file_never_stops_an_unrelated_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The pid a guard's or copy daemon's pid file names may since belong to another program."""
+    state = tmp_path / "state"
+    (state / "copy-daemon").mkdir(parents=True)
+    unrelated = sleeper()
+    try:
+        (state / "memguard.pid").write_text(f"{unrelated.pid}\n")
+        (state / "copy-daemon" / "daemon.pid").write_text(f"{unrelated.pid}\n")
+        assert node_ops.guard_stop({"state_dir": str(state)}) == {"stopped": False}
+        copydaemon.stop({"dir": str(state / "copy-daemon")})
+        assert capsys.readouterr().out == '{"stopped": false}\n'
+        time.sleep(0.2)
+        assert unrelated.poll() is None, "a process that is not ours was signalled"
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+    (state / "memguard.pid").write_text("1\n")
+    assert common.pid_of(str(state / "memguard.pid")) is None, "init is never a process of ours"
+
+
+def test_a_stale_pid_file_check_still_stops_our_own_guard(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    guard = sleeper(str(state / "memguard.py"), str(state))  # the guard's command line
+    try:
+        (state / "memguard.pid").write_text(f"{guard.pid}\n")
+        reaper = threading.Thread(target=guard.wait)  # as init reaps a node's detached guard
+        reaper.start()
+        assert node_ops.guard_stop({"state_dir": str(state)}) == {"stopped": True}
+        reaper.join(timeout=10)
+        assert guard.returncode == -signal.SIGTERM
+    finally:
+        guard.kill()
+        guard.wait()
+
+
+def test_children_start_with_a_clean_environment_the_guard_gets_no_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_of_the_session")
+    monkeypatch.setenv("DSV41_API_KEY", "sk-secret-of-the-session")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/docker.sock")
+    state = tmp_path / "state"
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 131072000 kB\nMemAvailable: 104857600 kB\n", encoding="utf-8")
+    config = {"floor_gib": 1, "interval_s": 0.05, "labels": ["x=y"], "config_hash": "h", "meminfo": str(meminfo)}
+    request = {
+        "call": "guard_start",
+        "args": {"state_dir": str(state), "program": nodeside.source("memguard"), "config": config},
+    }
+    # As a node runs it: `python3 -` in a session whose environment holds the secrets.
+    started = subprocess.run(
+        [sys.executable, "-"], input=nodeside.program("ops", "run", request), capture_output=True, check=True
+    )
+    pid = json.loads(started.stdout)["pid"]
+    try:
+        environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    finally:
+        assert run("guard_stop", state, state_dir=str(state)) == {"stopped": True}
+    names = {entry.split(b"=", 1)[0] for entry in environment if entry}
+    assert not names & {b"HF_TOKEN", b"DSV41_API_KEY"}
+    assert f"DOCKER_HOST=unix://{tmp_path}/docker.sock".encode() in environment, "the guard's way to the ranks"
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_children_start_with_a_clean_environment_a_local_node_command_gets_no_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streaming: bool
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_of_the_session")
+    monkeypatch.setenv("DSV41_API_KEY", "sk-secret-of-the-session")
+    monkeypatch.setenv("RECONCILER_SYSFS_ROOT", str(tmp_path))
+    show = [sys.executable, "-c", "import os; print(' '.join(sorted(os.environ)))"]
+    result = NODE.run(show, on_line=(lambda _line: None) if streaming else None)
+    names = set(result.stdout.decode().split())
+    assert not names & {"HF_TOKEN", "DSV41_API_KEY"}
+    assert "RECONCILER_SYSFS_ROOT" in names, "where a testbed node's sysfs is"

@@ -7,7 +7,11 @@ import io
 import json
 import os
 import shlex
+import shutil
+import socket
+import subprocess
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,12 +33,15 @@ from reconciler.pipeline import split_streams
 from reconciler.plan import plan
 from reconciler.progress import Counter
 from reconciler.spec import Model, SshTarget
-from reconciler.transport.base import CommandResult, LineSink, Transport
+from reconciler.transport.base import CommandResult, LineSink, Transport, run_program
 from reconciler.transport.local import LocalTransport
 from reconciler.transport.sshroute import resolve_route
 from tests.scenarios import empty_facts, reference_deployment, with_node
 
 GB = 1000**3
+needs_rsync = pytest.mark.skipif(
+    shutil.which("rsync") is None or shutil.which("timeout") is None, reason="a real copy daemon needs rsync"
+)
 # The reference's shape: two big reassembled shards, four native ones, small EXL3 bank files.
 CHECKPOINT = {
     **{f"model-0000{n}-of-00006.safetensors": 45 * GB for n in range(1, 5)},
@@ -473,3 +480,102 @@ def test_a_daemon_address_the_node_does_not_have_is_refused_saying_so(
         copydaemon.start({**args, "connections": 1})
     assert "cannot listen on 192.0.2.1" in capsys.readouterr().err
     assert not (tmp_path / "rsyncd.secrets").exists() or (tmp_path / "rsyncd.secrets").stat().st_mode & 0o077 == 0
+
+
+def daemon_args(tmp_path: Path) -> dict[str, Any]:
+    (tmp_path / "dest").mkdir(exist_ok=True)
+    directory, destination = str(tmp_path / "copy-daemon"), str(tmp_path / "dest")
+    return {"dir": directory, "path": destination, "address": "127.0.0.1", "allow": "127.0.0.1", "secret": "s" * 48}
+
+
+@needs_rsync
+def test_copy_daemon_port_race_another_listener_is_never_taken_for_the_daemon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another user binds the free port between its choice and rsync's bind (forced here by
+    handing out a port a plain socket holds): that listener must not pass for the daemon."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        monkeypatch.setattr(copydaemon, "_free_port", lambda _address: squatter.getsockname()[1])
+        with pytest.raises(SystemExit):
+            copydaemon.start({**daemon_args(tmp_path), "connections": 1})
+        assert "did not start listening on 127.0.0.1 in 3 tries" in capsys.readouterr().err
+        squatter.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            squatter.accept()  # nothing connected to it either
+
+
+@needs_rsync
+def test_copy_daemon_takes_only_writes_and_runs_without_the_callers_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started and stopped as apply does it: a program on the node that exits once it answers."""
+    monkeypatch.setenv("HF_TOKEN", "hf_not_for_children")
+    args = daemon_args(tmp_path)
+    node = LocalTransport("spark-worker")
+    port = run_program(node, "copydaemon", "start", {**args, "connections": 2})["port"]
+    try:
+        daemon_pid = (tmp_path / "copy-daemon" / "daemon.pid").read_text().strip()
+        assert b"HF_TOKEN=" not in Path(f"/proc/{daemon_pid}/environ").read_bytes()
+        source = tmp_path / "source"
+        source.mkdir()
+        (source / "config.json").write_text("{}")
+        password = f"{args['secret']}\n"
+        push = daemon_argv("127.0.0.1", port, str(source), ["config.json"], recopy=False)
+        pushed = subprocess.run(push, input=password, capture_output=True, text=True, timeout=60, check=False)
+        assert pushed.returncode == 0, pushed.stderr
+        assert (tmp_path / "dest" / "config.json").read_text() == "{}"
+        pull = ["rsync", "--password-file=-", f"rsync://reconciler@127.0.0.1:{port}/checkpoint/", str(tmp_path / "x")]
+        pulled = subprocess.run(pull, input=password, capture_output=True, text=True, timeout=60, check=False)
+        assert pulled.returncode != 0, "nothing is read back from the copy's daemon"
+        assert "write only" in pulled.stderr, pulled.stderr
+    finally:
+        stopped = run_program(node, "copydaemon", "stop", {"dir": args["dir"]})
+    assert stopped == {"stopped": True}
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+def test_copy_daemon_idle_connections_config_drops_silence_and_takes_writes_only() -> None:
+    lines = set(copydaemon.config("/s", "/w", "10.0.0.1", 4).splitlines())
+    assert {f"timeout = {copydaemon.IDLE_TIMEOUT_S}", "write only = true"} <= lines
+    assert copydaemon.IDLE_TIMEOUT_S >= 600, "a healthy stream must never be cut"
+
+
+@needs_rsync
+def test_copy_daemon_idle_connections_are_dropped_before_they_log_in(tmp_path: Path) -> None:
+    """A connection that never authenticates holds a `max connections` slot only until the idle timeout."""
+    args = daemon_args(tmp_path)
+    directory = Path(args["dir"])
+    directory.mkdir(mode=0o700)
+    (directory / "rsyncd.secrets").write_text("reconciler:x\n")
+    (directory / "rsyncd.secrets").chmod(0o600)
+    (directory / "rsyncd.conf").write_text(copydaemon.config(str(directory), args["path"], "127.0.0.1", 1, 1))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = ["rsync", "--daemon", "--no-detach", f"--config={directory}/rsyncd.conf", "--address=127.0.0.1"]
+    daemon = subprocess.Popen([*argv, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        connection = connect_within(port, 10.0)
+        with connection:
+            connection.settimeout(10)
+            assert connection.recv(100).startswith(b"@RSYNCD:")
+            started = time.monotonic()
+            while connection.recv(100):  # the greeting's rest, then the close
+                pass
+            assert time.monotonic() - started < 5
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+
+def connect_within(port: int, seconds: float) -> socket.socket:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=1)
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "the daemon never listened"
+            time.sleep(0.05)
