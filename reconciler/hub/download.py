@@ -59,13 +59,17 @@ def resume_partials(
         if (root / item.path).exists():
             continue
         found = hubranges.partials(root, item.path, (".incomplete",))
-        usable = [p for p in found if _etag_of(p) == item.etag and p.stat().st_size < item.size]
-        keep = max(usable, key=lambda path: path.stat().st_size, default=None)
+        # A symbolic link (or anything but a regular file) at a partial's name is garbage: removed, never followed.
+        sizes = {p: hubranges.regular_size(p) for p in found}
+        usable = {
+            p: size for p, size in sizes.items() if _etag_of(p) == item.etag and size is not None and size < item.size
+        }
+        keep = max(usable, key=lambda path: usable[path], default=None)
         for garbage in found:
             if garbage != keep:
                 garbage.unlink(missing_ok=True)
-        if keep is not None and keep.stat().st_size > 0:
-            have = keep.stat().st_size
+        if keep is not None and usable[keep] > 0:
+            have = usable[keep]
             report(f"    resuming {item.path} at byte {have} of {item.size}")
             _finish(model, root, commit, item, keep)
             resumed.append((item.path, have))
@@ -75,9 +79,14 @@ def resume_partials(
 def _finish(model: Model, root: Path, commit: str, item: HubFile, partial: Path) -> None:
     url = hf_hub_url(model.repo, item.path, revision=commit, endpoint=endpoint(model))
     have = partial.stat().st_size
-    with hub_call(model, f"resuming {item.path}"), partial.open("ab") as handle:
-        http_get(url, handle, resume_size=have, headers=build_hf_headers(token=token(model)), expected_size=item.size)
-    if partial.stat().st_size != item.size:
+    # Appended to only if it is still the regular file it was: a link put there since is not followed.
+    with hub_call(model, f"resuming {item.path}"):
+        appending = os.open(partial, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(appending, "ab") as handle:
+            http_get(
+                url, handle, resume_size=have, headers=build_hf_headers(token=token(model)), expected_size=item.size
+            )
+    if hubranges.regular_size(partial) != item.size:
         partial.unlink(missing_ok=True)
         raise HubError(f"{item.path}: resumed download has the wrong size", "run apply again to fetch it afresh")
     destination = root / item.path

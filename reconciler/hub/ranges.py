@@ -19,8 +19,10 @@ client's own download.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -31,7 +33,8 @@ from huggingface_hub._local_folder import _short_hash, write_download_metadata
 from huggingface_hub.utils import get_session, hf_raise_for_status  # type: ignore[attr-defined]  # public; __all__ is computed
 
 from reconciler.errors import HubError, RangesIgnoredError, UntrustedFileError
-from reconciler.fsutil import read_bounded
+from reconciler.fsutil import atomic_write, human_bytes, read_bounded
+from reconciler.nodeside.common import MIN_RATE_BPS, RATE_WINDOW_S, RateFloor
 
 MIB = 1024 * 1024
 # No range under this: below it a request's round trips (a redirect to the CDN on the real Hub)
@@ -40,13 +43,14 @@ MIN_RANGE_BYTES = 16 * MIB
 # A range's progress is made durable (fdatasync, then the progress file) every this many bytes:
 # what a killed run loses per stream.
 DURABLE_EVERY_BYTES = 8 * MIB
-CHUNK_BYTES = 1 * MIB
 # A range is asked for again this many times in a row without a byte gained (the client's own
 # budget for its downloads) before the download fails.
 RETRIES = 5
 RANGES_SUFFIX = ".ranges"
 DOWNLOAD_CACHE = ".cache/huggingface/download"
 PROGRESS_SUFFIX = ".ranges.json"
+# The progress file is written to `<base>.ranges.json.tmp-<random>` and renamed into place.
+_PROGRESS_TEMPORARY = f"{PROGRESS_SUFFIX}.tmp-"
 _PROGRESS_LIMIT = 1024 * 1024
 
 
@@ -93,7 +97,7 @@ class RangedFile:
             if self._fd < 0 and self.whole:  # its partial files are gone: not to be made again
                 raise RangesIgnoredError("the Hub answered a byte range with the whole file")
             if self._fd < 0:
-                self._fd = os.open(f"{self.base}{RANGES_SUFFIX}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                self._fd = _open_own(f"{self.base}{RANGES_SUFFIX}")
                 if os.fstat(self._fd).st_size != self.target.size:
                     os.ftruncate(self._fd, self.target.size)  # sparse: ranges land at their offsets
             return self._fd
@@ -143,7 +147,8 @@ class RangedFile:
         destination.parent.mkdir(parents=True, exist_ok=True)
         os.replace(f"{self.base}{RANGES_SUFFIX}", destination)
         write_download_metadata(self.target.root, self.target.path, self.target.commit, self.target.etag)
-        Path(f"{self.base}{PROGRESS_SUFFIX}").unlink(missing_ok=True)
+        # Every range is in, so no progress is written any more: its file and any temporary go.
+        discard_partials(self.target.root, self.target.path)
 
     def task_ended(self) -> None:
         """One of the file's tasks ended: after the last one, its descriptor is closed."""
@@ -159,6 +164,32 @@ class RangedFile:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+def _open_own(path: str) -> int:
+    """The ranged partial at `path`, opened if it is there, else created: never through a symbolic
+    link, never another kind of file (`open_ranged` removed any such thing before the download)."""
+    try:
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EEXIST):
+            raise
+        raise _not_ours(path) from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise _not_ours(path)
+    return descriptor
+
+
+def _not_ours(path: str) -> HubError:
+    return HubError(
+        f"{path} turned into a symbolic link or a special file while the download wrote it",
+        "only the download writes there: find what else does, remove the file and run apply again",
+        kind="local",
+    )
 
 
 def _partial_prefix(root: Path, path: str) -> Path:
@@ -177,10 +208,17 @@ def partials(root: Path, path: str, endings: tuple[str, ...]) -> list[Path]:
     prefix = _partial_prefix(root, path)
     if not prefix.parent.is_dir():
         return []
-    return [p for p in prefix.parent.iterdir() if p.name.startswith(prefix.name) and p.name.endswith(endings)]
+    return [p for p in prefix.parent.iterdir() if p.name.startswith(prefix.name) and _ends(p.name, endings)]
 
 
-_ENDINGS = (RANGES_SUFFIX, PROGRESS_SUFFIX, f"{PROGRESS_SUFFIX}.tmp")
+def _ends(name: str, endings: tuple[str, ...]) -> bool:
+    """`name` ends in one of `endings`; an ending of `.ranges.json.tmp-` takes the random suffix after it."""
+    stem = name[: name.rfind(_PROGRESS_TEMPORARY) + len(_PROGRESS_TEMPORARY)] if _PROGRESS_TEMPORARY in name else name
+    return stem.endswith(endings)
+
+
+# `.ranges.json.tmp`: what a run of an older version left.
+_ENDINGS = (RANGES_SUFFIX, PROGRESS_SUFFIX, f"{PROGRESS_SUFFIX}.tmp", _PROGRESS_TEMPORARY)
 
 
 def discard_partials(root: Path, path: str, keep_etag: str | None = None) -> None:
@@ -221,15 +259,16 @@ def resumed_bytes(ranged: RangedFile) -> int:
 
 def _write_progress(base: str, target: Target, ranges: list[tuple[int, int]], done: dict[int, int]) -> None:
     document = {"size": target.size, "ranges": [[start, end, done[start]] for start, end in ranges]}
-    temporary = Path(f"{base}{PROGRESS_SUFFIX}.tmp")
-    temporary.write_text(json.dumps(document), encoding="utf-8")
-    os.replace(temporary, f"{base}{PROGRESS_SUFFIX}")
+    # An exclusive temporary of a random name, renamed over the progress file: nothing is written
+    # through a link planted at a name known in advance. Not fsynced, as before: the ranges' bytes
+    # are, and a progress file lost to a power cut only costs a fresh start of the file.
+    atomic_write(f"{base}{PROGRESS_SUFFIX}", json.dumps(document).encode("utf-8"), 0o644, durable=False)
 
 
 def _read_progress(base: str, target: Target) -> tuple[list[tuple[int, int]], dict[int, int]] | None:
     """A killed run's split and progress, if both files are there and agree with the file; else
     None (anything unreadable starts the file afresh: its bytes cannot be trusted)."""
-    if file_size(Path(f"{base}{RANGES_SUFFIX}")) != target.size:
+    if regular_size(Path(f"{base}{RANGES_SUFFIX}")) != target.size:  # a link there is not resumed
         return None
     return progress_of(_load_progress(Path(f"{base}{PROGRESS_SUFFIX}")), target.size)
 
@@ -247,6 +286,15 @@ def file_size(path: Path) -> int | None:
         return path.stat().st_size
     except OSError:
         return None
+
+
+def regular_size(path: Path) -> int | None:
+    """The size of the regular file at `path` itself; None for a symbolic link or anything else."""
+    try:
+        status = path.lstat()
+    except OSError:
+        return None
+    return status.st_size if stat.S_ISREG(status.st_mode) else None
 
 
 def progress_of(document: object, size: int) -> tuple[list[tuple[int, int]], dict[int, int]] | None:
@@ -289,13 +337,40 @@ def fetch_range(ranged: RangedFile, start: int, end: int, headers: dict[str, str
         before = ranged.done[start]
         try:
             _stream_range(ranged, start, end, headers)
-        except (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError, _PassingRefusalError) as exc:
-            failures = 0 if ranged.done[start] > before else failures + 1
+        except (
+            httpx2.TimeoutException,
+            httpx2.NetworkError,
+            httpx2.RemoteProtocolError,
+            _PassingRefusalError,
+            _TooSlowError,
+        ) as exc:
+            failures = 0 if ranged.done[start] - before >= _progress_that_counts(exc) else failures + 1
             if failures > RETRIES:
                 if isinstance(exc, _PassingRefusalError):
                     hf_raise_for_status(exc.response)
+                if isinstance(exc, _TooSlowError):
+                    raise _too_slow(ranged.target.path, failures) from None
                 raise
             time.sleep(_pause(exc, failures))
+
+
+class _TooSlowError(Exception):
+    """The range came under MIN_RATE_BPS for a whole RATE_WINDOW_S: cut, to go on from its last byte."""
+
+
+def _progress_that_counts(exc: BaseException) -> float:
+    """Bytes a failed request must have brought for its failure not to count towards RETRIES: a
+    trickle brings a few bytes each time, and must not be resumed forever for them."""
+    return MIN_RATE_BPS * RATE_WINDOW_S if isinstance(exc, _TooSlowError) else 1
+
+
+def _too_slow(path: str, failures: int) -> HubError:
+    return HubError(
+        f"the Hub sent {path} at under {human_bytes(MIN_RATE_BPS)}/s for {RATE_WINDOW_S:g} s, "
+        f"{failures} times in a row",
+        "the Hub or the network is slow: retry later (the download resumes where it stopped)",
+        kind="network",
+    )
 
 
 class _PassingRefusalError(Exception):
@@ -324,10 +399,12 @@ def _stream_range(ranged: RangedFile, start: int, end: int, headers: dict[str, s
     offset = durable = start + ranged.done[start]
     # Identity: the offsets are the file's bytes, not a compressor's.
     asked = {**headers, "Range": f"bytes={offset}-{end - 1}", "Accept-Encoding": "identity"}
+    rate = RateFloor(MIN_RATE_BPS, RATE_WINDOW_S)
     with get_session().stream("GET", ranged.target.url, headers=asked) as response:
         _check_answer(response, ranged.target, offset, end)
         try:
-            for chunk in response.iter_raw(chunk_size=CHUNK_BYTES):
+            # Each read as it arrives (not gathered into chunks): the rate is judged as bytes come.
+            for chunk in response.iter_raw():
                 if ranged.whole:  # another stream found the Hub ignoring Range: fetched whole
                     return
                 if offset + len(chunk) > end:
@@ -337,6 +414,8 @@ def _stream_range(ranged: RangedFile, start: int, end: int, headers: dict[str, s
                 if offset - durable >= DURABLE_EVERY_BYTES:
                     ranged.advance(start, offset)
                     durable = offset
+                if rate.too_slow(len(chunk)):
+                    raise _TooSlowError
         finally:  # a cut keeps what came: the next request asks for the rest
             if offset > durable:
                 ranged.advance(start, offset)

@@ -63,6 +63,35 @@ class Meter:
         progress(PROGRESS_PREFIX + json.dumps(self.counts, separators=(",", ":")))
 
 
+# A transfer under this rate for a whole window is cut (and resumed): a server that sends a byte
+# now and then never trips a read timeout, yet would hold a download forever. 16 KiB/s per stream
+# is 128 KiB/s (about 1 Mbit/s) for eight streams, a link that would take some 40 days for a
+# 460 GB checkpoint: no download that is meant to finish runs below it, while a trickle runs
+# thousands of times below. A minute evens out the link's own pauses.
+MIN_RATE_BPS = 16 * 1024
+RATE_WINDOW_S = 60.0
+
+
+class RateFloor:
+    """Tells when a transfer has stayed under `floor` bytes/s for a whole window of `window_s`."""
+
+    def __init__(self, floor: float, window_s: float) -> None:
+        self.floor = floor
+        self.window_s = window_s
+        self.began = time.monotonic()
+        self.count = 0
+
+    def too_slow(self, count: int) -> bool:
+        """Count `count` bytes just received; True when the window that ends now fell short."""
+        self.count += count
+        elapsed = time.monotonic() - self.began
+        if elapsed < self.window_s:
+            return False
+        slow = self.count < self.floor * elapsed
+        self.began, self.count = time.monotonic(), 0
+        return slow
+
+
 def docker_request(method: str, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
     """HTTP status and body of one Docker API request over its unix socket (no docker SDK on nodes)."""
     import http.client

@@ -129,3 +129,21 @@ def test_each_file_is_reported_once_as_it_lands_parts_first_and_again_without_a_
     )
     assert sorted(again) == sorted(landed), "files already complete are reported too (a resumed apply)"
     assert not [e for e in hub.log.entries(seen_before) if e["method"] == "GET" and e["file"]], "nothing downloaded"
+
+
+def test_a_symlink_planted_at_a_partial_is_not_followed(hub: StandinHub, tmp_path: Path) -> None:
+    """A link at a killed run's partial name, to a file outside: removed, not appended through."""
+    model = Model(endpoint=hub.url, revision=hub.info.commit)
+    model_dir = tmp_path / "model"
+    shard = next(item for item in list_files(model).files if item.path == SHARD)
+    cache = model_dir / ".cache/huggingface/download"
+    cache.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"o" * 1000)
+    link = cache / f"{_short_hash(SHARD + '.metadata')}.{shard.etag}.abcdef12.incomplete"
+    link.symlink_to(outside)
+    fetch(model, str(model_dir), commit=model.revision, report=print)
+    assert outside.read_bytes() == b"o" * 1000, "the file outside was appended to"
+    assert not (model_dir / SHARD).is_symlink()
+    assert hashlib.sha256((model_dir / SHARD).read_bytes()).hexdigest() == shard.sha256
+    assert not link.is_symlink()
