@@ -14,6 +14,8 @@ from reconciler.record import KeywordRecord
 # git's SHA-256 object format names its blobs with 64 hex digits.
 GIT_ID = r"^[0-9a-f]{40}$"
 SHA256 = r"^[0-9a-f]{64}$"
+# The Hub caps one file at 50 GB; a size far beyond is an answer (or a cached listing) not to trust.
+MAX_FILE_BYTES = 1000**4
 BLOB_ID = r"^[0-9a-f]{40}(?:[0-9a-f]{24})?$"
 
 
@@ -22,7 +24,7 @@ class HubFile(KeywordRecord):
     listing, a download's payload and the download itself all hold this one type."""
 
     path: str
-    size: Annotated[int, Field(ge=0)]
+    size: Annotated[int, Field(ge=0, le=MAX_FILE_BYTES)]
     # The LFS sha256 of a large file; None for a small file kept in git itself.
     sha256: Annotated[str, Field(pattern=SHA256)] | None = None
     # The git blob id: what tells two versions of a small (non-LFS) file apart.

@@ -136,7 +136,8 @@ def check_current(plan: SavedPlan, deployment: Deployment, facts: Facts, path: P
     """Refuse a plan made from another spec or version, or one that the facts no longer give.
 
     `fresh` is the plan of the facts now. Planning is pure, so a saved plan whose facts are as
-    they were is exactly the fresh one, payloads included: any difference means the deployment
+    they were is exactly the fresh one, payloads included, and so are the blockers and notes the
+    confirmation prompt shows and the run acts on: any difference means the deployment
     changed since (the fingerprint says which part) or the file was edited. Facts that changed
     without changing the plan (an unrelated image pulled, memory moving) do not make it stale.
     """
@@ -147,15 +148,23 @@ def check_current(plan: SavedPlan, deployment: Deployment, facts: Facts, path: P
         )
     if plan.plan.deployment != deployment.name or plan.spec != spec_fingerprint(deployment):
         raise StalePlanError(f"the saved plan {path} was made from another spec (or the spec changed since)", replan)
-    saved_actions = [action.to_dict() for action in plan.plan.actions]
-    fresh_actions = [action.to_dict() for action in fresh.actions]
-    if saved_actions == fresh_actions:
+    differing = _differing_parts(plan.plan, fresh)
+    if not differing:
         return
     now = facts_fingerprint(facts)
     changed = sorted(part for part in {*plan.facts, *now} if plan.facts.get(part) != now.get(part))
     if not changed:
-        raise StalePlanError(f"the saved plan {path} differs from what its facts give: was it edited?", replan)
+        raise StalePlanError(
+            f"the saved plan {path} differs from what its facts give (its {', '.join(differing)}): was it edited?",
+            replan,
+        )
     raise StalePlanError(
         f"the saved plan {path} is stale: the deployment changed since {plan.created_at} ({', '.join(changed)})",
         replan,
     )
+
+
+def _differing_parts(saved: Plan, fresh: Plan) -> list[str]:
+    """The parts of the plan (actions, blockers, notes, ...) in which the saved one is not the fresh one."""
+    ours, theirs = saved.to_dict(), fresh.to_dict()
+    return [part for part in ours if ours[part] != theirs.get(part)]

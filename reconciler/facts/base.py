@@ -1,6 +1,17 @@
-"""Common configuration of every facts model, and the one reading of an optional text field."""
+"""Common configuration of every facts model, the bounds of a kernel's counts, and the one
+reading of an optional text field."""
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# A count a node's kernel reports (a file's or a disk's bytes, memory in KiB): 64 bits, never
+# negative. A larger one is no observation, and shown as a size it would not fit a float.
+MAX_KERNEL_COUNT = 2**63 - 1
+KernelCount = Annotated[int, Field(ge=0, le=MAX_KERNEL_COUNT)]
+# Free disk space as the probe computed it: a failed computation can make it negative, which is
+# kept (and shown as unknown), but it is still a signed 64-bit number.
+SignedKernelCount = Annotated[int, Field(ge=-MAX_KERNEL_COUNT - 1, le=MAX_KERNEL_COUNT)]
 
 
 class FactsModel(BaseModel):

@@ -21,15 +21,27 @@ import ipaddress
 import json
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from reconciler.facts.base import FactsModel
 from reconciler.record import Record
 
 ACTIVE = "ACTIVE"
 T = TypeVar("T")
+IPV4_PREFIX_BITS = 32
+
+
+def _check_ipv4(value: str) -> str:
+    if not _is_ipv4(value):
+        raise ValueError(f"{value!r:.60} is not an IPv4 address (four numbers, e.g. 10.10.10.11)")
+    return value
+
+
+# What a snapshot may say of an address: the subnet check computes networks from both.
+IPv4Text = Annotated[str, AfterValidator(_check_ipv4)]
+PrefixLength = Annotated[int, Field(ge=0, le=IPV4_PREFIX_BITS)]
 
 
 class RdmaPort(FactsModel):
@@ -60,9 +72,9 @@ class FabricFacts(FactsModel):
     """
 
     ifname: str | None = None
-    ip: str | None = None
+    ip: IPv4Text | None = None
     hcas: list[str] = Field(default_factory=lambda: [])
-    prefixlen: int | None = None
+    prefixlen: PrefixLength | None = None
     mtu: int | None = None
     ports: list[RdmaPort] = Field(default_factory=lambda: [])
     problem: str | None = None
@@ -81,6 +93,14 @@ class Address(Record):
         """Link-local (169.254/16) is what an unconfigured port carries; it cannot be the fabric."""
         address = ipaddress.IPv4Address(self.ip)
         return not (address.is_link_local or address.is_loopback or address.is_unspecified or address.is_multicast)
+
+
+def _address(ip: str, prefixlen: int) -> Address:
+    """An address `ip addr` listed; one no kernel prints makes the output unreadable (ValueError)."""
+    _check_ipv4(ip)
+    if not 0 <= prefixlen <= IPV4_PREFIX_BITS:
+        raise ValueError(f"{ip}/{prefixlen}: an IPv4 prefix length is 0..{IPV4_PREFIX_BITS}")
+    return Address(ip, prefixlen)
 
 
 class Netdev(Record):
@@ -113,8 +133,13 @@ def _json_or_lines(
     """The items of a tool's `-j` output (a JSON list), or of its text output, one line each."""
     stripped = text.strip()
     if stripped.startswith("["):
-        return [from_json(item) for item in json.loads(stripped)]
+        return [from_json(item) for item in json.loads(stripped, parse_constant=_no_constant)]
     return [item for line in text.splitlines() if (item := from_line(line)) is not None]
+
+
+def _no_constant(name: str) -> NoReturn:
+    # int() of Infinity raises OverflowError, which no reader of node output expects.
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def _port_from_json(item: dict[str, Any]) -> RdmaPort:
@@ -146,7 +171,7 @@ def _netdev_from_json(item: dict[str, Any]) -> Netdev:
     flags = set(item.get("flags") or [])
     up = item.get("operstate") == "UP" or (item.get("operstate") == "UNKNOWN" and {"UP", "LOWER_UP"} <= flags)
     addresses = tuple(
-        Address(str(info["local"]), int(info["prefixlen"]))
+        _address(str(info["local"]), int(info["prefixlen"]))
         for info in item.get("addr_info") or []
         if info.get("family") == "inet" and "local" in info
     )
@@ -160,7 +185,8 @@ def _netdev_from_brief(line: str) -> Netdev | None:
         return None
     name = tokens[0].split("@", 1)[0]
     cidrs = (token.partition("/") for token in tokens[2:])
-    addresses = (Address(ip, int(prefix)) for ip, slash, prefix in cidrs if slash and prefix.isdigit() and _is_ipv4(ip))
+    ipv4 = ((ip, prefix) for ip, slash, prefix in cidrs if slash and prefix.isdigit() and _is_ipv4(ip))
+    addresses = (_address(ip, int(prefix)) for ip, prefix in ipv4)
     return Netdev(name, tokens[1] == "UP", None, tuple(addresses))
 
 

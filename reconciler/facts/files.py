@@ -17,7 +17,7 @@ from typing import Annotated, TypeVar
 
 from pydantic import AfterValidator, Field, field_serializer, field_validator
 
-from reconciler.facts.base import FactsModel
+from reconciler.facts.base import FactsModel, KernelCount, SignedKernelCount
 from reconciler.repofiles import GIT_ID, SHA256, HubFile, is_inside
 
 V = TypeVar("V")
@@ -44,7 +44,7 @@ ByCommit = Annotated[dict[str, V], AfterValidator(_commits)]
 
 
 class FileFacts(FactsModel):
-    size: int = Field(ge=0)
+    size: KernelCount
     sha256: str | None = Field(default=None, pattern=SHA256)
 
 
@@ -113,7 +113,7 @@ class CheckpointFacts(FactsModel):
     legacy: RevisionFacts | None = None
     legacy_commit: str | None = Field(default=None, pattern=GIT_ID)
     record: CheckpointRecord | None = None
-    disk_free: int | None = None
+    disk_free: SignedKernelCount | None = None
     # Listings by commit; on the head only.
     hub: ByCommit[HubFacts] = Field(default_factory=dict)
     # Why a listing that was needed is unknown: the Hub was asked and failed.

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from reconciler import hub
 from reconciler.clock import utc_iso
 from reconciler.errors import NodeUnreachableError, ReconcilerError, SshConfigError
-from reconciler.facts.base import text_or_none
+from reconciler.facts.base import MAX_KERNEL_COUNT, text_or_none
 from reconciler.facts.containers import container_from_inspect
 from reconciler.facts.fabric import fabric_from_probe
 from reconciler.facts.files import CheckpointFacts, CheckpointRecord, FileFacts, HubFacts, KeyFileFacts, RevisionFacts
@@ -124,9 +124,16 @@ def _checkpoint(model_dir: str, raw: dict[str, Any]) -> CheckpointFacts:
         legacy=digests.tree(legacy) if isinstance(legacy, dict) else None,
         legacy_commit=text_or_none(state.get("legacy_commit")),
         record=_state_file(CheckpointRecord, state.get("record"), None),
-        disk_free=raw.get("disk_free") if isinstance(raw.get("disk_free"), int) else None,
+        disk_free=_signed_kernel_count(raw.get("disk_free")),
         hub=_cached_listings(raw.get("hub_listings")),
     )
+
+
+def _signed_kernel_count(value: object) -> int | None:
+    """A signed 64-bit count the probe reported, or None (unknown) when it is none."""
+    if isinstance(value, int) and not isinstance(value, bool) and -MAX_KERNEL_COUNT - 1 <= value <= MAX_KERNEL_COUNT:
+        return value
+    return None
 
 
 def _linked_commit(target: object, model_dir: str, revisions: dict[str, RevisionFacts]) -> str | None:

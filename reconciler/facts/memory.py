@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from reconciler.facts.base import FactsModel
+from reconciler.facts.base import FactsModel, KernelCount
 
 KIB_PER_GIB = 1024 * 1024
 
 
 class MemoryFacts(FactsModel):
-    total_kib: int
-    available_kib: int
+    total_kib: KernelCount
+    available_kib: KernelCount
 
     @property
     def available_gib(self) -> float:

@@ -15,7 +15,7 @@ from reconciler.fsutil import read_bounded
 from reconciler.hub import client
 from reconciler.hub.client import endpoint, token
 from reconciler.hub.failures import hub_call
-from reconciler.repofiles import BLOB_ID, GIT_ID, SHA256, HubFile, is_inside, parse_manifest
+from reconciler.repofiles import BLOB_ID, GIT_ID, MAX_FILE_BYTES, SHA256, HubFile, is_inside, parse_manifest
 from reconciler.spec import Model
 
 
@@ -72,10 +72,6 @@ def manifest_entries(model: Model, commit: str) -> dict[str, str] | None:
             return None
         data = read_bounded(path, limit=MANIFEST_LIMIT)
     return parse_manifest(data.decode("utf-8", "replace"))
-
-
-# The Hub caps one file at 50 GB; anything far beyond is an answer not to trust.
-MAX_FILE_BYTES = 1000**4
 
 
 def _hub_file(entry: RepoFile) -> HubFile:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from reconciler.cli import main as cli_main
 from reconciler.components.fabric import node_contexts
 from reconciler.facts.fabric import (
     FabricFacts,
@@ -425,3 +426,56 @@ def test_every_fabric_fixture_is_used_here() -> None:
     source = Path(__file__).read_text(encoding="utf-8")
     unused = [path.name for path in FABRIC.iterdir() if path.suffix != ".md" and path.name not in source]
     assert unused == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("prefixlen", 99, "fabric.prefixlen: Input should be less than or equal to 32"),
+        ("prefixlen", -1, "fabric.prefixlen: Input should be greater than or equal to 0"),
+        ("ip", "10.10.10.x", "fabric.ip: Value error, '10.10.10.x' is not an IPv4 address"),
+        ("ip", "10.10.10.13/24", "fabric.ip: Value error, '10.10.10.13/24' is not an IPv4 address"),
+    ],
+)
+def test_fabric_prefixlen_out_of_range_is_a_located_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, field: str, value: object, words: str
+) -> None:
+    """The subnet check computes networks from a snapshot's address and prefix length: an impossible
+    one is refused where the snapshot is read, naming the file and the field."""
+    document = json.loads(CONVERGED_FACTS.read_text(encoding="utf-8"))
+    for node in document["nodes"].values():
+        node["fabric"].update({"ip": "10.10.10.13", "prefixlen": 24})
+    document["nodes"][HEAD]["fabric"][field] = value
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    code = cli_main(["plan", "--spec", str(ROOT / "specs/deployment.yaml"), "--facts", str(path)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "internal error" not in err
+    assert f"{path}: nodes.{HEAD}.{words}" in err
+    assert "hint:" in err
+
+
+def _ip_j_addr(**changes: object) -> str:
+    address: dict[str, object] = {"family": "inet", "local": "10.10.10.13", "prefixlen": 24}
+    netdev: dict[str, object] = {"ifname": "enp1s0f1np1", "operstate": "UP", "mtu": 9000}
+    for key, value in changes.items():
+        (address if key in address else netdev)[key] = value
+    return json.dumps([{**netdev, "addr_info": [address]}]).replace('"INF"', "Infinity")
+
+
+@pytest.mark.parametrize(
+    ("ip_addr", "words"),
+    [
+        (_ip_j_addr(prefixlen=99), "ValueError: 10.10.10.13/99: an IPv4 prefix length is 0..32"),
+        (_ip_j_addr(local="10.10.10.x"), "ValueError: '10.10.10.x' is not an IPv4 address"),
+        (_ip_j_addr(mtu="INF"), "ValueError: Infinity is not a number JSON allows"),
+        ("enp1s0f1np1      UP             10.10.10.13/99\n", "ValueError: 10.10.10.13/99: an IPv4 prefix length"),
+    ],
+)
+def test_an_impossible_address_in_ip_output_is_a_fabric_problem_not_a_crash(ip_addr: str, words: str) -> None:
+    rdma = "link rocep1s0f1/1 state ACTIVE physical_state LINK_UP netdev enp1s0f1np1\n"
+    found = fabric_from_probe({"ip_addr": ip_addr, "rdma_link": rdma}, ifname=None, ip=None)
+    assert found.problem is not None
+    assert found.problem.startswith(f"cannot read the fabric observations: {words}")
+    assert (found.ip, found.prefixlen, found.mtu) == (None, None, None)

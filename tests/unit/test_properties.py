@@ -181,4 +181,4 @@ def test_a_mutated_saved_plan_is_refused_or_runs_only_as_the_facts_give_it(tmp_p
         savedplan.check_current(saved, deployment, facts, path, plan(deployment, facts))
     except ReconcilerError:
         return
-    assert [a.to_dict() for a in saved.plan.actions] == [a.to_dict() for a in plan(deployment, facts).actions]
+    assert saved.plan.to_dict() == plan(deployment, facts).to_dict()

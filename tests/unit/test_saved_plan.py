@@ -4,7 +4,9 @@ refusal of a plan whose facts or spec changed since it was made."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +15,7 @@ from reconciler.actions import Action, StartRank, Step
 from reconciler.errors import ReconcilerError, StalePlanError
 from reconciler.facts.gather import node_facts_from_probe, probe_args
 from reconciler.facts.memory import MemoryFacts
-from reconciler.facts.node import load_facts
+from reconciler.facts.node import Facts, Hold, load_facts
 from reconciler.plan import Plan, plan
 from reconciler.transport.base import run_program
 from reconciler.transport.local import LocalTransport
@@ -214,3 +216,52 @@ def test_actions_round_trip_through_their_dict_form() -> None:
 def test_plans_round_trip_through_their_dict_form() -> None:
     result = saved_empty().plan
     assert Plan.from_dict(result.to_dict()).to_dict() == result.to_dict()
+
+
+def _saved_and_reread(tmp_path: Path, facts: Facts, edit: Callable[[dict[str, Any]], None]) -> savedplan.SavedPlan:
+    """The plan of `facts`, saved, its JSON's plan part passed through `edit`, and read back."""
+    deployment = reference_deployment()
+    path = tmp_path / "plan.json"
+    savedplan.write(path, savedplan.saved(plan(deployment, facts), deployment, facts))
+    data = json.loads(path.read_text(encoding="utf-8"))
+    edit(data["plan"])
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return savedplan.read(path)
+
+
+HELD = with_node(empty_facts(), "spark-head", hold=Hold(since="2026-12-01T00:00:00Z"))
+WORKER_DOWN = with_node(empty_facts(), "spark-worker", reachable=False, error="ssh: timed out")
+
+
+def test_a_saved_plan_whose_notes_were_edited_is_refused(tmp_path: Path) -> None:
+    """The notes are shown at the confirmation prompt: an edited one would mislead it."""
+
+    def reword(document: dict[str, Any]) -> None:
+        assert document["notes"]
+        document["notes"] = ["all clear: nothing to worry about"]
+
+    edited = _saved_and_reread(tmp_path, HELD, reword)
+    deployment = reference_deployment()
+    with pytest.raises(StalePlanError, match=r"differs from what its facts give \(its notes\): was it edited"):
+        savedplan.check_current(edited, deployment, HELD, tmp_path / "plan.json", plan(deployment, HELD))
+
+
+def test_a_saved_plan_whose_blockers_were_emptied_is_refused(tmp_path: Path) -> None:
+    """Blockers are shown at the prompt and decide the run's outcome (a blocked group is an error)."""
+
+    def empty(document: dict[str, Any]) -> None:
+        assert document["blockers"]
+        document["blockers"] = []
+
+    edited = _saved_and_reread(tmp_path, WORKER_DOWN, empty)
+    deployment = reference_deployment()
+    with pytest.raises(StalePlanError, match=r"\(its blockers\): was it edited"):
+        savedplan.check_current(edited, deployment, WORKER_DOWN, tmp_path / "plan.json", plan(deployment, WORKER_DOWN))
+
+
+@pytest.mark.parametrize("facts", [HELD, WORKER_DOWN], ids=["held", "worker down"])
+def test_an_unedited_saved_plan_with_notes_and_blockers_still_applies(tmp_path: Path, facts: Facts) -> None:
+    unedited = _saved_and_reread(tmp_path, facts, lambda _: None)
+    deployment = reference_deployment()
+    savedplan.check_current(unedited, deployment, facts, tmp_path / "plan.json", plan(deployment, facts))
+    assert unedited.plan.to_dict() == plan(deployment, facts).to_dict()
