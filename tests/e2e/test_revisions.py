@@ -1,7 +1,8 @@
 """A checkpoint revision change under the loop, on the testbed.
 
 The Hub stand-in serves two commits of the test checkpoint, A and B, that differ in one shard
-and in config.json; the engine stand-in says which config.json it loaded (`/_standin/loaded`).
+and in config.json; the engine stand-in says which config.json it loaded (`/_standin/loaded`, on rank 0's own port:
+the front lets nothing through without the key).
 Converged on A (`revision: main`, pinned to A), the spec is changed to B: the old group keeps
 serving A until B is staged and verified on both nodes, then the group restarts in order and
 serves B, and not one of A's files had its inode or mtime changed meanwhile. A is kept
@@ -43,7 +44,7 @@ loop:
 LOADED = (
     "import json, urllib.request\n"
     "try:\n"
-    "    answer = urllib.request.urlopen('http://127.0.0.1:8000/_standin/loaded', timeout=2)\n"
+    "    answer = urllib.request.urlopen('http://127.0.0.1:18000/_standin/loaded', timeout=2)\n"
     "    print(json.load(answer)['checkpoint_tag'])\n"
     "except Exception:\n"
     "    print('-')\n"

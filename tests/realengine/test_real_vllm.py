@@ -62,18 +62,41 @@ def test_converges_from_empty_to_a_real_tensor_parallel_group(lane: Bed, first_c
     assert lane.api_key() not in json.dumps(r0) + json.dumps(r1)
 
 
-def test_the_api_key_is_enforced_by_real_vllm(serving: Bed) -> None:
+def test_the_front_refuses_every_route_of_real_vllm_without_the_key(serving: Bed) -> None:
+    """Real vLLM behind the front: through it every route answers 401 without the key (its own
+    --api-key would leave /invocations, /tokenize, /metrics, /version and the docs open); rank 0's
+    own port, on loopback, is what the front forwards to."""
     assert client(serving, "complete", "4")["status"] == 200
-    anonymous = serving.node(HEAD, "python3", "-c", ANONYMOUS_MODELS).stdout.strip()
-    assert anonymous == '401 {"error":"Unauthorized"}'
+    answers = json.loads(serving.node(HEAD, "python3", "-c", ANONYMOUS).stdout)
+    assert answers["front"] == dict.fromkeys(ANONYMOUS_ROUTES, 401), answers
+    # Past the front (on the head only), real vLLM serves a completion without the key.
+    assert answers["direct /invocations"] == 200, answers
 
 
-ANONYMOUS_MODELS = """
-import urllib.request, urllib.error
-try:
-    urllib.request.urlopen("http://127.0.0.1:8000/v1/models", timeout=10)
-except urllib.error.HTTPError as exc:
-    print(exc.code, exc.read().decode())
+ANONYMOUS_ROUTES = [
+    "GET /v1/models",
+    "POST /invocations",
+    "POST /tokenize",
+    "GET /metrics",
+    "GET /version",
+    "GET /docs",
+]
+ANONYMOUS = f"""
+import json, urllib.request, urllib.error
+MESSAGES = [{{"role": "user", "content": "hi"}}]
+BODY = json.dumps({{"model": "deepseek-v4.1-flash", "messages": MESSAGES, "max_tokens": 1}})
+def status(base, route):
+    method, path = route.split(" ", 1)
+    data = BODY.encode() if method == "POST" else None
+    headers = {{"Content-Type": "application/json"}}
+    request = urllib.request.Request(base + path, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+front = {{route: status("http://127.0.0.1:8000", route) for route in {ANONYMOUS_ROUTES!r}}}
+print(json.dumps({{"front": front, "direct /invocations": status("http://127.0.0.1:18000", "POST /invocations")}}))
 """
 
 

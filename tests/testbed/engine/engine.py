@@ -1539,6 +1539,9 @@ class Api:
             "/v1/models": {"GET": self.models},
             "/v1/chat/completions": {"POST": self.chat},
             "/v1/completions": {"POST": self.completions},
+            # SageMaker's route: a chat or a completion by the body's shape, and, as on vLLM, open
+            # without the key (vLLM's --api-key guards /v1 only): the front is what refuses it.
+            "/invocations": {"POST": self.invocations},
             "/_standin/loaded": {"GET": self.loaded},  # stand-in only, see the module docstring
         }
 
@@ -1608,6 +1611,10 @@ class Api:
             for name in self.cfg.served_names
         ]
         return json_reply({"object": "list", "data": cards})
+
+    def invocations(self, body: bytes) -> Reply:
+        request = parse_json_object(body)
+        return self.chat(body) if "messages" in request else self.completions(body)
 
     def chat(self, body: bytes) -> Reply:
         request = parse_json_object(body)

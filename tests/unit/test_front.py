@@ -1,0 +1,210 @@
+"""The front: the API's one door. A real HAProxy with the rendered config in front of the engine
+stand-in refuses every route without the key and serves them with it (streams too); the plan
+manages the front apart from the ranks, and an upgrade moves rank 0 behind it in one ordered change."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from reconciler.facts.node import Facts, load_facts
+from reconciler.front import LABEL_KEY_VERSION, haproxy_config
+from reconciler.plan import Plan, plan, render_text
+from reconciler.serving import LABEL_CONFIG_HASH
+from reconciler.spec import Deployment
+from reconciler.verify.smoke import UNKEYED_PROBES
+from tests.scenarios import CONVERGED_FACTS, reference_deployment, with_node
+from tests.unit.frontproc import running_front
+from tests.unit.test_engine_standin import KEY, MODEL, Group, Launcher, start_group
+
+HEAD = "spark-head"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "What is 17 * 23?"}], "max_tokens": 8}
+
+
+@pytest.fixture(scope="module")
+def fronted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Group, Path]]:
+    """Rank 0 without a key behind the front, as the reconciler runs them; and the key file."""
+    directory = tmp_path_factory.mktemp("front")
+    key_file = directory / "api_key"
+    key_file.write_text(KEY + "\n", encoding="utf-8")
+    launched = Launcher(directory)
+    try:
+        started = start_group(launched, keyed=False)
+        with running_front(directory, started.port, key_file) as port:
+            yield dataclasses.replace(started, url=f"http://127.0.0.1:{port}"), key_file
+    finally:
+        launched.close()
+
+
+def ask(url: str, method: str, path: str, authorization: str | None) -> httpx.Response:
+    headers = {"Authorization": authorization} if authorization is not None else {}
+    body = CHAT if method == "POST" else None
+    return httpx.request(method, url + path, json=body, headers=headers, timeout=30)
+
+
+@pytest.mark.parametrize(("method", "path"), UNKEYED_PROBES, ids=lambda item: str(item))
+def test_every_route_class_is_refused_without_the_key_and_served_with_it(
+    fronted: tuple[Group, Path], method: str, path: str
+) -> None:
+    group, _ = fronted
+    wrong = f"Bearer wrong-{uuid.uuid4().hex}"
+    for authorization in (None, wrong, f"bearer {KEY}", f"Bearer {KEY}x", f"Bearer  {KEY}", f"Basic {KEY}", KEY):
+        refused = ask(group.url, method, path, authorization)
+        assert refused.status_code == 401, (authorization and authorization[:6], refused.text)
+        assert refused.json() == {"error": "Unauthorized"}
+    # With the key the request reaches the engine, whatever it then makes of it.
+    assert ask(group.url, method, path, f"Bearer {KEY}").status_code != 401
+
+
+def test_the_engine_behind_the_front_serves_completions_without_the_key_only_past_it(
+    fronted: tuple[Group, Path],
+) -> None:
+    """The stand-in, like vLLM, serves /invocations to anyone: the front is what refuses it."""
+    group, _ = fronted
+    direct = f"http://127.0.0.1:{group.port}"
+    assert ask(direct, "POST", "/invocations", None).status_code == 200
+    assert ask(group.url, "POST", "/invocations", None).status_code == 401
+    answer = ask(group.url, "POST", "/invocations", f"Bearer {KEY}")
+    assert answer.status_code == 200
+    assert "391" in answer.json()["choices"][0]["message"]["content"]
+
+
+def test_health_is_open_for_get_only(fronted: tuple[Group, Path]) -> None:
+    group, _ = fronted
+    assert ask(group.url, "GET", "/health", None).status_code == 200
+    for method, path in (("POST", "/health"), ("GET", "/health/../v1/models"), ("GET", "//health")):
+        assert ask(group.url, method, path, None).status_code == 401, (method, path)
+
+
+def test_two_authorization_headers_are_refused(fronted: tuple[Group, Path]) -> None:
+    group, _ = fronted
+    headers = [("Authorization", "Bearer nope"), ("Authorization", f"Bearer {KEY}")]
+    assert httpx.get(group.url + "/v1/models", headers=headers, timeout=30).status_code == 401
+
+
+def test_a_stream_passes_through_chunk_by_chunk(fronted: tuple[Group, Path]) -> None:
+    group, _ = fronted
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", group.url + "/v1/chat/completions", json=body, headers=headers, timeout=30) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in answer.iter_lines() if line.startswith("data: ")]
+    assert len(events) > 3
+    assert events[-1] == "data: [DONE]"
+
+
+def test_the_config_holds_no_key_and_names_the_key_file_only() -> None:
+    config = haproxy_config("0.0.0.0", 8000, 18000, "/run/secrets/dsv41-api-key")
+    assert "-f /run/secrets/dsv41-api-key" in config
+    assert "bind 0.0.0.0:8000" in config
+    assert "server rank0 127.0.0.1:18000" in config
+    assert "http-request del-header authorization" in config
+
+
+# --- the plan ------------------------------------------------------------------------------------
+
+
+def converged() -> Facts:
+    return load_facts(CONVERGED_FACTS)
+
+
+def with_front(facts: Facts, **changes: object) -> Facts:
+    """The converged facts with the head's front container changed."""
+    containers = []
+    for container in facts.nodes[HEAD].containers:
+        if container.name == "dsv41-front":
+            container = container.model_copy(update=changes)
+        containers.append(container)
+    return with_node(facts, HEAD, containers=containers)
+
+
+def kinds(result: Plan) -> list[str]:
+    return [action.id for action in result.actions]
+
+
+def with_api(deployment: Deployment, **changes: object) -> Deployment:
+    return deployment.model_copy(update={"api": deployment.api.model_copy(update=changes)})
+
+
+def test_a_front_setting_changed_replaces_the_front_alone() -> None:
+    deployment = with_api(reference_deployment(), bind="10.0.0.5")
+    result = plan(deployment, converged())
+    assert kinds(result) == ["front.start-dsv41-front@spark-head"]
+    assert result.actions[0].verb == "replace"
+    assert result.actions[0].cause == "front settings changed (config, image or mounts)"
+
+
+def test_a_rotated_key_file_replaces_the_front_alone() -> None:
+    facts = converged()
+    key = facts.nodes[HEAD].api_key
+    assert key is not None
+    facts = with_node(facts, HEAD, api_key=key.model_copy(update={"version": "1:2:44"}))
+    result = plan(reference_deployment(), facts)
+    assert kinds(result) == ["front.start-dsv41-front@spark-head"]
+    assert result.actions[0].cause == "the key file changed since the front read it"
+
+
+def test_an_exited_or_missing_front_is_started_again_and_a_stray_one_removed() -> None:
+    exited = plan(reference_deployment(), with_front(converged(), status="exited", exit_code=137))
+    assert kinds(exited) == ["front.start-dsv41-front@spark-head"]
+    assert exited.actions[0].cause == "the front is exited (exit code 137)"
+    renamed = plan(reference_deployment(), with_front(converged(), name="old-front"))
+    assert kinds(renamed) == ["front.remove-old-front@spark-head", "front.start-dsv41-front@spark-head"]
+    assert renamed.actions[1].verb == "create"
+
+
+def test_a_front_in_sync_is_named_in_sync() -> None:
+    result = plan(reference_deployment(), converged())
+    assert not result.has_changes
+    assert any(item.component == "front" for item in result.in_sync)
+
+
+def test_an_upgrade_adds_the_front_and_moves_rank0_behind_it_in_one_ordered_change() -> None:
+    """What a reconciler from before the front left: rank 0 on 0.0.0.0:8000 with the key, no front."""
+    facts = converged()
+    head = facts.nodes[HEAD]
+    old = []
+    for container in head.containers:
+        if container.name == "dsv41-front":
+            continue
+        if container.name == "dsv41-r0":
+            command = [*container.command]
+            at = command.index("--host")
+            command[at : at + 4] = ["--host", "0.0.0.0", "--port", "8000"]
+            labels = {**container.labels, LABEL_CONFIG_HASH: "v2:" + "0" * 64}
+            container = container.model_copy(update={"command": command, "labels": labels})
+        old.append(container)
+    facts = with_node(facts, HEAD, containers=old, images=head.images[:1])
+    result = plan(reference_deployment(), facts)
+    assert kinds(result) == [
+        "image.pull-front@spark-head",
+        "ranks.stop-dsv41-r0@spark-head",
+        "ranks.stop-dsv41-r1@spark-worker",
+        "ranks.start-dsv41-r1@spark-worker",
+        "ranks.start-dsv41-r0@spark-head",
+        "front.start-dsv41-front@spark-head",
+        "ranks.wait-ready@spark-head",
+        "ranks.smoke@spark-head",
+    ]
+    front = result.actions[5]
+    assert set(front.depends_on) == {"image.pull-front@spark-head", "ranks.start-dsv41-r0@spark-head"}
+    assert front.id in result.actions[6].depends_on
+    text = render_text(result)
+    assert "--host 0.0.0.0 -> 127.0.0.1" in text
+    assert "--port 8000 -> 18000" in text
+    assert "front on spark-head: start dsv41-front (HAProxy on 0.0.0.0:8000" in text
+    # Once applied, nothing is left to do.
+    applied = with_node(load_facts(CONVERGED_FACTS), HEAD)
+    assert not plan(reference_deployment(), applied).has_changes
+
+
+def test_the_key_version_label_is_what_the_plan_compares() -> None:
+    facts = converged()
+    front = next(c for c in facts.nodes[HEAD].containers if c.name == "dsv41-front")
+    assert front.labels[LABEL_KEY_VERSION] == facts.nodes[HEAD].api_key.version  # type: ignore[union-attr]
