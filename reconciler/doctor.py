@@ -10,6 +10,7 @@ passes by default. Fabric checks use the plan's own resolution, so doctor and pl
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -370,6 +371,72 @@ def _image(subject: _Subject) -> Check:
     )
 
 
+def _listeners(subject: _Subject) -> Check:
+    """What a LAN neighbour can connect to: every listener not on loopback or the fabric address,
+    beyond sshd and (on the head) the front."""
+    listed = subject.probe.host.get("listeners")
+    if not isinstance(listed, list):
+        return subject.check("listeners", "WARN", "not checked: the node did not list its listening sockets")
+    fabric = resolve_fabric(subject.node, subject.facts)
+    fabric_ip = None if isinstance(fabric, Blocker) else fabric.ip
+    expected = _expected_ports(subject)
+    exposed = sorted(
+        {
+            (address, port, program or "?")
+            for address, port, program in _valid_listeners(listed)
+            if not _local_only(address, fabric_ip) and port not in expected
+        }
+    )
+    allowed = ", ".join(f"{what} :{port}" for port, what in sorted(expected.items()))
+    if not exposed:
+        return subject.check("listeners", "PASS", f"beyond loopback and the fabric only {allowed}")
+    shown = ", ".join(f"{_host(address)}:{port} ({program})" for address, port, program in exposed[:8])
+    more = f" and {len(exposed) - 8} more" if len(exposed) > 8 else ""
+    message = f"listening beyond loopback and the fabric: {shown}{more} (expected: {allowed})"
+    return subject.check("listeners", "WARN", message, _firewall_fix(fabric, sorted({p for _, p, _ in exposed})))
+
+
+def _expected_ports(subject: _Subject) -> dict[int, str]:
+    ssh = subject.node.ssh.port if subject.node.ssh is not None else 22
+    expected = {ssh: "sshd"}
+    if subject.node.role == "head":
+        expected[subject.deployment.serving.port] = "the front"
+    return expected
+
+
+def _valid_listeners(listed: list[object]) -> list[tuple[str, int, str | None]]:
+    """The probe's [address, port, program] entries that have that shape (node output is untrusted)."""
+    valid = []
+    for entry in listed:
+        if isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and isinstance(entry[1], int):
+            program = entry[2] if isinstance(entry[2], str) else None
+            valid.append((entry[0][:64], entry[1], program[:32] if program else None))
+    return valid
+
+
+def _local_only(address: str, fabric_ip: str | None) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return ip.is_loopback or (fabric_ip is not None and address == fabric_ip)
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def _firewall_fix(fabric: ResolvedFabric | Blocker, ports: list[int]) -> str:
+    ifname = "<fabric port>" if isinstance(fabric, Blocker) else fabric.ifname
+    listed = ", ".join(str(port) for port in ports)
+    return (
+        "bind them to the fabric address or loopback if the program allows it; else drop them on every other "
+        "interface: sudo nft add table inet spark && sudo nft 'add chain inet spark input { type filter hook input "
+        f'priority 0 ; }}\' && sudo nft \'add rule inet spark input iifname != {{ "lo", "{ifname}" }} tcp dport '
+        f"{{ {listed} }} drop'"
+    )
+
+
 _NODE_CHECKS: list[Callable[[_Subject], Check]] = [
     _python,
     _rsync,
@@ -382,6 +449,7 @@ _NODE_CHECKS: list[Callable[[_Subject], Check]] = [
     _roce_gid,
     _disk,
     _memory,
+    _listeners,
 ]
 
 

@@ -59,11 +59,18 @@ def top_rss(count: int = 3) -> list[str]:
     return [f"{name} {rss / KIB_PER_GIB:.1f}G" for rss, name in sorted(found, reverse=True)[:count]]
 
 
+# A container of ours with a role is not a rank (the front): it holds no GPU memory, and the API
+# answers 503 through it while the ranks are held.
+ROLE_LABEL = "io.spark-reconciler.role"
+
+
 def kill_ranks(labels: list[str]) -> list[str]:
     filters = urllib.parse.quote(json.dumps({"label": labels, "status": ["running"]}))
     containers = _docker("GET", f"/containers/json?filters={filters}") or []
     names = []
     for container in containers:
+        if (container.get("Labels") or {}).get(ROLE_LABEL):
+            continue
         _docker("POST", f"/containers/{container['Id']}/kill?signal=SIGKILL")
         names.append(container["Names"][0].lstrip("/"))
     return names

@@ -186,7 +186,50 @@ def host_state() -> dict[str, Any]:
         "tools": {name: find_tool(name) for name in tools},
         "docker_info": docker_info(),
         "nvidia_driver": read_text("/proc/driver/nvidia/version"),
+        "listeners": listeners(),
     }
+
+
+def listeners() -> list[list[Any]]:
+    """Every listening TCP socket: [address, port, program or None] (the program when this user
+    may see its file descriptors; root sees all)."""
+    owners = _socket_owners()
+    found = []
+    for table, width in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        for line in (read_text(table) or "").splitlines()[1:]:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "0A":  # 0A: LISTEN
+                continue
+            address, port = fields[1].split(":")
+            found.append([_address(address, width), int(port, 16), owners.get(fields[9])])
+    return found
+
+
+def _address(hex_address: str, width: int) -> str:
+    """/proc/net/tcp writes each 32-bit word of the address in the host's byte order."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i : i + 4][::-1] if sys.byteorder == "little" else raw[i : i + 4] for i in range(0, width, 4))
+    return socket.inet_ntop(socket.AF_INET if width == 4 else socket.AF_INET6, words)
+
+
+def _socket_owners() -> dict[str, str]:
+    """Socket inode -> the name of a process holding it."""
+    owners: dict[str, str] = {}
+    for pid in filter(str.isdigit, list_dir("/proc")):
+        try:
+            names = os.listdir(f"/proc/{pid}/fd")
+            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+                program = handle.read().strip()
+        except OSError:
+            continue
+        for name in names:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                owners.setdefault(target[8:-1], program)
+    return owners
 
 
 def tree(path: str, manifest: str, plan: str, staged: str | None) -> dict[str, Any]:

@@ -101,3 +101,8 @@ def test_doctor_after_apply_sees_the_ranks_running(converged: Bed) -> None:
         memory = checks[(node, "memory")]
         assert memory["status"] == "PASS"
         assert memory["message"].startswith(f"{RANK[node]} running, weights loaded")
+    # The front is the head's one expected listener beyond sshd; rank 0's own port is on loopback.
+    listeners = checks[(HEAD, "listeners")]
+    assert "(expected: sshd :22, the front :8000)" in listeners["message"] or listeners["status"] == "PASS"
+    assert ":18000" not in listeners["message"], listeners
+    assert "haproxy" not in listeners["message"], listeners

@@ -51,6 +51,13 @@ def raw_probe(ip: str, **changes: Any) -> dict[str, Any]:
         "tools": {"python3": "/usr/bin/python3", "rsync": "/usr/bin/rsync", "nvidia-ctk": "/usr/bin/nvidia-ctk"},
         "docker_info": {"runtimes": ["nvidia", "runc"], "default_runtime": "runc", "server_version": "29.2.1"},
         "nvidia_driver": DRIVER_580_142,
+        # sshd on every address, an engine port on loopback, the copy daemon on the fabric address.
+        "listeners": [
+            ["0.0.0.0", 22, "sshd"],
+            ["::", 22, "sshd"],
+            ["127.0.0.1", 18000, "vllm"],
+            [ip, 40123, "rsync"],
+        ],
     }
     raw: dict[str, Any] = {
         "hostname": "spark",
@@ -104,7 +111,7 @@ def test_a_healthy_spark_pair_has_no_failure() -> None:
     report = run_doctor()
     assert not report.failed
     passing = ["ssh", "python3", "rsync", "docker", "nvidia runtime", "gpu driver", "image", "rdma port"]
-    expected = dict.fromkeys([*passing, "fabric address", "roce gid", "disk"], "PASS")
+    expected = dict.fromkeys([*passing, "fabric address", "roce gid", "disk", "listeners"], "PASS")
     for node in (HEAD, WORKER):
         assert verdicts(report, node) == {**expected, "memory": "WARN"}
     assert verdicts(report, doctor.ALL_NODES) == {"same subnet": "PASS", "mtu": "PASS", "clock skew": "PASS"}
@@ -112,6 +119,34 @@ def test_a_healthy_spark_pair_has_no_failure() -> None:
     assert find(report, HEAD, "fabric address").message == "enp1s0f1np1 192.168.100.10/24"
     assert find(report, HEAD, "roce gid").message == "NCCL_IB_HCA rocep1s0f1: GID 3 = ::ffff:192.168.100.10"
     assert find(report, doctor.ALL_NODES, "mtu").message == "spark-head enp1s0f1np1 9000, spark-worker enp1s0f1np1 9000"
+
+
+def test_listeners_beyond_the_fabric_are_named_with_a_firewall_fix() -> None:
+    """vLLM binds some internal ports on every address; the doctor names them and how to shut them."""
+    assert find(run_doctor(), HEAD, "listeners").message == (
+        "beyond loopback and the fabric only sshd :22, the front :8000"
+    )
+    raw = raw_probe(SPARK_IPS[HEAD])
+    raw["host"]["listeners"] += [
+        ["0.0.0.0", 8000, "haproxy"],
+        ["0.0.0.0", 29655, "python3"],
+        ["::", 5557, None],
+        ["192.168.1.20", 8001, "x"],
+    ]
+    raw["host"]["listeners"] += [["not an address", "22", None], "junk"]
+    listeners = find(run_doctor(head=probe(raw)), HEAD, "listeners")
+    assert listeners.status == "WARN"
+    assert listeners.message == (
+        "listening beyond loopback and the fabric: 0.0.0.0:29655 (python3), 192.168.1.20:8001 (x), [::]:5557 (?) "
+        "(expected: sshd :22, the front :8000)"
+    )
+    assert 'iifname != { "lo", "enp1s0f1np1" } tcp dport { 5557, 8001, 29655 } drop' in listeners.fix
+    on_worker = raw_probe(SPARK_IPS[WORKER])
+    on_worker["host"]["listeners"].append(["0.0.0.0", 8000, "python3"])
+    assert find(run_doctor(worker=probe(on_worker)), WORKER, "listeners").status == "WARN"
+    unlisted = raw_probe(SPARK_IPS[HEAD])
+    del unlisted["host"]["listeners"]
+    assert find(run_doctor(head=probe(unlisted)), HEAD, "listeners").status == "WARN"
 
 
 def test_memory_applies_vllms_start_check_and_the_weights_rule_saying_what_it_assumed() -> None:

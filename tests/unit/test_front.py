@@ -5,6 +5,10 @@ manages the front apart from the ranks, and an upgrade moves rank 0 behind it in
 from __future__ import annotations
 
 import dataclasses
+import http.server
+import json
+import socketserver
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +18,7 @@ import pytest
 
 from reconciler.facts.node import Facts, load_facts
 from reconciler.front import LABEL_KEY_VERSION, haproxy_config
+from reconciler.nodeside import memguard
 from reconciler.plan import Plan, plan, render_text
 from reconciler.serving import LABEL_CONFIG_HASH
 from reconciler.spec import Deployment
@@ -208,3 +213,41 @@ def test_the_key_version_label_is_what_the_plan_compares() -> None:
     facts = converged()
     front = next(c for c in facts.nodes[HEAD].containers if c.name == "dsv41-front")
     assert front.labels[LABEL_KEY_VERSION] == facts.nodes[HEAD].api_key.version  # type: ignore[union-attr]
+
+
+def test_a_guard_trip_kills_the_ranks_not_the_front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard finds our running containers by label through Docker's API; the front holds no
+    GPU memory and keeps answering (503) while the ranks are held."""
+    killed: list[str] = []
+    listed = [
+        {"Id": "r0", "Names": ["/dsv41-r0"], "Labels": {"io.spark-reconciler.rank": "0"}},
+        {"Id": "fr", "Names": ["/dsv41-front"], "Labels": {"io.spark-reconciler.role": "front"}},
+    ]
+
+    class Docker(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self._answer(json.dumps(listed).encode())
+
+        def do_POST(self) -> None:
+            killed.append(self.path.split("/")[2])
+            self._answer(b"")
+
+        def _answer(self, body: bytes) -> None:
+            self.send_response(200 if body else 204)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            del format, args
+
+    socket_path = tmp_path / "docker.sock"
+    server = socketserver.ThreadingUnixStreamServer(str(socket_path), Docker)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{socket_path}")
+    try:
+        assert memguard.kill_ranks(["io.spark-reconciler.owner=spark-reconciler"]) == ["dsv41-r0"]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert killed == ["r0"]
