@@ -70,6 +70,9 @@ defaults
     option httplog
     option dontlognull
     option forwardfor
+    # Each streamed token goes out at once: without this HAProxy marks small sends "more to
+    # come" (MSG_MORE), and the kernel holds a stream's chunks until its last one.
+    option http-no-delay
     timeout connect 5s
     timeout http-request {REQUEST_HEADERS_TIMEOUT_S}s
     timeout http-keep-alive 60s

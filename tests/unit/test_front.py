@@ -9,6 +9,7 @@ import http.server
 import json
 import socketserver
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,8 @@ from tests.unit.frontproc import running_front
 from tests.unit.test_engine_standin import KEY, MODEL, Group, Launcher, start_group
 
 HEAD = "spark-head"
+# The stand-in's pause per token: a stream has a rhythm a buffering front would flatten.
+TOKEN_DELAY_S = 0.005
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "What is 17 * 23?"}], "max_tokens": 8}
 
 
@@ -39,7 +42,7 @@ def fronted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Group, P
     key_file.write_text(KEY + "\n", encoding="utf-8")
     launched = Launcher(directory)
     try:
-        started = start_group(launched, keyed=False)
+        started = start_group(launched, {"ENGINE_TOKEN_DELAY_S": str(TOKEN_DELAY_S)}, keyed=False)
         with running_front(directory, started.port, key_file) as port:
             yield dataclasses.replace(started, url=f"http://127.0.0.1:{port}"), key_file
     finally:
@@ -93,15 +96,27 @@ def test_two_authorization_headers_are_refused(fronted: tuple[Group, Path]) -> N
 
 
 def test_a_stream_passes_through_chunk_by_chunk(fronted: tuple[Group, Path]) -> None:
+    """Each token's event reaches the client as the engine sends it: a front that held chunks
+    back (HAProxy without http-no-delay corks them until the stream's end) would deliver them all
+    at once, however slowly the engine made them."""
     group, _ = fronted
-    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    story = [{"role": "user", "content": "Write a long story about a lighthouse."}]
+    body = {**CHAT, "messages": story, "max_tokens": 16, "stream": True, "stream_options": {"include_usage": True}}
     headers = {"Authorization": f"Bearer {KEY}"}
+    arrivals: list[float] = []
     with httpx.stream("POST", group.url + "/v1/chat/completions", json=body, headers=headers, timeout=30) as answer:
         assert answer.status_code == 200
         assert answer.headers["content-type"].startswith("text/event-stream")
-        events = [line for line in answer.iter_lines() if line.startswith("data: ")]
-    assert len(events) > 3
+        events = []
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                events.append(line)
+                arrivals.append(time.monotonic())
     assert events[-1] == "data: [DONE]"
+    tokens = sum('"content":"' in event.replace(" ", "") for event in events)
+    assert tokens >= 8
+    # The engine spaced the tokens at least TOKEN_DELAY_S apart; so must their arrivals be, in all.
+    assert arrivals[-1] - arrivals[0] >= 0.5 * (tokens - 1) * TOKEN_DELAY_S
 
 
 def test_the_config_holds_no_key_and_names_the_key_file_only() -> None:
