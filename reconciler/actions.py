@@ -80,6 +80,7 @@ class Step(enum.StrEnum):
     START_RANK = "ranks.start"
     WAIT_READY = "ranks.wait-ready"
     SMOKE = "ranks.smoke"
+    CREATE_CERT = "front.create-cert"
     START_FRONT = "front.start"
     REMOVE_FRONT = "front.remove"
     CONFIGURE_PI = "pi.configure"
@@ -349,6 +350,18 @@ class StartRank(Payload):
     intent: str
 
 
+class CreateCert(Payload):
+    """A self-signed certificate and its key for the front, made once (like the API key): the key
+    0600, the certificate naming `names` (IP addresses and host names the API is reached by)."""
+
+    STEP = Step.CREATE_CERT
+    kind: Literal["create-cert"] = "create-cert"
+    cert_path: str
+    key_path: str
+    names: list[str]
+    days: int
+
+
 class StartFront(Payload):
     """Write the front's config on the head, then create and start exactly this container
     (replacing our old one), and wait until it accepts connections on `address`."""
@@ -436,6 +449,7 @@ StepPayload = (
     | HaltRank
     | RemoveContainer
     | StartRank
+    | CreateCert
     | StartFront
     | RemoveFront
     | WaitReady

@@ -31,7 +31,7 @@ from reconciler.errors import (
 from reconciler.execution import ApplyContext, Progress, Publisher
 from reconciler.facts.gather import gather
 from reconciler.facts.node import Facts, Liveness
-from reconciler.health import health_code, probe_liveness, read_key
+from reconciler.health import health_code, probe_liveness, read_ca, read_key
 from reconciler.lock import deployment_lock
 from reconciler.loopstatus import read_status, write_pass
 from reconciler.nodeops import NodeOps
@@ -233,7 +233,7 @@ def _plan_to_run(deployment: Deployment, facts: Facts, request: Converge) -> Pla
 def smoke_after_start(ctx: ApplyContext, payload: Smoke) -> str:
     """The smoke step after a group start: a started group that cannot answer is not done."""
     deployment = ctx.deployment
-    target = ApiTarget(api_base(deployment), read_key(ctx), deployment.serving.served_model_name)
+    target = ApiTarget(api_base(deployment), read_key(ctx), deployment.serving.served_model_name, read_ca(ctx))
     report = smoke.run_smoke(target, payload.checks, timeout_s=payload.timeout_s)
     if not report.ok:
         raise SmokeFailedError(
@@ -305,7 +305,9 @@ def status(deployment: Deployment, transports: dict[str, Transport], *, probe: b
     return {
         "deployment": deployment.name,
         "loop": read_status(deployment),
-        "health": health_code(deployment),
+        "api": api_base(deployment),
+        "tls_fingerprint": _tls_fingerprint(deployment, facts),
+        "health": health_code(deployment, ca=_status_ca(deployment, facts, transports)),
         "liveness": _liveness(deployment, facts, transports) if probe else None,
         "converged": not current.has_changes and not current.blockers,
         "nodes": nodes,
@@ -313,6 +315,19 @@ def status(deployment: Deployment, transports: dict[str, Transport], *, probe: b
         "conditions": conditions,
         "summary": current.summary(),
     }
+
+
+def _tls_fingerprint(deployment: Deployment, facts: Facts) -> str | None:
+    """The SHA-256 fingerprint of the front's certificate, for clients that pin it."""
+    tls = facts.nodes[deployment.head.name].tls
+    return tls.fingerprint if deployment.api.tls is not None and tls is not None else None
+
+
+def _status_ca(deployment: Deployment, facts: Facts, transports: dict[str, Transport]) -> str | None:
+    try:
+        return read_ca(ApplyContext(deployment, facts, transports))
+    except ReconcilerError:
+        return None  # no certificate yet: /health then has no answer over https, which status shows
 
 
 def _liveness(deployment: Deployment, facts: Facts, transports: dict[str, Transport]) -> dict[str, Any]:

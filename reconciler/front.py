@@ -37,10 +37,15 @@ from reconciler.serving import (
 from reconciler.spec import Deployment, expand_home
 
 CONFIG_MOUNT = "/run/front/haproxy.cfg"
+# HAProxy loads the key beside a certificate without one: <crt>.key.
+TLS_CERT_MOUNT = "/run/front/tls.pem"
+TLS_KEY_MOUNT = TLS_CERT_MOUNT + ".key"
+# The files the front reads at its start, whose versions it is labelled with.
+SECRET_MOUNTS = (KEY_MOUNT, TLS_CERT_MOUNT, TLS_KEY_MOUNT)
 # Bumped only when the hashed fields change meaning (see serving.HASH_SCHEME).
 HASH_SCHEME = "front-v1"
-# The key file's version (mtime, inode) the running front read at its start: a rotated key
-# file gives another version, and the front is replaced to read the new key.
+# The versions (mtime, inode, size) of the key file and the TLS pair the running front read at its
+# start: a rotated key or certificate gives another, and the front is replaced to read it.
 LABEL_KEY_VERSION = "io.spark-reconciler.key-version"
 # A prefill of 262,144 tokens takes minutes; no answer of the engine's is cut before an hour.
 ENGINE_TIMEOUT_S = 3600
@@ -53,7 +58,7 @@ GRACE_S = 5
 UNAUTHORIZED_BODY = '{"error":"Unauthorized"}'
 
 
-def haproxy_config(bind: str, port: int, engine_port: int, key_path: str) -> str:
+def haproxy_config(bind: str, port: int, engine_port: int, key_path: str, tls_cert: str | None = None) -> str:
     """The front's whole config: deny by default, the key from `key_path`, rank 0 behind it.
 
     The key is compared as the whole header after "Bearer " (one Authorization header only),
@@ -81,7 +86,7 @@ defaults
     timeout tunnel {ENGINE_TIMEOUT_S}s
 
 frontend api
-    bind {bind}:{port}
+    bind {bind}:{port}{f" ssl crt {tls_cert}" if tls_cert else ""}
     acl health_check method GET
     acl health_path path /health
     acl one_authorization req.hdr_cnt(authorization) eq 1
@@ -126,6 +131,11 @@ class FrontContainer(Record):
         return f"{HASH_SCHEME}:{digest.hexdigest()}"
 
 
+def files_version(versions: list[str | None]) -> str:
+    """One label value for the versions of the files the front reads (the key, the TLS pair)."""
+    return "|".join(version or "-" for version in versions)
+
+
 def front_name(deployment: Deployment) -> str:
     return f"{deployment.name}-front"
 
@@ -133,19 +143,24 @@ def front_name(deployment: Deployment) -> str:
 def render_front(deployment: Deployment, head_home: str) -> FrontContainer:
     """The front's container on the head, its config in the head's state dir."""
     head = deployment.head
-    config = haproxy_config(deployment.api.bind, deployment.serving.port, deployment.api.engine_port, KEY_MOUNT)
+    tls = deployment.tls_files()
+    api = deployment.api
+    config = haproxy_config(api.bind, deployment.serving.port, api.engine_port, KEY_MOUNT, tls and TLS_CERT_MOUNT)
     config_path = StateDir(expand_home(deployment.state_dir, head_home)).front_config
-    mounts = (
+    mounts = [
         Mount(config_path, CONFIG_MOUNT, read_only=True),
         Mount(expand_home(deployment.key_file(), head_home), KEY_MOUNT, read_only=True),
-    )
+    ]
+    if tls is not None:
+        cert, key = (expand_home(path, head_home) for path in tls)
+        mounts += [Mount(cert, TLS_CERT_MOUNT, read_only=True), Mount(key, TLS_KEY_MOUNT, read_only=True)]
     container = FrontContainer(
         name=front_name(deployment),
         node=head.name,
         image=deployment.api.front_image,
         entrypoint=("haproxy",),
         command=("-db", "-f", CONFIG_MOUNT),
-        mounts=mounts,
+        mounts=tuple(mounts),
         config=config,
         config_path=config_path,
     )

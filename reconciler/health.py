@@ -27,25 +27,25 @@ from reconciler.verify.apiclient import CONNECT_TIMEOUT_S, ApiTarget, client
 LOG_TAIL = 40
 
 
-def health_code(deployment: Deployment, timeout: float = 5.0) -> int | None:
+def health_code(deployment: Deployment, timeout: float = 5.0, ca: str | None = None) -> int | None:
     """Keyless GET /health (open without the key, for health checks); None when nothing answers."""
     try:
-        with client(ApiTarget(api_base(deployment), ""), keyed=False, timeout=timeout) as http:
+        with client(ApiTarget(api_base(deployment), "", ca=ca), keyed=False, timeout=timeout) as http:
             return http.get("/health").status_code
     except httpx.HTTPError:
         return None
 
 
-def models_code(url: str, key: str, timeout: float = 5.0) -> int | None:
+def models_code(url: str, key: str, timeout: float = 5.0, ca: str | None = None) -> int | None:
     """The keyed `GET {url}/v1/models`'s status; None when nothing answers."""
     try:
-        with client(ApiTarget(url, key), timeout=timeout) as http:
+        with client(ApiTarget(url, key, ca=ca), timeout=timeout) as http:
             return http.get("/v1/models").status_code
     except httpx.HTTPError:
         return None
 
 
-def liveness_problem(deployment: Deployment, key: str) -> str | None:
+def liveness_problem(deployment: Deployment, key: str, ca: str | None = None) -> str | None:
     """The liveness probe: keyed /v1/models, then a one-token completion; None when both work.
 
     /health answers 200 while the engine is dead; only a request that needs
@@ -54,7 +54,7 @@ def liveness_problem(deployment: Deployment, key: str) -> str | None:
     timeout = deployment.loop.liveness_timeout_s
     body: dict[str, Any] = {"model": deployment.serving.served_model_name, "prompt": "ping", "max_tokens": 1}
     try:
-        with client(ApiTarget(api_base(deployment), key), timeout=timeout) as http:
+        with client(ApiTarget(api_base(deployment), key, ca=ca), timeout=timeout) as http:
             models = http.get("/v1/models", timeout=10)
             if models.status_code != 200:
                 return f"GET /v1/models answered {models.status_code}"
@@ -88,13 +88,27 @@ def read_key(ctx: ApplyContext) -> str:
     return checked_secret(text, what="the API key", source=f"{path} on {head}", hint=KEY_HINT)
 
 
+def read_ca(ctx: ApplyContext) -> str | None:
+    """The front's self-signed certificate from the head, to pin (None: plain HTTP, or a
+    certificate of yours, checked against the system's CAs)."""
+    tls, files = ctx.deployment.api.tls, ctx.deployment.tls_files()
+    if tls is None or files is None or tls.cert_file is not None:
+        return None
+    head = ctx.deployment.head.name
+    path = ctx.path(head, files[0])
+    text = ctx.ops(head).read_text(path, limit=64 * 1024)["text"]
+    if text is None:
+        raise ReconcilerError(f"cannot read the front's certificate {path} on {head}", "run `reconciler apply`")
+    return text
+
+
 def probe_liveness(ctx: ApplyContext) -> str | None:
     """The liveness probe with the key from the head's key file; None when the group works."""
     try:
-        key = read_key(ctx)
+        key, ca = read_key(ctx), read_ca(ctx)
     except ReconcilerError as exc:
         return exc.message
-    return liveness_problem(ctx.deployment, key)
+    return liveness_problem(ctx.deployment, key, ca)
 
 
 def _log_tails(states: dict[str, Any]) -> str:
@@ -157,7 +171,7 @@ class RankLines:
 def wait_ready(ctx: ApplyContext, wait: WaitReady) -> str:
     """Poll the keyed /v1/models every `poll_s` until 200, watching every rank; fail at once
     when one exits, and after `timeout_s`. Meanwhile the ranks' last log lines are shown."""
-    key = read_key(ctx)
+    key, ca = read_key(ctx), read_ca(ctx)
     started = time.monotonic()
     deadline = started + wait.timeout_s
     shown = RankLines(ctx)
@@ -172,7 +186,7 @@ def wait_ready(ctx: ApplyContext, wait: WaitReady) -> str:
                 f"a rank exited ({summary})\n{_log_tails(states)}",
                 "read the rank logs above; the group is restarted as a whole on the next apply",
             )
-        if models_code(wait.url, key) == 200:
+        if models_code(wait.url, key, ca=ca) == 200:
             return f"ready after {time.monotonic() - started:.0f} s: {wait.url}/v1"
         if time.monotonic() >= deadline:
             raise GroupFailedError(

@@ -129,6 +129,7 @@ def plan(
     front = plan_front(deployment, facts, _front_after(deployment, outcome.actions))
     outcome.actions = _with_front(outcome.actions, front.actions)
     outcome.in_sync += front.in_sync
+    outcome.blockers += front.blockers
     outcome.extend(plan_pi(deployment, facts))  # after the ranks, and never one of their prerequisites
     nodes: list[tuple[int, str, str]] = [(rank, node.name, node.role) for rank, node in deployment.ranked_nodes]
     return Plan(deployment.name, nodes, outcome.actions, outcome.blockers, outcome.in_sync, outcome.notes, outcome.held)

@@ -317,10 +317,11 @@ def api_base(deployment: Deployment) -> str:
     head's address."""
     head = deployment.head
     port = deployment.serving.port
+    scheme = "https" if deployment.api.tls is not None else "http"
     if head.ssh is not None:
-        return f"http://{head.ssh.host}:{port}"
+        return f"{scheme}://{head.ssh.host}:{port}"
     bind = deployment.api.bind
-    return f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{port}"
+    return f"{scheme}://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{port}"
 
 
 def engine_base(deployment: Deployment) -> str:

@@ -55,6 +55,9 @@ def render_status(report: Report) -> str:
     steps = _next_steps(report)
     lines += ["", "next step of each component:", *steps] if steps else []
     lines.append("")
+    lines.append(f"api: {report['api']} (the front)")
+    if report.get("tls_fingerprint"):
+        lines.append(f"tls: sha256 fingerprint {report['tls_fingerprint']}")
     lines.append(f"health: {report['health'] if report['health'] is not None else 'no answer'}")
     if report.get("liveness") is not None:
         verdict = "ok" if report["liveness"]["ok"] else "FAILED"

@@ -12,15 +12,27 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from reconciler.actions import Action, Component, InSync, Outcome, RemoveFront, StartFront, Verb, action, runs
+from reconciler.actions import (
+    Action,
+    Blocker,
+    Component,
+    CreateCert,
+    InSync,
+    Outcome,
+    RemoveFront,
+    StartFront,
+    Verb,
+    action,
+    runs,
+)
 from reconciler.components.ranks import owned_containers
 from reconciler.errors import ReconcilerError
 from reconciler.facts.containers import ContainerFacts
-from reconciler.facts.node import Facts
-from reconciler.front import GRACE_S, LABEL_KEY_VERSION, FrontContainer, render_front
+from reconciler.facts.node import Facts, NodeFacts
+from reconciler.front import GRACE_S, LABEL_KEY_VERSION, SECRET_MOUNTS, FrontContainer, files_version, render_front
 from reconciler.redact import redact
-from reconciler.serving import KEY_MOUNT, LABEL_CONFIG_HASH, LABEL_OWNER, OWNER, ROLE_FRONT, api_base
-from reconciler.spec import Deployment
+from reconciler.serving import LABEL_CONFIG_HASH, LABEL_OWNER, OWNER, ROLE_FRONT, api_base
+from reconciler.spec import Deployment, expand_home
 
 if TYPE_CHECKING:
     from reconciler.execution import ApplyContext
@@ -37,6 +49,9 @@ def plan_front(deployment: Deployment, facts: Facts, after: tuple[str, ...] = ()
     observed = facts.nodes[head.name]
     if not observed.reachable or observed.home is None:
         return Outcome()
+    tls = _tls_pair(deployment, observed)
+    if isinstance(tls, Blocker):
+        return Outcome(blockers=[tls])
     desired = render_front(deployment, observed.home)
     fronts = owned_containers(deployment, facts, head.name, ROLE_FRONT)
     current = next((c for c in fronts if c.name == desired.name), None)
@@ -45,17 +60,67 @@ def plan_front(deployment: Deployment, facts: Facts, after: tuple[str, ...] = ()
         for c in fronts
         if c is not current
     ]
-    problem = _problem(desired, current, facts.nodes[head.name].api_key)
+    problem = "a new TLS pair" if tls else _problem(desired, current, _versions(deployment, observed))
     if not problem:
         return Outcome(
             actions=removals, in_sync=[InSync(head.name, COMPONENT, f"{desired.name} running, config current")]
         )
     verb: Verb = "create" if current is None else "replace"
     bind, port = deployment.api.bind, deployment.serving.port
-    summary = f"start {desired.name} (HAProxy on {bind}:{port}: the key or GET /health; rank 0 behind it)"
-    depends = (*after, *(a.id for a in removals))
+    scheme = "HTTPS" if deployment.api.tls is not None else "HTTP"
+    summary = f"start {desired.name} (HAProxy, {scheme} on {bind}:{port}: the key or GET /health; rank 0 behind it)"
+    depends = (*after, *(a.id for a in [*removals, *tls]))
     start = StartFront(container=desired, address=_address(deployment))
-    return Outcome(actions=[*removals, action(start, head.name, verb, summary, problem, depends, desired.name)])
+    started = action(start, head.name, verb, summary, problem, depends, desired.name)
+    return Outcome(actions=[*removals, *tls, started])
+
+
+def _tls_pair(deployment: Deployment, observed: NodeFacts) -> list[Action] | Blocker:
+    """The front's TLS pair: there (nothing to do), made now (self-signed, both missing), or a
+    blocker (a file of yours missing, or half of a self-signed pair)."""
+    files = deployment.tls_files()
+    tls, head = observed.tls, deployment.head.name
+    if files is None or (tls is not None and tls.cert.present and tls.key.present):
+        return []
+    cert, key = files
+    have = {"certificate": tls is not None and tls.cert.present, "key": tls is not None and tls.key.present}
+    missing = " and ".join(what for what, present in have.items() if not present)
+    spec = deployment.api.tls
+    if spec is not None and spec.cert_file is not None:
+        hint = "put them there (PEM, the key 0600), or remove api.tls.cert_file and key_file for a self-signed pair"
+        return Blocker(head, COMPONENT, f"api.tls: the {missing} is missing on {head} ({cert}, {key})", hint)
+    if any(have.values()):
+        hint = f"remove the other half ({cert} or {key}) so a new pair is made, or give api.tls files of yours"
+        return Blocker(head, COMPONENT, f"half of the self-signed TLS pair is missing: the {missing}", hint)
+    assert observed.home is not None
+    names = _cert_names(deployment, observed)
+    payload = CreateCert(
+        cert_path=expand_home(cert, observed.home), key_path=expand_home(key, observed.home), names=names, days=3650
+    )
+    summary = f"create a self-signed TLS pair {cert} (for {', '.join(names)}; the key 0600)"
+    return [action(payload, head, "create", summary, "api.tls without files of yours, and no pair yet")]
+
+
+def _cert_names(deployment: Deployment, observed: NodeFacts) -> list[str]:
+    """What clients reach the API by: loopback, the bind address, the SSH host, the host name."""
+    head = deployment.head
+    names = ["127.0.0.1", "localhost"]
+    if deployment.api.bind != "0.0.0.0":
+        names.append(deployment.api.bind)
+    if head.ssh is not None:
+        names.append(head.ssh.host)
+    if observed.hostname:
+        names.append(observed.hostname)
+    return list(dict.fromkeys(names))
+
+
+def _versions(deployment: Deployment, observed: NodeFacts) -> str | None:
+    """The versions of the files the front reads, as facts give them; None when one is unknown."""
+    versions = [observed.api_key.version if observed.api_key is not None else None]
+    if deployment.api.tls is not None:
+        tls = observed.tls
+        versions += [tls.cert.version, tls.key.version] if tls is not None else [None, None]
+    return None if None in versions else files_version(versions)
 
 
 def _removal(container: ContainerFacts) -> RemoveFront:
@@ -66,16 +131,15 @@ def _stray(container: ContainerFacts) -> str:
     return f"a front of this deployment under another name ({container.name})"
 
 
-def _problem(desired: FrontContainer, observed: ContainerFacts | None, key: object) -> str:
+def _problem(desired: FrontContainer, observed: ContainerFacts | None, versions: str | None) -> str:
     if observed is None:
         return "no front: the API must have one door, with the key"
     if observed.status != "running":
         return f"the front is {observed.status}" + (f" (exit code {observed.exit_code})" if observed.exit_code else "")
     if observed.labels.get(LABEL_CONFIG_HASH) != desired.labels[LABEL_CONFIG_HASH]:
         return "front settings changed (config, image or mounts)"
-    version = getattr(key, "version", None)
-    if version is not None and observed.labels.get(LABEL_KEY_VERSION) != version:
-        return "the key file changed since the front read it"
+    if versions is not None and observed.labels.get(LABEL_KEY_VERSION) != versions:
+        return "the key file (or the TLS pair) changed since the front read it"
     return ""
 
 
@@ -92,10 +156,12 @@ def _start(ctx: ApplyContext, action: Action, start: StartFront) -> str:
 
     desired = start.container
     ops = ctx.ops(action.node)
-    key_path = next(m.source for m in desired.mounts if m.target == KEY_MOUNT)
-    key = ops.key_file(key_path)
-    if not key.get("present") or not key.get("size"):
-        raise ReconcilerError(f"{action.node}: the key file {key_path} is missing or empty", "run `reconciler apply`")
+    read = [mount.source for target in SECRET_MOUNTS for mount in desired.mounts if mount.target == target]
+    files = [ops.key_file(path) for path in read]
+    for path, state in zip(read, files, strict=True):
+        if not state.get("present") or not state.get("size"):
+            raise ReconcilerError(f"{action.node}: {path} is missing or empty", "run `reconciler apply`")
+    key = files[0]
     ops.write_file(desired.config_path, desired.config, mode=0o644)
     client = ctx.transport(action.node).docker()
     old = find_container(client, desired.name)
@@ -106,7 +172,7 @@ def _start(ctx: ApplyContext, action: Action, start: StartFront) -> str:
                 "remove or rename it; the reconciler never touches containers it does not own",
             )
         old.remove(force=True)
-    labels = {**desired.labels, LABEL_KEY_VERSION: str(key.get("version", ""))}
+    labels = {**desired.labels, LABEL_KEY_VERSION: files_version([state.get("version") for state in files])}
     created = client.api.create_container(
         **_create_args(client.api, desired, labels, f"{key.get('uid', 0)}:{key.get('gid', 0)}")
     )
@@ -175,4 +241,20 @@ def _remove(ctx: ApplyContext, action: Action, remove: RemoveFront) -> str:
     return "stopped and removed"
 
 
-EXECUTORS = (runs(StartFront, _start), runs(RemoveFront, _remove))
+def _create_cert(ctx: ApplyContext, action: Action, create: CreateCert) -> str:
+    """The pair, made here and written on the head: the key first (0600, never over one that
+    appeared meanwhile), then the certificate."""
+    from reconciler.tlspair import self_signed  # only to make a pair: planning never needs it
+
+    key_pem, cert_pem = self_signed(create.names, create.days)
+    ops = ctx.ops(action.node)
+    if not ops.write_file(create.key_path, key_pem, mode=0o600, keep_existing=True):
+        raise ReconcilerError(
+            f"{action.node}: a TLS key appeared at {create.key_path} meanwhile; it is kept",
+            "run `reconciler apply` again: it plans with what is there now",
+        )
+    ops.write_file(create.cert_path, cert_pem, mode=0o644)
+    return "created"
+
+
+EXECUTORS = (runs(CreateCert, _create_cert), runs(StartFront, _start), runs(RemoveFront, _remove))

@@ -122,6 +122,10 @@ class CheckpointFacts(FactsModel):
     upstream: str | None = Field(default=None, pattern=GIT_ID)
 
 
+# A certificate's SHA-256 fingerprint as browsers and `openssl x509 -fingerprint` show it.
+FINGERPRINT_RE = re.compile(r"[0-9A-F]{2}(?::[0-9A-F]{2}){31}")
+
+
 class KeyFileFacts(FactsModel):
     """The API key file on the head, described without its content."""
 
@@ -130,3 +134,11 @@ class KeyFileFacts(FactsModel):
     mode: int | None = None
     # Changes when the file is rewritten or replaced (mtime, inode, size): the front reloads the key.
     version: str | None = None
+
+
+class TlsFacts(FactsModel):
+    """The front's TLS certificate (with its fingerprint) and key, never the key's content."""
+
+    cert: KeyFileFacts = KeyFileFacts()
+    key: KeyFileFacts = KeyFileFacts()
+    fingerprint: str | None = Field(default=None, pattern=FINGERPRINT_RE.pattern)

@@ -21,7 +21,16 @@ from reconciler.errors import NodeUnreachableError, ReconcilerError, SshConfigEr
 from reconciler.facts.base import MAX_KERNEL_COUNT, text_or_none
 from reconciler.facts.containers import container_from_inspect
 from reconciler.facts.fabric import fabric_from_probe
-from reconciler.facts.files import CheckpointFacts, CheckpointRecord, FileFacts, HubFacts, KeyFileFacts, RevisionFacts
+from reconciler.facts.files import (
+    FINGERPRINT_RE,
+    CheckpointFacts,
+    CheckpointRecord,
+    FileFacts,
+    HubFacts,
+    KeyFileFacts,
+    RevisionFacts,
+    TlsFacts,
+)
 from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, parse_meminfo
 from reconciler.facts.node import Facts, Hold, NodeFacts, RestartIntent
 from reconciler.facts.pi import gather_pi
@@ -43,6 +52,7 @@ def probe_args(deployment: Deployment, node: Node) -> dict[str, Any]:
         "manifest": deployment.model.manifest,
         "exl3_plan": deployment.model.exl3_plan,
         "key_file": deployment.key_file() if node.role == "head" else None,
+        "tls_files": list(deployment.tls_files() or ()) if node.role == "head" else [],
         "label": f"{LABEL_OWNER}={OWNER}",
         "gid_index": node.fabric.gid_index,
         "head": node.role == "head",
@@ -80,6 +90,7 @@ def _node_facts(node: Node, raw: dict[str, Any]) -> NodeFacts:
         containers=[container_from_inspect(attrs) for attrs in docker_state["containers"] if isinstance(attrs, dict)],
         guard=_guard(raw),
         api_key=_key_file(raw["key_file"]) if isinstance(raw.get("key_file"), dict) else None,
+        tls=_tls(raw.get("tls")),
         hold=_state_file(Hold, raw.get("hold"), Hold(since="unknown (hold.json is unreadable)")),
         restart_intent=_state_file(
             RestartIntent,
@@ -194,6 +205,19 @@ def _guard(raw: dict[str, Any]) -> GuardFacts:
         running=bool(raw.get("guard_running")),
         config_hash=text_or_none(config.get("config_hash")) if isinstance(config, dict) else None,
         trip=_state_file(GuardTrip, raw.get("guard_trip"), unreadable),
+    )
+
+
+def _tls(raw: object) -> TlsFacts | None:
+    """The front's certificate and key, described without the key's content."""
+    if not isinstance(raw, dict):
+        return None
+    cert, key = raw.get("cert"), raw.get("key")
+    fingerprint = cert.get("fingerprint") if isinstance(cert, dict) else None
+    return TlsFacts(
+        cert=_key_file(cert) if isinstance(cert, dict) else KeyFileFacts(),
+        key=_key_file(key) if isinstance(key, dict) else KeyFileFacts(),
+        fingerprint=fingerprint if isinstance(fingerprint, str) and FINGERPRINT_RE.fullmatch(fingerprint) else None,
     )
 
 

@@ -20,7 +20,7 @@ from reconciler.errors import FactsError, RefusedJsonError, UntrustedTextError
 from reconciler.facts.base import FactsModel
 from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.fabric import FabricFacts
-from reconciler.facts.files import CheckpointFacts, KeyFileFacts
+from reconciler.facts.files import CheckpointFacts, KeyFileFacts, TlsFacts
 from reconciler.facts.memory import GuardFacts, MemoryFacts
 from reconciler.facts.pi import PiFacts
 from reconciler.fsutil import read_untrusted_text
@@ -57,6 +57,7 @@ class NodeFacts(FactsModel):
     containers: list[ContainerFacts] = Field(default_factory=lambda: [])
     guard: GuardFacts = GuardFacts()
     api_key: KeyFileFacts | None = None
+    tls: TlsFacts | None = None
     hold: Hold | None = None
     restart_intent: RestartIntent | None = None
 

@@ -70,6 +70,33 @@ def list_files(root: str) -> dict[str, list[int]]:
     return files
 
 
+def tls_state(cert: str, key: str) -> dict[str, Any]:
+    """The front's certificate (its SHA-256 fingerprint) and key file, never the key's content."""
+    cert_path = os.path.expanduser(cert)
+    described = key_file_state(cert_path)
+    text = read_text(cert_path) if described.get("present") else None
+    described["fingerprint"] = cert_fingerprint(text) if text else None
+    return {"cert": described, "key": key_file_state(os.path.expanduser(key))}
+
+
+def cert_fingerprint(pem: str) -> str | None:
+    """SHA-256 of the first certificate's DER bytes, as AA:BB:..; None when there is none."""
+    import base64
+    import binascii
+    import hashlib
+
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    start = pem.find(begin)
+    stop = pem.find(end, start)
+    if start < 0 or stop < 0:
+        return None
+    try:
+        der = base64.b64decode("".join(pem[start + len(begin) : stop].split()), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return ":".join(f"{byte:02X}" for byte in hashlib.sha256(der).digest())
+
+
 def process_alive(pid_file: str) -> bool:
     pid = pid_of(pid_file)
     if pid is None:
@@ -295,6 +322,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "hub_listings": hub_listings(state_dir) if args.get("head") else [],
         "disk_free": free_bytes(model_dir),
         "key_file": key_file_state(os.path.expanduser(args["key_file"])) if args.get("key_file") else None,
+        "tls": tls_state(*args["tls_files"]) if len(args.get("tls_files") or []) == 2 else None,
         "guard_running": process_alive(layout.guard_pid),
         "guard_config": read_json(layout.guard_config),
         "guard_trip": read_json(layout.guard_trip),

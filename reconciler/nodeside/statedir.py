@@ -37,6 +37,9 @@ class StateDir:
         self.api_key = self._at("api_key")
         # The front's HAProxy config, mounted read-only into its container (it holds no secret).
         self.front_config = self._at("front.cfg")
+        # The front's self-signed TLS pair (api.tls without files of yours): made once, kept.
+        self.tls_cert = self._at("tls.pem")
+        self.tls_key = self._at("tls.key")
         # A group restart begun and not yet ready: a reconciler that dies mid-restart resumes it.
         self.restart_intent = self._at("restart-intent.json")
         # `reconciler stop`: the ranks stay down until `reconciler start`.

@@ -133,6 +133,14 @@ def _check_front(deployment: Deployment) -> Iterator[Located]:
             f"engine_port {api.engine_port} is also {taken[api.engine_port]}",
             "give rank 0 a port of its own (the default: 18000)",
         )
+    tls = api.tls
+    if tls is not None and (tls.cert_file is None) != (tls.key_file is None):
+        given, missing = ("cert_file", "key_file") if tls.key_file is None else ("key_file", "cert_file")
+        yield (
+            ("api", "tls", missing),
+            f"api.tls has a {given} but no {missing}",
+            "give both (your certificate and its key), or neither for a self-signed pair made on the head",
+        )
     if not deployment.image.allow_unpinned and not re.search(_DIGEST_RE, api.front_image):
         yield (
             ("api", "front_image"),

@@ -427,6 +427,14 @@ class MemGuard(StrictModel):
     interval_s: float = Field(default=1.0, ge=0.1, le=60)
 
 
+class Tls(StrictModel):
+    """TLS on the front. Without files of yours, a self-signed pair is made once on the head
+    (<state_dir>/tls.pem and tls.key), kept like the API key; `status` shows its fingerprint."""
+
+    cert_file: HostPath | None = Field(default=None, description="Your PEM certificate (and chain) on the head.")
+    key_file: HostPath | None = Field(default=None, description="Its PEM private key on the head, mode 0600.")
+
+
 class Api(StrictModel):
     """The OpenAI-compatible API on the head, behind the front: a reverse proxy that is the only
     listener on bind:serving.port and lets through only requests with the key (and GET /health)."""
@@ -440,6 +448,7 @@ class Api(StrictModel):
         default=FRONT_IMAGE,
         description="The front's image (HAProxy), pinned by digest unless image.allow_unpinned is set.",
     )
+    tls: Tls | None = Field(default=None, description="null: plain HTTP. {}: HTTPS with a self-signed pair.")
 
 
 class Startup(StrictModel):
@@ -518,6 +527,14 @@ class Deployment(StrictModel):
 
     def key_file(self) -> str:
         return self.api.key_file or StateDir(self.state_dir).api_key
+
+    def tls_files(self) -> tuple[str, str] | None:
+        """The front's certificate and key on the head (as the spec writes them); None: no TLS."""
+        tls = self.api.tls
+        if tls is None:
+            return None
+        layout = StateDir(self.state_dir)
+        return tls.cert_file or layout.tls_cert, tls.key_file or layout.tls_key
 
     def source_of(self, node: Node) -> Literal["head", "peer", "hub"]:
         if node.role == "head":

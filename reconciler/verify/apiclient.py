@@ -9,6 +9,7 @@ text a server echoes back is passed through `ApiTarget.redact` before it is show
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ class ApiTarget:
     url: str
     key: str = field(repr=False)
     model: str | None = None
+    # The certificate to trust for https (the front's self-signed one, PEM); None: the system's CAs.
+    ca: str | None = field(default=None, repr=False)
 
     def redact(self, text: str) -> str:
         return text.replace(self.key, "(redacted)") if self.key else text
@@ -76,7 +79,26 @@ def resolve_target(
         base_url(url) if url is not None else api_base(deployment),
         resolve_key(key_file, env, None if key_given else local_key_file(deployment)),
         model or deployment.serving.served_model_name,
+        local_ca(deployment),
     )
+
+
+def local_ca(deployment: Deployment) -> str | None:
+    """The front's self-signed certificate, when this machine is the head (elsewhere, or with a
+    certificate of yours: the system's CAs, which SSL_CERT_FILE can point at)."""
+    tls, files = deployment.api.tls, deployment.tls_files()
+    if tls is None or files is None or tls.cert_file is not None or deployment.head.ssh is not None:
+        return None
+    path = expand_home(files[0], str(Path.home()))
+    try:
+        return read_bounded(path, limit=CERT_LIMIT).decode("utf-8", "replace")
+    except UntrustedFileError as exc:
+        raise ReconcilerError(
+            f"cannot read the front's certificate {path}: {exc.reason}", "run `reconciler apply` to create it"
+        ) from None
+
+
+CERT_LIMIT = 64 * 1024
 
 
 def resolve_key(key_file: str | None, env: Mapping[str, str], spec_key_file: str | None) -> str:
@@ -116,10 +138,22 @@ def local_key_file(deployment: Deployment) -> str:
     return expand_home(deployment.key_file(), str(Path.home()))
 
 
+def trust(target: ApiTarget) -> ssl.SSLContext | bool:
+    """What https is checked against: the pinned certificate, else the system's CAs."""
+    if target.ca is None:
+        return True
+    try:
+        return ssl.create_default_context(cadata=target.ca)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ReconcilerError(
+            f"the front's certificate cannot be read: {exc}", "remove the TLS pair on the head: `apply` makes a new one"
+        ) from None
+
+
 def client(target: ApiTarget, *, keyed: bool = True, timeout: float = REQUEST_TIMEOUT_S) -> httpx.Client:
     headers = {"Authorization": f"Bearer {target.key}"} if keyed else {}
     limits = httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
-    return httpx.Client(base_url=target.url, headers=headers, timeout=limits)
+    return httpx.Client(base_url=target.url, headers=headers, timeout=limits, verify=trust(target))
 
 
 def async_client(target: ApiTarget, *, connections: int, timeout: float = REQUEST_TIMEOUT_S) -> httpx.AsyncClient:
@@ -131,6 +165,7 @@ def async_client(target: ApiTarget, *, connections: int, timeout: float = REQUES
         headers=headers,
         timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S),
         limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        verify=trust(target),
     )
 
 

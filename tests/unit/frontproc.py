@@ -28,13 +28,14 @@ def require_haproxy() -> None:
 
 
 @contextmanager
-def running_front(directory: Path, engine_port: int, key_file: Path) -> Iterator[int]:
-    """HAProxy on a free loopback port forwarding to `engine_port`, the key read from `key_file`;
-    yields the front's port."""
+def running_front(directory: Path, engine_port: int, key_file: Path, tls_cert: Path | None = None) -> Iterator[int]:
+    """HAProxy on a free loopback port forwarding to `engine_port`, the key read from `key_file`
+    (with `tls_cert`, HTTPS: its key beside it as <cert>.key); yields the front's port."""
     require_haproxy()
     port = free_port()
     config = directory / "front.cfg"
-    config.write_text(haproxy_config("127.0.0.1", port, engine_port, str(key_file)), encoding="utf-8")
+    cert = str(tls_cert) if tls_cert is not None else None
+    config.write_text(haproxy_config("127.0.0.1", port, engine_port, str(key_file), cert), encoding="utf-8")
     log = (directory / "front.log").open("wb")
     process = subprocess.Popen(
         [str(HAPROXY), "-db", "-f", str(config)], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env={}

@@ -16,15 +16,23 @@ from pathlib import Path
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 
+from reconciler.errors import SpecError
+from reconciler.facts.files import KeyFileFacts, TlsFacts
 from reconciler.facts.node import Facts, load_facts
-from reconciler.front import LABEL_KEY_VERSION, haproxy_config
+from reconciler.front import LABEL_KEY_VERSION, files_version, haproxy_config, render_front
 from reconciler.nodeside import memguard
+from reconciler.nodeside.probe import cert_fingerprint
 from reconciler.plan import Plan, plan, render_text
 from reconciler.serving import LABEL_CONFIG_HASH
-from reconciler.spec import Deployment
-from reconciler.verify.smoke import UNKEYED_PROBES
-from tests.scenarios import CONVERGED_FACTS, reference_deployment, with_node
+from reconciler.spec import Deployment, load_spec
+from reconciler.spec.model import Tls
+from reconciler.tlspair import self_signed
+from reconciler.verify.apiclient import ApiTarget
+from reconciler.verify.smoke import UNKEYED_PROBES, run_smoke
+from tests.scenarios import CONVERGED_FACTS, KEY_VERSION, reference_deployment, with_node
 from tests.unit.frontproc import running_front
 from tests.unit.test_engine_standin import KEY, MODEL, Group, Launcher, start_group
 
@@ -167,7 +175,7 @@ def test_a_rotated_key_file_replaces_the_front_alone() -> None:
     facts = with_node(facts, HEAD, api_key=key.model_copy(update={"version": "1:2:44"}))
     result = plan(reference_deployment(), facts)
     assert kinds(result) == ["front.start-dsv41-front@spark-head"]
-    assert result.actions[0].cause == "the key file changed since the front read it"
+    assert result.actions[0].cause == "the key file (or the TLS pair) changed since the front read it"
 
 
 def test_an_exited_or_missing_front_is_started_again_and_a_stray_one_removed() -> None:
@@ -218,7 +226,7 @@ def test_an_upgrade_adds_the_front_and_moves_rank0_behind_it_in_one_ordered_chan
     text = render_text(result)
     assert "--host 0.0.0.0 -> 127.0.0.1" in text
     assert "--port 8000 -> 18000" in text
-    assert "front on spark-head: start dsv41-front (HAProxy on 0.0.0.0:8000" in text
+    assert "front on spark-head: start dsv41-front (HAProxy, HTTP on 0.0.0.0:8000" in text
     # Once applied, nothing is left to do.
     applied = with_node(load_facts(CONVERGED_FACTS), HEAD)
     assert not plan(reference_deployment(), applied).has_changes
@@ -266,3 +274,92 @@ def test_a_guard_trip_kills_the_ranks_not_the_front(tmp_path: Path, monkeypatch:
         server.shutdown()
         server.server_close()
     assert killed == ["r0"]
+
+
+# --- TLS ----------------------------------------------------------------------------------------
+
+
+def test_https_through_the_front_with_the_self_signed_pair_pinned(fronted: tuple[Group, Path], tmp_path: Path) -> None:
+    """The pair the reconciler makes, served by a real HAProxy: a client pinning its certificate
+    gets through (smoke's protocol checks pass), plain HTTP and an unpinned client do not."""
+    group, key_file = fronted
+    key_pem, cert_pem = self_signed(["127.0.0.1", "localhost"], 30)
+    cert = tmp_path / "tls.pem"
+    cert.write_text(cert_pem, encoding="utf-8")
+    (tmp_path / "tls.pem.key").write_text(key_pem, encoding="utf-8")
+    with running_front(tmp_path, group.port, key_file, cert) as port:
+        url = f"https://127.0.0.1:{port}"
+        report = run_smoke(ApiTarget(url, KEY, MODEL, ca=cert_pem), "protocol")
+        assert report.ok, report.checks
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            httpx.get(url + "/health", timeout=10)
+        with pytest.raises(httpx.RemoteProtocolError):  # plain HTTP on the TLS port: no answer at all
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+    assert (
+        cert_fingerprint(cert_pem)
+        == x509.load_pem_x509_certificate(cert_pem.encode()).fingerprint(hashes.SHA256()).hex(":").upper()
+    )
+
+
+def with_tls(deployment: Deployment, **files: str) -> Deployment:
+    return with_api(deployment, tls=Tls(**files))
+
+
+def tls_facts(cert: bool = True, key: bool = True) -> TlsFacts:
+    return TlsFacts(
+        cert=KeyFileFacts(present=cert, empty=not cert, mode=0o644, version="1:1:700" if cert else None),
+        key=KeyFileFacts(present=key, empty=not key, mode=0o600, version="2:2:240" if key else None),
+        fingerprint="AB:" * 31 + "CD" if cert else None,
+    )
+
+
+def test_turning_tls_on_makes_a_pair_once_and_replaces_the_front_alone() -> None:
+    deployment = with_tls(reference_deployment())
+    result = plan(deployment, converged())
+    assert kinds(result) == ["front.create-cert@spark-head", "front.start-dsv41-front@spark-head"]
+    assert result.actions[1].depends_on == ("front.create-cert@spark-head",)
+    assert "HTTPS on 0.0.0.0:8000" in result.actions[1].summary
+    hostname = converged().nodes[HEAD].hostname
+    assert result.actions[0].payload.names == ["127.0.0.1", "localhost", hostname]  # type: ignore[union-attr]
+    made = with_node(converged(), HEAD, tls=tls_facts())
+    after = plan(deployment, made)
+    assert kinds(after) == ["front.start-dsv41-front@spark-head"]  # the pair is kept; the front reads it
+    front = next(c for c in made.nodes[HEAD].containers if c.name == "dsv41-front")
+    labels = {
+        **render_front(deployment, "/home/nvidia").labels,
+        LABEL_KEY_VERSION: files_version([KEY_VERSION, "1:1:700", "2:2:240"]),
+    }
+    running = with_front(made, labels=labels)
+    assert not plan(deployment, running).has_changes, front
+    rotated = with_node(
+        running,
+        HEAD,
+        tls=tls_facts().model_copy(update={"key": tls_facts().key.model_copy(update={"version": "3:3:240"})}),
+    )
+    assert (
+        plan(deployment, rotated).actions[0].cause == "the key file (or the TLS pair) changed since the front read it"
+    )
+
+
+def test_tls_files_of_yours_missing_or_half_a_pair_block_the_front_only() -> None:
+    yours = with_tls(reference_deployment(), cert_file="/etc/ssl/api.pem", key_file="/etc/ssl/api.key")
+    result = plan(yours, converged())
+    assert not result.actions
+    (blocker,) = result.blockers
+    assert blocker.message == (
+        "api.tls: the certificate and key is missing on spark-head (/etc/ssl/api.pem, /etc/ssl/api.key)"
+    )
+    half = plan(with_tls(reference_deployment()), with_node(converged(), HEAD, tls=tls_facts(key=False)))
+    assert [b.message for b in half.blockers] == ["half of the self-signed TLS pair is missing: the key"]
+
+
+def test_a_tls_section_needs_both_files_or_neither(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "nodes:\n  - {name: a, role: head}\n  - {name: b, ssh: {host: 10.0.0.2}}\napi:\n  tls: {cert_file: /x.pem}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(SpecError) as refused:
+        load_spec(spec)
+    (problem,) = refused.value.problems
+    assert (problem.path, problem.message) == ("api.tls.key_file", "api.tls has a cert_file but no key_file")
