@@ -102,7 +102,8 @@ def _tls_pair(deployment: Deployment, observed: NodeFacts) -> list[Action] | Blo
 
 
 def _cert_names(deployment: Deployment, observed: NodeFacts) -> list[str]:
-    """What clients reach the API by: loopback, the bind address, the SSH host, the host name."""
+    """What clients reach the API by: loopback, the bind address, the SSH host, the host name and
+    the head's addresses now (a head whose address changes gets a new pair when its files go)."""
     head = deployment.head
     names = ["127.0.0.1", "localhost"]
     if deployment.api.bind != "0.0.0.0":
@@ -111,6 +112,7 @@ def _cert_names(deployment: Deployment, observed: NodeFacts) -> list[str]:
         names.append(head.ssh.host)
     if observed.hostname:
         names.append(observed.hostname)
+    names += [str(address) for address in observed.tls.addresses] if observed.tls is not None else []
     return list(dict.fromkeys(names))
 
 

@@ -13,6 +13,7 @@ revision keeps its inode and so its verified hash.
 from __future__ import annotations
 
 import re
+from ipaddress import IPv4Address
 from typing import Annotated, TypeVar
 
 from pydantic import AfterValidator, Field, field_serializer, field_validator
@@ -142,3 +143,5 @@ class TlsFacts(FactsModel):
     cert: KeyFileFacts = KeyFileFacts()
     key: KeyFileFacts = KeyFileFacts()
     fingerprint: str | None = Field(default=None, pattern=FINGERPRINT_RE.pattern)
+    # The head's own IPv4 addresses: what LAN clients reach the API by, named in a self-signed certificate.
+    addresses: list[IPv4Address] = Field(default_factory=lambda: [], max_length=16)

@@ -20,7 +20,7 @@ from reconciler.clock import utc_iso
 from reconciler.errors import NodeUnreachableError, ReconcilerError, SshConfigError
 from reconciler.facts.base import MAX_KERNEL_COUNT, text_or_none
 from reconciler.facts.containers import container_from_inspect
-from reconciler.facts.fabric import fabric_from_probe
+from reconciler.facts.fabric import fabric_from_probe, parse_ip_addr
 from reconciler.facts.files import (
     FINGERPRINT_RE,
     CheckpointFacts,
@@ -90,7 +90,7 @@ def _node_facts(node: Node, raw: dict[str, Any]) -> NodeFacts:
         containers=[container_from_inspect(attrs) for attrs in docker_state["containers"] if isinstance(attrs, dict)],
         guard=_guard(raw),
         api_key=_key_file(raw["key_file"]) if isinstance(raw.get("key_file"), dict) else None,
-        tls=_tls(raw.get("tls")),
+        tls=_tls(raw.get("tls"), raw.get("fabric")),
         hold=_state_file(Hold, raw.get("hold"), Hold(since="unknown (hold.json is unreadable)")),
         restart_intent=_state_file(
             RestartIntent,
@@ -208,8 +208,9 @@ def _guard(raw: dict[str, Any]) -> GuardFacts:
     )
 
 
-def _tls(raw: object) -> TlsFacts | None:
-    """The front's certificate and key, described without the key's content."""
+def _tls(raw: object, fabric: object) -> TlsFacts | None:
+    """The front's certificate and key, described without the key's content, and the addresses
+    a self-signed certificate names (the node's own, as `ip addr` lists them)."""
     if not isinstance(raw, dict):
         return None
     cert, key = raw.get("cert"), raw.get("key")
@@ -218,7 +219,20 @@ def _tls(raw: object) -> TlsFacts | None:
         cert=_key_file(cert) if isinstance(cert, dict) else KeyFileFacts(),
         key=_key_file(key) if isinstance(key, dict) else KeyFileFacts(),
         fingerprint=fingerprint if isinstance(fingerprint, str) and FINGERPRINT_RE.fullmatch(fingerprint) else None,
+        addresses=_own_addresses(fabric),
     )
+
+
+def _own_addresses(fabric: object) -> list[str]:
+    """The usable IPv4 addresses of the node's interfaces that are up; none when unreadable."""
+    text = fabric.get("ip_addr") if isinstance(fabric, dict) else None
+    if not isinstance(text, str):
+        return []
+    try:
+        netdevs = parse_ip_addr(text)
+    except ValueError:
+        return []
+    return [str(address.ip) for netdev in netdevs.values() if netdev.up for address in netdev.usable][:16]
 
 
 def _key_file(raw: dict[str, Any]) -> KeyFileFacts:

@@ -15,6 +15,8 @@ import time
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 
 from tests.e2e import secretscan
 from tests.e2e.conftest import STATE_DIR, Bed, reset_bed, running_loop, wait_until
@@ -197,6 +199,62 @@ def test_from_the_lan_only_the_front_answers_and_only_with_the_key(converged: Be
         assert found["rank 0 direct"] == ["ConnectionRefusedError"], found
 
 
+CA_ON_WORKER = "/srv/spark/front.pem"  # a LAN client's copy of the front's certificate
+TLS_PROBE = """
+import json, ssl, sys, urllib.request, urllib.error
+url, cafile = sys.argv[1], sys.argv[2]
+def status(path, context):
+    try:
+        with urllib.request.urlopen(url + path, timeout=10, context=context) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError as exc:
+        return type(getattr(exc, "reason", exc)).__name__
+pinned = ssl.create_default_context(cafile=cafile)
+print(json.dumps({"pinned /health": status("/health", pinned), "pinned /v1/models": status("/v1/models", pinned),
+                  "unpinned /health": status("/health", ssl.create_default_context())}))
+"""
+
+
+def test_tls_replaces_the_front_alone_and_the_reconcilers_clients_follow(converged: Bed) -> None:
+    """api.tls: {} makes a self-signed pair once; the front alone is replaced and serves HTTPS;
+    smoke and status go through it pinning the certificate; a LAN client must pin it too."""
+    bed = converged
+    original = bed.spec.read_text(encoding="utf-8")
+    ranks = {node: bed.container_id(node, f"dsv41-r{0 if node == HEAD else 1}") for node in (HEAD, WORKER)}
+    bed.spec.write_text(original.replace("\napi:\n", "\napi:\n  tls: {}\n", 1), encoding="utf-8")
+    try:
+        planned = bed.reconciler("plan").stdout
+        assert "front on spark-head: create a self-signed TLS pair" in planned
+        assert "HAProxy, HTTPS on 0.0.0.0:8000" in planned
+        bed.reconciler("apply")
+        assert bed.plan_exit() == 0
+        assert {node: bed.container_id(node, f"dsv41-r{0 if node == HEAD else 1}") for node in (HEAD, WORKER)} == ranks
+        assert bed.node(HEAD, "stat", "-c", "%a", f"{STATE_DIR}/tls.key").stdout.strip() == "600"
+        smoke = bed.reconciler("smoke", "--checks", "protocol")
+        assert "3/3 checks passed against https://127.0.0.1:8000" in smoke.stdout
+        status = bed.reconciler("status").stdout
+        cert = bed.node(HEAD, "cat", f"{STATE_DIR}/tls.pem").stdout
+        fingerprint = x509.load_pem_x509_certificate(cert.encode()).fingerprint(hashes.SHA256()).hex(":").upper()
+        assert f"tls: sha256 fingerprint {fingerprint}" in status
+        assert "health: 200" in status
+        bed.testbed.exec(WORKER, ["sh", "-c", f"cat > {CA_ON_WORKER}"], input_text=cert)
+        head = node_named(HEAD).mgmt_ip
+        probe = bed.node(WORKER, "python3", "-c", TLS_PROBE, f"https://{head}:8000", CA_ON_WORKER).stdout
+        assert json.loads(probe) == {
+            "pinned /health": 200,
+            "pinned /v1/models": 401,
+            "unpinned /health": "SSLCertVerificationError",
+        }
+    finally:
+        bed.spec.write_text(original, encoding="utf-8")
+        bed.node(WORKER, "rm", "-f", CA_ON_WORKER)
+    bed.reconciler("apply")
+    assert bed.plan_exit() == 0
+    assert {node: bed.container_id(node, f"dsv41-r{0 if node == HEAD else 1}") for node in (HEAD, WORKER)} == ranks
+
+
 def test_a_rotated_key_replaces_the_front_and_leaves_the_ranks_running(converged: Bed) -> None:
     """The owner writes a new key into the key file: the front alone is replaced, in a second,
     and from then on only the new key opens the door."""
@@ -209,7 +267,7 @@ def test_a_rotated_key_replaces_the_front_and_leaves_the_ranks_running(converged
     bed.node(HEAD, "sh", "-c", f"umask 077 && printf '%s\\n' {new_key} > {STATE_DIR}/api_key")
     planned = bed.reconciler("plan").stdout
     assert "front on spark-head: start dsv41-front" in planned
-    assert "the key file changed since the front read it" in planned
+    assert "the key file (or the TLS pair) changed since the front read it" in planned
     assert "Plan: 0 to add, 0 to change, 1 to replace, 0 to destroy, 0 to run." in planned
     bed.reconciler("apply")
     assert bed.plan_exit() == 0
