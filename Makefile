@@ -124,6 +124,7 @@ bench: setup testbed-install
 	$(BIN)/python bench/checkpoint_bench.py
 	$(BIN)/python bench/distribution_bench.py
 	$(BIN)/python bench/loop_bench.py
+	$(BIN)/python bench/front_bench.py
 
 # Our bench against `vllm bench serve` on the real-engine testbed (root): brings it up (as the
 # real-engine lane does), converges it, runs rounds of both tools at 1 and 2 streams taking

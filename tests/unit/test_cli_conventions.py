@@ -348,6 +348,8 @@ def status_report(*, converged: bool) -> dict[str, Any]:
     return {
         "deployment": "dsv41",
         "loop": None,
+        "api": "http://127.0.0.1:8000",
+        "tls_fingerprint": None,
         "health": 200 if converged else None,
         "liveness": None,
         "converged": converged,
@@ -392,6 +394,11 @@ def test_status_renders_a_table_a_person_scans() -> None:
     assert "steps pending" in head_row
     assert "next step of each component:" in lines
     assert any(line.startswith("  checkpoint on spark-head: pending: ") for line in lines)
+    assert "api: http://127.0.0.1:8000 (the front)" in lines
+    assert not any(line.startswith("tls:") for line in lines)
+    fingerprint = "AB:" * 31 + "CD"
+    with_tls = observe.render_status({**status_report(converged=True), "tls_fingerprint": fingerprint})
+    assert f"tls: sha256 fingerprint {fingerprint}" in with_tls.splitlines()
 
 
 @pytest.mark.parametrize(("converged", "code"), [(True, 0), (False, 2)])
