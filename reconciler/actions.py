@@ -360,6 +360,8 @@ class CreateCert(Payload):
     key_path: str
     names: list[str]
     days: int
+    # Half a pair of ours was there: both files are written anew.
+    remake: bool = False
 
 
 class StartFront(Payload):

@@ -61,9 +61,11 @@ UNAUTHORIZED_BODY = '{"error":"Unauthorized"}'
 def haproxy_config(bind: str, port: int, engine_port: int, key_path: str, tls_cert: str | None = None) -> str:
     """The front's whole config: deny by default, the key from `key_path`, rank 0 behind it.
 
-    The key is compared as the whole header after "Bearer " (one Authorization header only),
-    against the key file's line; the header is dropped before the request goes on, so the key
-    never reaches the engine or its logs."""
+    The key is compared as the whole header after "Bearer " (one Authorization header only, read
+    whole: `fhdr`, not split at commas), against the key file's line; the header is dropped before
+    the request goes on, so the key never reaches the engine or its logs. The health exception
+    matches the request's target exactly (`url`, not `path`, which HAProxy derives from
+    absolute-form targets too)."""
     return f"""# Written by spark-reconciler: the front of the API. Edits are replaced on the next apply.
 global
     log stdout format raw local0
@@ -88,13 +90,18 @@ defaults
 frontend api
     bind {bind}:{port}{f" ssl crt {tls_cert}" if tls_cert else ""}
     acl health_check method GET
-    acl health_path path /health
-    acl one_authorization req.hdr_cnt(authorization) eq 1
-    acl bearer req.hdr(authorization) -m beg "Bearer "
-    acl right_key req.hdr(authorization),bytes(7) -m str -f {key_path}
+    acl health_path url /health
+    acl one_authorization req.fhdr_cnt(authorization) eq 1
+    acl bearer req.fhdr(authorization) -m beg "Bearer "
+    acl right_key req.fhdr(authorization),bytes(7) -m str -f {key_path}
     http-request return status 401 content-type application/json string '{UNAUTHORIZED_BODY}' \
 hdr WWW-Authenticate Bearer unless health_check health_path or one_authorization bearer right_key
     http-request del-header authorization
+    # The engine trusts what comes from 127.0.0.1: a client's own forwarding headers must not pass.
+    http-request del-header x-forwarded-for
+    http-request del-header x-forwarded-proto
+    http-request del-header x-forwarded-host
+    http-request del-header forwarded
     default_backend engine
 
 backend engine

@@ -19,7 +19,7 @@ from reconciler.errors import GroupFailedError, ReconcilerError
 from reconciler.execution import ApplyContext
 from reconciler.progress import Throttle, printable, printable_line
 from reconciler.redact import checked_secret
-from reconciler.serving import api_base
+from reconciler.serving import api_base, engine_base
 from reconciler.spec import Deployment
 from reconciler.transport.base import find_container
 from reconciler.verify.apiclient import CONNECT_TIMEOUT_S, ApiTarget, client
@@ -45,7 +45,7 @@ def models_code(url: str, key: str, timeout: float = 5.0, ca: str | None = None)
         return None
 
 
-def liveness_problem(deployment: Deployment, key: str, ca: str | None = None) -> str | None:
+def liveness_problem(deployment: Deployment, key: str, ca: str | None = None, url: str | None = None) -> str | None:
     """The liveness probe: keyed /v1/models, then a one-token completion; None when both work.
 
     /health answers 200 while the engine is dead; only a request that needs
@@ -54,7 +54,7 @@ def liveness_problem(deployment: Deployment, key: str, ca: str | None = None) ->
     timeout = deployment.loop.liveness_timeout_s
     body: dict[str, Any] = {"model": deployment.serving.served_model_name, "prompt": "ping", "max_tokens": 1}
     try:
-        with client(ApiTarget(api_base(deployment), key, ca=ca), timeout=timeout) as http:
+        with client(ApiTarget(url or api_base(deployment), key, ca=ca), keyed=bool(key), timeout=timeout) as http:
             models = http.get("/v1/models", timeout=10)
             if models.status_code != 200:
                 return f"GET /v1/models answered {models.status_code}"
@@ -89,10 +89,10 @@ def read_key(ctx: ApplyContext) -> str:
 
 
 def read_ca(ctx: ApplyContext) -> str | None:
-    """The front's self-signed certificate from the head, to pin (None: plain HTTP, or a
-    certificate of yours, checked against the system's CAs)."""
-    tls, files = ctx.deployment.api.tls, ctx.deployment.tls_files()
-    if tls is None or files is None or tls.cert_file is not None:
+    """The front's certificate from the head, to pin (None: plain HTTP). Pinned, a certificate of
+    yours for another name (api.example.com) still serves the reconciler's own checks."""
+    files = ctx.deployment.tls_files()
+    if files is None:
         return None
     head = ctx.deployment.head.name
     path = ctx.path(head, files[0])
@@ -108,7 +108,14 @@ def probe_liveness(ctx: ApplyContext) -> str | None:
         key, ca = read_key(ctx), read_ca(ctx)
     except ReconcilerError as exc:
         return exc.message
-    return liveness_problem(ctx.deployment, key, ca)
+    problem = liveness_problem(ctx.deployment, key, ca)
+    if problem is None or ctx.deployment.head.ssh is not None:
+        return problem
+    # On the head, rank 0 answers past the front too: a failure the engine does not share is the
+    # front's, which the plan repairs (a group restart would not; it would only take the API down).
+    if liveness_problem(ctx.deployment, "", url=engine_base(ctx.deployment)) is None:
+        return None
+    return problem
 
 
 def _log_tails(states: dict[str, Any]) -> str:

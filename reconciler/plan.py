@@ -109,6 +109,8 @@ def plan(
     outcome.extend(staging)
     for component in (plan_image, plan_apikey, plan_memguard):
         outcome.extend(component(deployment, facts))
+    # A front that cannot start holds the ranks too: their readiness is awaited through it.
+    outcome.blockers += plan_front(deployment, facts, restarting=True).blockers
     holding = [blocker for blocker in outcome.blockers if blocker.holds_ranks]
     # A hold or a guard trip stops the running ranks whatever else blocks: `stop` must stop.
     if holding and not hold_reasons(deployment, facts):
@@ -126,10 +128,12 @@ def plan(
         )
         outcome.extend(ranks)
         outcome.actions += _after_ready(staging.after_ready, ranks)
-    front = plan_front(deployment, facts, _front_after(deployment, outcome.actions))
+    after = _front_after(deployment, outcome.actions)
+    restarting = any(action.step is Step.START_RANK for action in outcome.actions)
+    front = plan_front(deployment, facts, after, restarting=restarting)
     outcome.actions = _with_front(outcome.actions, front.actions)
     outcome.in_sync += front.in_sync
-    outcome.blockers += front.blockers
+    outcome.blockers += [blocker for blocker in front.blockers if blocker not in outcome.blockers]
     outcome.extend(plan_pi(deployment, facts))  # after the ranks, and never one of their prerequisites
     nodes: list[tuple[int, str, str]] = [(rank, node.name, node.role) for rank, node in deployment.ranked_nodes]
     return Plan(deployment.name, nodes, outcome.actions, outcome.blockers, outcome.in_sync, outcome.notes, outcome.held)

@@ -9,6 +9,7 @@ reconciler without a front) and before the wait for readiness, which goes throug
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,15 @@ from reconciler.components.ranks import owned_containers
 from reconciler.errors import ReconcilerError
 from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.node import Facts, NodeFacts
-from reconciler.front import GRACE_S, LABEL_KEY_VERSION, SECRET_MOUNTS, FrontContainer, files_version, render_front
+from reconciler.front import (
+    GRACE_S,
+    LABEL_KEY_VERSION,
+    SECRET_MOUNTS,
+    FrontContainer,
+    files_version,
+    front_name,
+    render_front,
+)
 from reconciler.redact import redact
 from reconciler.serving import LABEL_CONFIG_HASH, LABEL_OWNER, OWNER, ROLE_FRONT, api_base
 from reconciler.spec import Deployment, expand_home
@@ -40,11 +49,18 @@ if TYPE_CHECKING:
 COMPONENT = Component.FRONT
 # How long a started front may take to accept connections (HAProxy needs well under a second).
 LISTEN_WAIT_S = 15.0
+# HAProxy that cannot bind its port exits within milliseconds: still running after this, it listens.
+SETTLE_S = 1.0
+# The front logs a line per request, refused ones included: its log must not fill the disk.
+LOG_CONFIG = {"type": "json-file", "config": {"max-size": "10m", "max-file": "3"}}
 
 
-def plan_front(deployment: Deployment, facts: Facts, after: tuple[str, ...] = ()) -> Outcome:
+def plan_front(
+    deployment: Deployment, facts: Facts, after: tuple[str, ...] = (), *, restarting: bool = False
+) -> Outcome:
     """Start or replace the front when it is missing, stopped, or not what the spec renders;
-    remove fronts of ours with another name. `after`: what the front's start waits for."""
+    remove fronts of ours with another name. `after`: what the front's start waits for;
+    `restarting`: the rank group restarts in this plan (rank 0 leaves the API port then)."""
     head = deployment.head
     observed = facts.nodes[head.name]
     if not observed.reachable or observed.home is None:
@@ -52,6 +68,13 @@ def plan_front(deployment: Deployment, facts: Facts, after: tuple[str, ...] = ()
     tls = _tls_pair(deployment, observed)
     if isinstance(tls, Blocker):
         return Outcome(blockers=[tls])
+    squatter = _name_taken(deployment, observed)
+    if squatter is not None:
+        return Outcome(blockers=[squatter])
+    if not restarting and _rank0_holds_the_port(deployment, facts):
+        message = f"rank 0 of a reconciler from before the front holds :{deployment.serving.port}"
+        hint = "the front starts with the group's restart onto 127.0.0.1 (what holds that restart is listed)"
+        return Outcome(blockers=[Blocker(head.name, COMPONENT, message, hint, holds_ranks=False)])
     desired = render_front(deployment, observed.home)
     fronts = owned_containers(deployment, facts, head.name, ROLE_FRONT)
     current = next((c for c in fronts if c.name == desired.name), None)
@@ -75,30 +98,57 @@ def plan_front(deployment: Deployment, facts: Facts, after: tuple[str, ...] = ()
     return Outcome(actions=[*removals, *tls, started])
 
 
+def _name_taken(deployment: Deployment, observed: NodeFacts) -> Blocker | None:
+    """A container with the front's name that is not ours: never touched, so the owner decides."""
+    name = front_name(deployment)
+    ours = {c.id for c in observed.containers if c.labels.get(LABEL_OWNER) == OWNER}
+    squatter = next((c for c in observed.containers if c.name == name and c.id not in ours), None)
+    if squatter is None:
+        return None
+    message = f"a container named {name} is not the reconciler's ({squatter.status}): the front cannot be created"
+    hint = f"remove or rename it (`docker rm -f {name}`) if it is not needed, or give the deployment another `name:`"
+    return Blocker(deployment.head.name, COMPONENT, message, hint)
+
+
+def _rank0_holds_the_port(deployment: Deployment, facts: Facts) -> bool:
+    """Whether a running rank 0 of ours still serves the API port itself (rendered before the front)."""
+    port = str(deployment.serving.port)
+    for container in owned_containers(deployment, facts, deployment.head.name):
+        argv = container.command
+        if container.status == "running" and "--port" in argv[:-1] and argv[argv.index("--port") + 1] == port:
+            return True
+    return False
+
+
 def _tls_pair(deployment: Deployment, observed: NodeFacts) -> list[Action] | Blocker:
-    """The front's TLS pair: there (nothing to do), made now (self-signed, both missing), or a
-    blocker (a file of yours missing, or half of a self-signed pair)."""
+    """The front's TLS pair: there (nothing to do), made now (self-signed: missing, or half of
+    one), or a blocker (a file of yours missing)."""
     files = deployment.tls_files()
     tls, head = observed.tls, deployment.head.name
     if files is None or (tls is not None and tls.cert.present and tls.key.present):
         return []
     cert, key = files
     have = {"certificate": tls is not None and tls.cert.present, "key": tls is not None and tls.key.present}
-    missing = " and ".join(what for what, present in have.items() if not present)
+    absent = [what for what, present in have.items() if not present]
+    missing = " and ".join(absent)
     spec = deployment.api.tls
     if spec is not None and spec.cert_file is not None:
         hint = "put them there (PEM, the key 0600), or remove api.tls.cert_file and key_file for a self-signed pair"
-        return Blocker(head, COMPONENT, f"api.tls: the {missing} is missing on {head} ({cert}, {key})", hint)
-    if any(have.values()):
-        hint = f"remove the other half ({cert} or {key}) so a new pair is made, or give api.tls files of yours"
-        return Blocker(head, COMPONENT, f"half of the self-signed TLS pair is missing: the {missing}", hint)
+        verb = "are" if len(absent) > 1 else "is"
+        return Blocker(head, COMPONENT, f"api.tls: the {missing} {verb} missing on {head} ({cert}, {key})", hint)
     assert observed.home is not None
     names = _cert_names(deployment, observed)
+    # Half a pair of ours (a start cut between its two writes) is of no use: it is made again.
     payload = CreateCert(
-        cert_path=expand_home(cert, observed.home), key_path=expand_home(key, observed.home), names=names, days=3650
+        cert_path=expand_home(cert, observed.home),
+        key_path=expand_home(key, observed.home),
+        names=names,
+        days=3650,
+        remake=any(have.values()),
     )
     summary = f"create a self-signed TLS pair {cert} (for {', '.join(names)}; the key 0600)"
-    return [action(payload, head, "create", summary, "api.tls without files of yours, and no pair yet")]
+    cause = f"half of the self-signed pair is there (no {missing})" if payload.remake else "api.tls, and no pair yet"
+    return [action(payload, head, "create", summary, cause)]
 
 
 def _cert_names(deployment: Deployment, observed: NodeFacts) -> list[str]:
@@ -113,7 +163,12 @@ def _cert_names(deployment: Deployment, observed: NodeFacts) -> list[str]:
     if observed.hostname:
         names.append(observed.hostname)
     names += [str(address) for address in observed.tls.addresses] if observed.tls is not None else []
-    return list(dict.fromkeys(names))
+    return [name for name in dict.fromkeys(names) if _CERT_NAME.fullmatch(name)]
+
+
+# What a certificate may name: an address or an ASCII host name (a host name in another script
+# would need IDNA, which a Spark's default host name never does).
+_CERT_NAME = re.compile(r"[0-9A-Za-z](?:[0-9A-Za-z.-]{0,251}[0-9A-Za-z])?|[0-9.]+")
 
 
 def _versions(deployment: Deployment, observed: NodeFacts) -> str | None:
@@ -164,6 +219,7 @@ def _start(ctx: ApplyContext, action: Action, start: StartFront) -> str:
         if not state.get("present") or not state.get("size"):
             raise ReconcilerError(f"{action.node}: {path} is missing or empty", "run `reconciler apply`")
     key = files[0]
+    _check_key_for_haproxy(ctx)
     ops.write_file(desired.config_path, desired.config, mode=0o644)
     client = ctx.transport(action.node).docker()
     old = find_container(client, desired.name)
@@ -192,6 +248,7 @@ def _create_args(api: Any, desired: FrontContainer, labels: dict[str, str], user
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
         read_only=True,
+        log_config=LOG_CONFIG,
     )
     return {
         "image": desired.image,
@@ -205,23 +262,29 @@ def _create_args(api: Any, desired: FrontContainer, labels: dict[str, str], user
     }
 
 
+def _check_key_for_haproxy(ctx: ApplyContext) -> None:
+    """The key as HAProxy reads its pattern file: one line (checked_secret refuses more, and any
+    space), and not a comment (a line starting with '#' is skipped: the front would refuse all)."""
+    from reconciler import health  # executors only
+
+    if health.read_key(ctx).startswith("#"):
+        raise ReconcilerError(
+            "the API key starts with '#', which the front's key file format reads as a comment",
+            "write a key that starts with another character (the keys `apply` makes never start with '#')",
+        )
+
+
 def _wait_listening(ctx: ApplyContext, action: Action, container_id: str, address: tuple[str, int]) -> None:
-    """Until the front accepts a connection; its exit (a port taken, a bad key file) fails at once."""
+    """Until the front accepts a connection and still runs a moment later: a front that could not
+    bind exits at once, while whatever holds the port would take the connection."""
     import socket
 
-    client = ctx.transport(action.node).docker()
     deadline = time.monotonic() + LISTEN_WAIT_S
     while True:
-        state = client.api.inspect_container(container_id)["State"]
-        if not state.get("Running"):
-            logs = client.api.logs(container_id, tail=5).decode("utf-8", "replace").strip()
-            raise ReconcilerError(
-                f"{action.node}: the front exited (code {state.get('ExitCode')}): {redact(logs)[-600:]}",
-                f"is another program listening on {address[0]}:{address[1]}? (`ss -ltnp`)",
-            )
+        _still_running(ctx, action, container_id, address)
         try:
             with socket.create_connection(address, timeout=1.0):
-                return
+                break
         except OSError:
             if time.monotonic() > deadline:
                 raise ReconcilerError(
@@ -229,6 +292,20 @@ def _wait_listening(ctx: ApplyContext, action: Action, container_id: str, addres
                     f"see `docker logs {action.target}` on {action.node}",
                 ) from None
             time.sleep(0.2)
+    time.sleep(SETTLE_S)
+    _still_running(ctx, action, container_id, address)
+
+
+def _still_running(ctx: ApplyContext, action: Action, container_id: str, address: tuple[str, int]) -> None:
+    """Fail with the front's last log lines when it exited (a port taken, a bad key file)."""
+    client = ctx.transport(action.node).docker()
+    state = client.api.inspect_container(container_id)["State"]
+    if not state.get("Running") or state.get("Restarting"):
+        logs = client.api.logs(container_id, tail=5).decode("utf-8", "replace").strip()
+        raise ReconcilerError(
+            f"{action.node}: the front exited (code {state.get('ExitCode')}): {redact(logs)[-600:]}",
+            f"is another program listening on {address[0]}:{address[1]}? (`ss -ltnp`)",
+        )
 
 
 def _remove(ctx: ApplyContext, action: Action, remove: RemoveFront) -> str:
@@ -250,7 +327,7 @@ def _create_cert(ctx: ApplyContext, action: Action, create: CreateCert) -> str:
 
     key_pem, cert_pem = self_signed(create.names, create.days)
     ops = ctx.ops(action.node)
-    if not ops.write_file(create.key_path, key_pem, mode=0o600, keep_existing=True):
+    if not ops.write_file(create.key_path, key_pem, mode=0o600, keep_existing=not create.remake):
         raise ReconcilerError(
             f"{action.node}: a TLS key appeared at {create.key_path} meanwhile; it is kept",
             "run `reconciler apply` again: it plans with what is there now",

@@ -230,8 +230,8 @@ def _own_addresses(fabric: object) -> list[str]:
         return []
     try:
         netdevs = parse_ip_addr(text)
-    except ValueError:
-        return []
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return []  # odd `ip` output: the fabric check reports it; the certificate names fewer addresses
     return [str(address.ip) for netdev in netdevs.values() if netdev.up for address in netdev.usable][:16]
 
 

@@ -39,11 +39,19 @@ def docker_get(path: str) -> Any:
 
 
 def read_text(path: str, limit: int = MAX_PLAN_BYTES) -> str | None:
+    """A regular file's text, or None: a FIFO or a device at the path is never read (it would hang
+    the probe), whoever placed it."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read(limit).decode("utf-8", errors="replace")
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    with os.fdopen(descriptor, "rb") as handle:
+        try:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                return None
+            return handle.read(limit).decode("utf-8", errors="replace")
+        except OSError:
+            return None
 
 
 def read_json(path: str) -> Any:

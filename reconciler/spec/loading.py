@@ -190,7 +190,20 @@ def _warnings(deployment: Deployment, document: LocatedDocument, filename: str) 
                 "pin the 40-hex commit so every node and every rerun gets the same bytes",
             )
         )
+    if serving.port < PRIVILEGED_PORTS:
+        found.append(
+            (
+                ("serving", "port"),
+                f"serving.port {serving.port} is below {PRIVILEGED_PORTS}: the front runs without privileges",
+                "binding it needs `sysctl net.ipv4.ip_unprivileged_port_start` at or below it on the head; "
+                "or use a port from 1024 (the default: 8000)",
+            )
+        )
     return [_at(document, filename, loc, message, hint) for loc, message, hint in found]
+
+
+# Ports under this need a privilege on Linux that the front (no capabilities, the key's owner) lacks.
+PRIVILEGED_PORTS = 1024
 
 
 def _at(document: LocatedDocument, filename: str, loc: tuple[str | int, ...], message: str, hint: str) -> SpecProblem:

@@ -84,10 +84,10 @@ def resolve_target(
 
 
 def local_ca(deployment: Deployment) -> str | None:
-    """The front's self-signed certificate, when this machine is the head (elsewhere, or with a
-    certificate of yours: the system's CAs, which SSL_CERT_FILE can point at)."""
-    tls, files = deployment.api.tls, deployment.tls_files()
-    if tls is None or files is None or tls.cert_file is not None or deployment.head.ssh is not None:
+    """The front's certificate to pin, when this machine is the head (elsewhere: the CAs httpx
+    trusts, which SSL_CERT_FILE can extend)."""
+    files = deployment.tls_files()
+    if files is None or deployment.head.ssh is not None:
         return None
     path = expand_home(files[0], str(Path.home()))
     try:
@@ -139,15 +139,32 @@ def local_key_file(deployment: Deployment) -> str:
 
 
 def trust(target: ApiTarget) -> ssl.SSLContext | bool:
-    """What https is checked against: the pinned certificate, else the system's CAs."""
+    """What https is checked against: exactly the pinned certificate (the front's, whoever
+    signed it: the name in it then does not matter, only holding its key does), else the CAs
+    httpx trusts."""
     if target.ca is None:
         return True
     try:
-        return ssl.create_default_context(cadata=target.ca)
+        context = ssl.create_default_context(cadata=first_certificate(target.ca))
     except (ssl.SSLError, ValueError) as exc:
         raise ReconcilerError(
             f"the front's certificate cannot be read: {exc}", "remove the TLS pair on the head: `apply` makes a new one"
         ) from None
+    # The leaf alone is the trust anchor: a certificate of yours signed for another name, or by a
+    # CA this machine does not know, is still the front's.
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    context.check_hostname = False
+    return context
+
+
+def first_certificate(pem: str) -> str:
+    """The first certificate of a PEM file (the leaf; a chain's CAs must not become anchors)."""
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    start = pem.find(begin)
+    stop = pem.find(end, start)
+    if start < 0 or stop < 0:
+        raise ValueError("no PEM certificate in it")
+    return pem[start : stop + len(end)] + "\n"
 
 
 def client(target: ApiTarget, *, keyed: bool = True, timeout: float = REQUEST_TIMEOUT_S) -> httpx.Client:

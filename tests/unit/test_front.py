@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import http.server
 import json
+import socket
 import socketserver
 import threading
 import time
@@ -95,6 +96,34 @@ def test_health_is_open_for_get_only(fronted: tuple[Group, Path]) -> None:
     assert ask(group.url, "GET", "/health", None).status_code == 200
     for method, path in (("POST", "/health"), ("GET", "/health/../v1/models"), ("GET", "//health")):
         assert ask(group.url, method, path, None).status_code == 401, (method, path)
+
+
+def raw_status(port: int, request: bytes) -> int:
+    """The status HAProxy answers to `request` sent byte for byte (no client normalises it)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        connection.sendall(request)
+        first = connection.makefile("rb").readline()
+    return int(first.split()[1])
+
+
+@pytest.mark.parametrize(
+    "request_text",
+    [
+        "GET /health/../v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+        "GET http://x/health HTTP/1.1\r\nHost: x\r\n\r\n",
+        "GET /v1/models HTTP/1.0\r\n\r\n",
+        "HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n",
+        "get /health HTTP/1.1\r\nHost: x\r\n\r\n",
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope, Bearer {key}\r\n\r\n",
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}, Bearer {key}\r\n\r\n",
+        "POST /invocations HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n{{}}",
+    ],
+    ids=["dot-segments", "absolute-form", "http-1.0", "head", "lowercase-method", "comma", "comma-twice", "expect"],
+)
+def test_requests_no_client_would_send_are_refused_too(fronted: tuple[Group, Path], request_text: str) -> None:
+    group, _ = fronted
+    port = int(group.url.rsplit(":", 1)[1])
+    assert raw_status(port, request_text.format(key=KEY).encode()) in {400, 401}
 
 
 def test_two_authorization_headers_are_refused(fronted: tuple[Group, Path]) -> None:
@@ -341,16 +370,22 @@ def test_turning_tls_on_makes_a_pair_once_and_replaces_the_front_alone() -> None
     )
 
 
-def test_tls_files_of_yours_missing_or_half_a_pair_block_the_front_only() -> None:
+def test_tls_files_of_yours_missing_hold_the_front_and_ranks_and_half_a_pair_of_ours_is_remade() -> None:
     yours = with_tls(reference_deployment(), cert_file="/etc/ssl/api.pem", key_file="/etc/ssl/api.key")
     result = plan(yours, converged())
     assert not result.actions
-    (blocker,) = result.blockers
+    blocker, ranks_wait = result.blockers
+    assert ranks_wait.message == "ranks wait for front on spark-head"
     assert blocker.message == (
-        "api.tls: the certificate and key is missing on spark-head (/etc/ssl/api.pem, /etc/ssl/api.key)"
+        "api.tls: the certificate and key are missing on spark-head (/etc/ssl/api.pem, /etc/ssl/api.key)"
     )
+    assert blocker.holds_ranks  # readiness goes through the front: the ranks wait for it
+    assert not any(action.component == "ranks" for action in result.actions)
     half = plan(with_tls(reference_deployment()), with_node(converged(), HEAD, tls=tls_facts(key=False)))
-    assert [b.message for b in half.blockers] == ["half of the self-signed TLS pair is missing: the key"]
+    made = half.actions[0]
+    assert made.id == "front.create-cert@spark-head"
+    assert made.payload.remake  # type: ignore[union-attr]
+    assert made.cause == "half of the self-signed pair is there (no key)"
 
 
 def test_a_tls_section_needs_both_files_or_neither(tmp_path: Path) -> None:
@@ -363,3 +398,13 @@ def test_a_tls_section_needs_both_files_or_neither(tmp_path: Path) -> None:
         load_spec(spec)
     (problem,) = refused.value.problems
     assert (problem.path, problem.message) == ("api.tls.key_file", "api.tls has a cert_file but no key_file")
+
+
+def test_a_privileged_api_port_is_a_warning_naming_the_sysctl(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("nodes:\n  - {name: a, role: head}\n  - {name: b, ssh: {host: 10.0.0.2}}\nserving: {port: 443}\n")
+    warned = [problem for problem in load_spec(spec).warnings if problem.path == "serving.port"]
+    assert [problem.message for problem in warned] == [
+        "serving.port 443 is below 1024: the front runs without privileges"
+    ]
+    assert "net.ipv4.ip_unprivileged_port_start" in warned[0].hint
