@@ -49,6 +49,9 @@ HASH_SCHEME = "front-v1"
 LABEL_KEY_VERSION = "io.spark-reconciler.key-version"
 # A prefill of 262,144 tokens takes minutes; no answer of the engine's is cut before an hour.
 ENGINE_TIMEOUT_S = 3600
+# A client silent this long while it should send (a TLS handshake, a request body) is dropped:
+# HAProxy does not apply it while the engine prepares an answer (`timeout server` does).
+CLIENT_IDLE_S = 60
 # A client must send its request's headers within this: idle or trickling connections do not
 # hold the front's slots.
 REQUEST_HEADERS_TIMEOUT_S = 30
@@ -83,7 +86,7 @@ defaults
     timeout connect 5s
     timeout http-request {REQUEST_HEADERS_TIMEOUT_S}s
     timeout http-keep-alive 60s
-    timeout client {ENGINE_TIMEOUT_S}s
+    timeout client {CLIENT_IDLE_S}s
     timeout server {ENGINE_TIMEOUT_S}s
     timeout tunnel {ENGINE_TIMEOUT_S}s
 
