@@ -224,20 +224,8 @@ def test_a_front_in_sync_is_named_in_sync() -> None:
 
 def test_an_upgrade_adds_the_front_and_moves_rank0_behind_it_in_one_ordered_change() -> None:
     """What a reconciler from before the front left: rank 0 on 0.0.0.0:8000 with the key, no front."""
-    facts = converged()
-    head = facts.nodes[HEAD]
-    old = []
-    for container in head.containers:
-        if container.name == "dsv41-front":
-            continue
-        if container.name == "dsv41-r0":
-            command = [*container.command]
-            at = command.index("--host")
-            command[at : at + 4] = ["--host", "0.0.0.0", "--port", "8000"]
-            labels = {**container.labels, LABEL_CONFIG_HASH: "v2:" + "0" * 64}
-            container = container.model_copy(update={"command": command, "labels": labels})
-        old.append(container)
-    facts = with_node(facts, HEAD, containers=old, images=head.images[:1])
+    facts = old_rank0_facts()
+    facts = with_node(facts, HEAD, images=facts.nodes[HEAD].images[:1])
     result = plan(reference_deployment(), facts)
     assert kinds(result) == [
         "image.pull-front@spark-head",
@@ -408,3 +396,42 @@ def test_a_privileged_api_port_is_a_warning_naming_the_sysctl(tmp_path: Path) ->
         "serving.port 443 is below 1024: the front runs without privileges"
     ]
     assert "net.ipv4.ip_unprivileged_port_start" in warned[0].hint
+
+
+def old_rank0_facts() -> Facts:
+    """Converged as a reconciler from before the front left it: rank 0 on 0.0.0.0:8000, no front."""
+    facts = converged()
+    old = []
+    for container in facts.nodes[HEAD].containers:
+        if container.name == "dsv41-front":
+            continue
+        if container.name == "dsv41-r0":
+            command = [*container.command]
+            at = command.index("--host")
+            command[at : at + 4] = ["--host", "0.0.0.0", "--port", "8000"]
+            labels = {**container.labels, LABEL_CONFIG_HASH: "v2:" + "0" * 64}
+            container = container.model_copy(update={"command": command, "labels": labels})
+        old.append(container)
+    return with_node(facts, HEAD, containers=old)
+
+
+def test_an_old_rank0_on_the_api_port_holds_the_front_until_the_group_can_restart() -> None:
+    """A blocked group (here: the worker does not answer) keeps the old rank 0 on :8000; starting
+    the front then would fail on every pass: it waits, and never holds the ranks itself."""
+    facts = with_node(old_rank0_facts(), "spark-worker", reachable=False, error="ssh: timed out")
+    result = plan(reference_deployment(), facts)
+    assert not any(action.component == "front" for action in result.actions)
+    front = next(blocker for blocker in result.blockers if blocker.component == "front")
+    assert front.message == "rank 0 of a reconciler from before the front holds :8000"
+    assert not front.holds_ranks
+
+
+def test_a_foreign_container_with_the_fronts_name_is_never_touched() -> None:
+    facts = converged()
+    containers = [
+        c.model_copy(update={"labels": {}, "id": "e" * 64}) if c.name == "dsv41-front" else c
+        for c in facts.nodes[HEAD].containers
+    ]
+    result = plan(reference_deployment(), with_node(facts, HEAD, containers=containers))
+    assert not any(action.component == "front" for action in result.actions)
+    assert any("a container named dsv41-front is not the reconciler's" in b.message for b in result.blockers)
