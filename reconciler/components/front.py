@@ -50,7 +50,7 @@ COMPONENT = Component.FRONT
 # How long a started front may take to accept connections (HAProxy needs well under a second).
 LISTEN_WAIT_S = 15.0
 # HAProxy that cannot bind its port exits within milliseconds: still running after this, it listens.
-SETTLE_S = 1.0
+SETTLE_S = 0.5
 # The front logs a line per request, refused ones included: its log must not fill the disk.
 LOG_CONFIG = {"type": "json-file", "config": {"max-size": "10m", "max-file": "3"}}
 
