@@ -45,6 +45,10 @@ def models_code(url: str, key: str, timeout: float = 5.0, ca: str | None = None)
         return None
 
 
+# How liveness_problem words a probe that waited its whole timeout.
+TIMED_OUT = ("no completion within", "no connection to the API within")
+
+
 def liveness_problem(deployment: Deployment, key: str, ca: str | None = None, url: str | None = None) -> str | None:
     """The liveness probe: keyed /v1/models, then a one-token completion; None when both work.
 
@@ -109,7 +113,9 @@ def probe_liveness(ctx: ApplyContext) -> str | None:
     except ReconcilerError as exc:
         return exc.message
     problem = liveness_problem(ctx.deployment, key, ca)
-    if problem is None or ctx.deployment.head.ssh is not None:
+    if problem is None or ctx.deployment.head.ssh is not None or problem.startswith(TIMED_OUT):
+        # A request the front passed on and the engine never answered is the engine's: asking it
+        # again past the front would only wait as long once more.
         return problem
     # On the head, rank 0 answers past the front too: a failure the engine does not share is the
     # front's, which the plan repairs (a group restart would not; it would only take the API down).
