@@ -25,8 +25,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.unit.frontproc import running_front  # noqa: E402
-from tests.unit.test_engine_standin import KEY, MODEL, Launcher, start_group  # noqa: E402
+from tests.unit.frontproc import fronted_group  # noqa: E402
+from tests.unit.test_engine_standin import KEY, MODEL  # noqa: E402
 
 GOAL_MS = 1.0
 # The stand-in's pause per token: streams with a real rhythm, so a front that held chunks back
@@ -81,17 +81,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="front-bench-") as scratch:
-        directory = Path(scratch)
-        key_file = directory / "api_key"
-        key_file.write_text(KEY + "\n", encoding="utf-8")
-        launcher = Launcher(directory)
-        try:
-            group = start_group(launcher, {"ENGINE_TOKEN_DELAY_S": str(TOKEN_DELAY_S)}, keyed=False)
-            with running_front(directory, group.port, key_file) as port:
-                found = measure(group.url, f"http://127.0.0.1:{port}", args.rounds, args.tokens)
-        finally:
-            launcher.close()
+    env = {"ENGINE_TOKEN_DELAY_S": str(TOKEN_DELAY_S)}
+    with (
+        tempfile.TemporaryDirectory(prefix="front-bench-") as scratch,
+        fronted_group(Path(scratch), env) as found_group,
+    ):
+        group, port = found_group
+        found = measure(group.url, f"http://127.0.0.1:{port}", args.rounds, args.tokens)
     print(json.dumps({"rounds": args.rounds, "tokens": args.tokens, **found}, indent=1))
     for metric, figures in found.items():
         verdict = "within" if figures["added_ms"] < GOAL_MS else "OVER"

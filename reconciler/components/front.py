@@ -26,7 +26,7 @@ from reconciler.actions import (
     action,
     runs,
 )
-from reconciler.components.ranks import owned_containers
+from reconciler.components.ranks import owned_containers, remove_our_old, stop_container
 from reconciler.errors import ReconcilerError
 from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.node import Facts, NodeFacts
@@ -209,8 +209,6 @@ def _address(deployment: Deployment) -> tuple[str, int]:
 def _start(ctx: ApplyContext, action: Action, start: StartFront) -> str:
     """Write the config, read the key file's owner and version (the front runs as its owner,
     to read the 0600 file), replace our old front with the rendered one, and wait for it."""
-    from reconciler.transport.base import find_container  # executors only: planning loads no transport
-
     desired = start.container
     ops = ctx.ops(action.node)
     read = [mount.source for target in SECRET_MOUNTS for mount in desired.mounts if mount.target == target]
@@ -222,14 +220,7 @@ def _start(ctx: ApplyContext, action: Action, start: StartFront) -> str:
     _check_key_for_haproxy(ctx)
     ops.write_file(desired.config_path, desired.config, mode=0o644)
     client = ctx.transport(action.node).docker()
-    old = find_container(client, desired.name)
-    if old is not None:
-        if old.labels.get(LABEL_OWNER) != OWNER:
-            raise ReconcilerError(
-                f"{action.node}: a container named {desired.name} exists and is not ours",
-                "remove or rename it; the reconciler never touches containers it does not own",
-            )
-        old.remove(force=True)
+    remove_our_old(client, action.node, desired.name)
     labels = {**desired.labels, LABEL_KEY_VERSION: files_version([state.get("version") for state in files])}
     created = client.api.create_container(
         **_create_args(client.api, desired, labels, f"{key.get('uid', 0)}:{key.get('gid', 0)}")
@@ -308,18 +299,6 @@ def _still_running(ctx: ApplyContext, action: Action, container_id: str, address
         )
 
 
-def _remove(ctx: ApplyContext, action: Action, remove: RemoveFront) -> str:
-    from reconciler.transport.base import find_container
-
-    container = find_container(ctx.transport(action.node).docker(), remove.name)
-    if container is None:
-        return "already gone"
-    if container.labels.get(LABEL_OWNER) != OWNER:
-        raise ReconcilerError(f"{action.node}: {remove.name} is not ours; leaving it", "rename or remove it by hand")
-    container.remove(force=True)
-    return "stopped and removed"
-
-
 def _create_cert(ctx: ApplyContext, action: Action, create: CreateCert) -> str:
     """The pair, made here and written on the head: the key first (0600, never over one that
     appeared meanwhile), then the certificate."""
@@ -336,4 +315,4 @@ def _create_cert(ctx: ApplyContext, action: Action, create: CreateCert) -> str:
     return "created"
 
 
-EXECUTORS = (runs(CreateCert, _create_cert), runs(StartFront, _start), runs(RemoveFront, _remove))
+EXECUTORS = (runs(CreateCert, _create_cert), runs(StartFront, _start), runs(RemoveFront, stop_container))

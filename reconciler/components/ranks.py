@@ -360,7 +360,7 @@ def record_intent(ctx: ApplyContext, cause: str) -> None:
     ctx.ops(head).write_file(path, content, keep_existing=True)
 
 
-def _stop(ctx: ApplyContext, action: Action, stop: StopContainer) -> str:
+def stop_container(ctx: ApplyContext, action: Action, stop: StopContainer) -> str:
     """Stop the container the plan saw (and remove it unless kept for logs): if it is gone or
     already stopped, there is nothing to do; if it is not ours, never touch it. The stop that
     begins a group restart records it first."""
@@ -385,19 +385,26 @@ def _start(ctx: ApplyContext, action: Action, start: StartRank) -> str:
     desired = start.container
     record_intent(ctx, start.intent)
     client = ctx.transport(action.node).docker()
-    from reconciler.transport.base import find_container
-
-    old = find_container(client, desired.name)
-    if old is not None:
-        if old.labels.get(LABEL_OWNER) != OWNER:
-            raise ReconcilerError(
-                f"{action.node}: a container named {desired.name} exists and is not ours",
-                "remove or rename it; the reconciler never touches containers it does not own",
-            )
-        old.remove(force=True)
+    remove_our_old(client, action.node, desired.name)
     created = client.api.create_container(**create_container_args(client.api, desired))
     client.api.start(created["Id"])
     return f"started {desired.name} ({created['Id'][:12]})"
+
+
+def remove_our_old(client: Any, node: str, name: str) -> None:
+    """Remove the container of this name before its replacement is created, if it is ours; one
+    that is not ours is never touched."""
+    from reconciler.transport.base import find_container
+
+    old = find_container(client, name)
+    if old is None:
+        return
+    if old.labels.get(LABEL_OWNER) != OWNER:
+        raise ReconcilerError(
+            f"{node}: a container named {name} exists and is not ours",
+            "remove or rename it; the reconciler never touches containers it does not own",
+        )
+    old.remove(force=True)
 
 
 def create_container_args(api: Any, desired: RankContainer) -> dict[str, Any]:
@@ -447,9 +454,9 @@ def _run_smoke(ctx: ApplyContext, action: Action, smoke: Smoke) -> str:
 
 
 EXECUTORS = (
-    runs(StopRank, _stop),
-    runs(RemoveContainer, _stop),
-    runs(HaltRank, _stop),
+    runs(StopRank, stop_container),
+    runs(RemoveContainer, stop_container),
+    runs(HaltRank, stop_container),
     runs(StartRank, _start),
     runs(WaitReady, _await_ready),
     runs(Smoke, _run_smoke),

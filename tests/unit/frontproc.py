@@ -15,6 +15,7 @@ import pytest
 
 from reconciler.front import haproxy_config
 from tests.ports import free_port
+from tests.unit.test_engine_standin import KEY, Group, Launcher, start_group
 
 HAPROXY = Path("/usr/sbin/haproxy")
 
@@ -59,3 +60,18 @@ def _wait_listening(port: int, process: subprocess.Popen[bytes], log: Path) -> N
         except OSError:
             assert time.monotonic() < deadline, f"haproxy never listened on {port}: {log.read_text()}"
             time.sleep(0.05)
+
+
+@contextmanager
+def fronted_group(directory: Path, env: dict[str, str] | None = None) -> Iterator[tuple[Group, int]]:
+    """The stand-in's two ranks as the reconciler runs them (rank 0 without the key) behind a real
+    front whose key file holds KEY; yields the group and the front's port."""
+    key_file = directory / "api_key"
+    key_file.write_text(KEY + "\n", encoding="utf-8")
+    launcher = Launcher(directory)
+    try:
+        group = start_group(launcher, env, keyed=False)
+        with running_front(directory, group.port, key_file) as port:
+            yield group, port
+    finally:
+        launcher.close()

@@ -34,8 +34,8 @@ from reconciler.tlspair import self_signed
 from reconciler.verify.apiclient import ApiTarget
 from reconciler.verify.smoke import UNKEYED_PROBES, run_smoke
 from tests.scenarios import CONVERGED_FACTS, KEY_VERSION, reference_deployment, with_node
-from tests.unit.frontproc import running_front
-from tests.unit.test_engine_standin import KEY, MODEL, Group, Launcher, start_group
+from tests.unit.frontproc import fronted_group, running_front
+from tests.unit.test_engine_standin import KEY, MODEL, Group
 
 HEAD = "spark-head"
 # The stand-in's pause per token: a stream has a rhythm a buffering front would flatten.
@@ -47,15 +47,8 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "What is 17 * 2
 def fronted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Group, Path]]:
     """Rank 0 without a key behind the front, as the reconciler runs them; and the key file."""
     directory = tmp_path_factory.mktemp("front")
-    key_file = directory / "api_key"
-    key_file.write_text(KEY + "\n", encoding="utf-8")
-    launched = Launcher(directory)
-    try:
-        started = start_group(launched, {"ENGINE_TOKEN_DELAY_S": str(TOKEN_DELAY_S)}, keyed=False)
-        with running_front(directory, started.port, key_file) as port:
-            yield dataclasses.replace(started, url=f"http://127.0.0.1:{port}"), key_file
-    finally:
-        launched.close()
+    with fronted_group(directory, {"ENGINE_TOKEN_DELAY_S": str(TOKEN_DELAY_S)}) as (group, port):
+        yield dataclasses.replace(group, url=f"http://127.0.0.1:{port}"), directory / "api_key"
 
 
 def ask(url: str, method: str, path: str, authorization: str | None) -> httpx.Response:

@@ -29,14 +29,13 @@ from reconciler.verify.apiclient import ApiTarget
 from reconciler.verify.smoke import run_smoke
 from tests.ports import free_port
 from tests.scenarios import empty_facts, reference_deployment, with_serving
-from tests.unit.frontproc import running_front
+from tests.unit.frontproc import fronted_group
 from tests.unit.test_engine_standin import (
     KEY,
     MODEL,
     Group,
     Launcher,
     single_argv,
-    start_group,
     wait_healthy,
 )
 
@@ -48,16 +47,8 @@ Route = Callable[[str, str, dict[str, Any]], tuple[int, str, bytes]]
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
     """The two-rank stand-in as the reconciler runs it: rank 0 without the key, behind a real
     HAProxy with the rendered front config; `url` and `port` are the front's."""
-    directory = tmp_path_factory.mktemp("fronted")
-    key_file = directory / "api_key"
-    key_file.write_text(KEY + "\n", encoding="utf-8")
-    launched = Launcher(directory)
-    try:
-        started = start_group(launched, keyed=False)
-        with running_front(directory, started.port, key_file) as port:
-            yield dataclasses.replace(started, url=f"http://127.0.0.1:{port}", port=port)
-    finally:
-        launched.close()
+    with fronted_group(tmp_path_factory.mktemp("fronted")) as (started, port):
+        yield dataclasses.replace(started, url=f"http://127.0.0.1:{port}", port=port)
 
 
 @pytest.fixture(scope="module")
