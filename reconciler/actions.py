@@ -80,6 +80,7 @@ class Step(enum.StrEnum):
     START_RANK = "ranks.start"
     WAIT_READY = "ranks.wait-ready"
     SMOKE = "ranks.smoke"
+    TRIP_BREAKER = "ranks.hold-crash-loop"
     CREATE_CERT = "front.create-cert"
     START_FRONT = "front.start"
     REMOVE_FRONT = "front.remove"
@@ -326,6 +327,8 @@ class StopRank(StopContainer):
     kind: Literal["stop-rank"] = "stop-rank"
     # The group restart this stop begins, recorded first so a crash mid-restart resumes it.
     intent: str | None
+    # The failure this restart answers, when it is unplanned: counted by the crash-loop breaker.
+    unplanned: str | None = None
 
 
 class HaltRank(StopContainer):
@@ -348,6 +351,20 @@ class StartRank(Payload):
     kind: Literal["start-rank"] = "start-rank"
     container: RankContainer
     intent: str
+    # The failure this restart answers, when it is unplanned: counted by the crash-loop breaker.
+    unplanned: str | None = None
+
+
+class TripBreaker(Payload):
+    """Record the crash-loop breaker's trip on the head: the group stays held until the spec
+    changes or `reconciler start`. `restarts`: (when, why) of the restarts counted."""
+
+    STEP = Step.TRIP_BREAKER
+    kind: Literal["trip-breaker"] = "trip-breaker"
+    cause: str
+    restarts: list[tuple[str, str]]
+    max_restarts: int
+    window_s: int
 
 
 class CreateCert(Payload):
@@ -451,6 +468,7 @@ StepPayload = (
     | HaltRank
     | RemoveContainer
     | StartRank
+    | TripBreaker
     | CreateCert
     | StartFront
     | RemoveFront

@@ -23,7 +23,7 @@ import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from reconciler.actions import Action, Payload, Step, is_pipelined
-from reconciler.components import apikey, checkpoint_run, front, image, memguard, pi, ranks
+from reconciler.components import apikey, breaker, checkpoint_run, front, image, memguard, pi, ranks
 from reconciler.errors import (
     ApplyError,
     NodeCommandError,
@@ -43,6 +43,7 @@ EXECUTORS: dict[type[Payload], Executor] = dict(
         *apikey.EXECUTORS,
         *memguard.EXECUTORS,
         *ranks.EXECUTORS,
+        *breaker.EXECUTORS,
         *front.EXECUTORS,
         *pi.EXECUTORS,
     ]
@@ -132,7 +133,7 @@ def apply_plan(ctx: ApplyContext, plan: Plan, result: ApplyResult | None = None)
         for action, (message, elapsed, error) in zip(batch, outcomes, strict=True):
             if error is not None:
                 where = f"[{numbers[action.id]}/{total}] {action.component} on {action.node}: {action.summary}"
-                raise ApplyError(f"{where}: failed: {error.message}", error.hint, cause=error)
+                raise ApplyError(f"{where}: failed: {error.message}", error.hint, cause=error, step=action.step.value)
             prefix = "        done" if len(batch) == 1 else f"        [{numbers[action.id]}/{total}] done"
             ctx.progress.line(f"{prefix} in {elapsed:.1f} s: {message}")
             result.done.append((action, message, elapsed))

@@ -22,3 +22,16 @@ def utc_iso(seconds: float | None = None) -> str:
 def utc_stamp(seconds: float | None = None) -> str:
     """'20250131-120000' for `seconds` since the epoch (now when None), for file names."""
     return time.strftime(STAMP_FORMAT, time.gmtime(seconds))
+
+
+def parse_utc_iso(text: str | None) -> float | None:
+    """Seconds since the epoch of a `utc_iso` timestamp; None for anything else (a file edited
+    by hand, 'unknown')."""
+    import calendar
+
+    if not text:
+        return None
+    try:
+        return float(calendar.timegm(time.strptime(text, ISO_FORMAT)))
+    except (ValueError, OverflowError):
+        return None

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reconciler import notify, savedplan
+from reconciler import incidents, notify, savedplan
 from reconciler.actions import Action, Smoke, Step
 from reconciler.apply import ApplyResult, apply_plan
 from reconciler.clock import utc_iso
+from reconciler.components import breaker, ranks
 from reconciler.errors import (
     ApplyError,
     FactsChangedError,
@@ -115,6 +116,7 @@ def _converge_locked(
     progress.phase("gathering facts")
     facts = observe(deployment, transports, request.liveness, update_revision=request.update_revision)
     before = _plan_to_run(deployment, facts, request)
+    _record_incidents(context, facts, before)
     request.show(before)
     if before.blockers and not before.actions and request.blocked_is_error:
         blocker = before.blockers[0]
@@ -164,10 +166,42 @@ def _apply_round(context: ApplyContext, current: Plan, facts: Facts, result: App
     try:
         apply_plan(context, current, result)
     except ApplyError as exc:
+        if exc.step in _START_STEPS:
+            _record_failed_start(context, current, exc)
         if not isinstance(exc.cause, FactsChangedError):
             raise
         return _Finding(exc.message, exc.cause)
     return None
+
+
+# A group start that fails in one of these steps is an incident: the group did not come up.
+_START_STEPS = {Step.START_RANK.value, Step.WAIT_READY.value, Step.SMOKE.value}
+
+
+def _record_incidents(context: ApplyContext, facts: Facts, before: Plan) -> None:
+    """The unplanned failures this pass met, each recorded once with the plan that follows it."""
+    found = incidents.detect(context.deployment, facts, before)
+    if found:
+        _register_key(context, facts)
+    for item in found:
+        incidents.record(context.deployment, context.transports, facts, before, item, log=context.progress.line)
+
+
+def _record_failed_start(context: ApplyContext, current: Plan, error: ApplyError) -> None:
+    """A start that did not become ready: recorded with the facts as they are now."""
+    try:
+        facts = observe(context.deployment, context.transports, None)
+    except ReconcilerError:
+        facts = context.facts
+    _register_key(context, facts)
+    found = incidents.failed_start(error.message, facts)
+    incidents.record(context.deployment, context.transports, facts, current, found, log=context.progress.line)
+
+
+def _register_key(context: ApplyContext, facts: Facts) -> None:
+    """Read the key once, so that the records redact it wherever a node's words quote it."""
+    with contextlib.suppress(ReconcilerError):
+        read_key(ApplyContext(context.deployment, facts, context.transports))
 
 
 def _deep_left(request: Converge, before: Plan, result: ApplyResult, failed: _Finding) -> frozenset[str]:
@@ -265,18 +299,35 @@ def hold(ctx: ApplyContext) -> None:
 
 
 def release(ctx: ApplyContext) -> None:
-    """`start`: clear the hold, and every recorded guard trip on the nodes that answer."""
+    """`start`: clear the hold, the crash-loop breaker and every recorded guard trip on the nodes
+    that answer, and remove the held group's stopped ranks: what follows is a fresh start, not a
+    restart after a failure (the failures' logs are in their incident records)."""
     ctx.ops(ctx.deployment.head.name).remove_file(StateDir(ctx.deployment.state_dir).hold)
-    clear_trips(ctx)
+    clear_trips(ctx, always=True)
 
 
-def clear_trips(ctx: ApplyContext) -> None:
-    """A guard trip holds the group until the spec changes or `start`; an unreachable node keeps
-    its trip (and holds the group) until it answers again."""
-    path = StateDir(ctx.deployment.state_dir).guard_trip
+def clear_trips(ctx: ApplyContext, *, always: bool = False) -> None:
+    """A guard trip or the crash-loop breaker holds the group until the spec changes or `start`;
+    an unreachable node keeps its trip (and holds the group) until it answers again. Something
+    released (or `always`): the held group's stopped ranks go too."""
+    layout = StateDir(ctx.deployment.state_dir)
+    released = always
     for node in ctx.deployment.nodes:
         with contextlib.suppress(NodeUnreachableError, NodeCommandError):
-            ctx.ops(node.name).remove_file(path)
+            ops = ctx.ops(node.name)
+            released = _remove_if_present(ops, layout.guard_trip) or released
+    with contextlib.suppress(NodeUnreachableError, NodeCommandError):
+        released = _remove_if_present(ctx.ops(ctx.deployment.head.name), layout.breaker) or released
+        breaker.clear(ctx)
+    if released:
+        ranks.remove_stopped_ranks(ctx)
+
+
+def _remove_if_present(ops: NodeOps, path: str) -> bool:
+    present = ops.read_text(path)["text"] is not None
+    if present:
+        ops.remove_file(path)
+    return present
 
 
 def status(deployment: Deployment, transports: dict[str, Transport], *, probe: bool = False) -> dict[str, Any]:
@@ -314,6 +365,7 @@ def status(deployment: Deployment, transports: dict[str, Transport], *, probe: b
         "pending": pending,
         "conditions": conditions,
         "summary": current.summary(),
+        "last_incident": incidents.last_incident(deployment),
     }
 
 

@@ -164,9 +164,11 @@ class FactsChangedError(ReconcilerError):
 class ApplyError(ReconcilerError):
     """An action failed; the message names it, its node and its cause (`cause`, the error)."""
 
-    def __init__(self, message: str, hint: str, *, cause: ReconcilerError) -> None:
+    def __init__(self, message: str, hint: str, *, cause: ReconcilerError, step: str | None = None) -> None:
         super().__init__(message, hint)
         self.cause = cause
+        # The failed action's step (`ranks.wait-ready`): a group start that failed is an incident.
+        self.step = step
 
 
 # --- internal: raised by readers and parsers, turned into located problems by their callers ---

@@ -63,6 +63,53 @@ def render_status(report: Report) -> str:
         verdict = "ok" if report["liveness"]["ok"] else "FAILED"
         lines.append(f"liveness: {verdict}: {report['liveness']['detail']}")
     lines += [f"! {condition}" for condition in report["conditions"]]
+    last = report.get("last_incident")
+    if last:
+        lines.append(f"last incident: {last['id']} ({last['kind']}, {last['at']}): {last['cause'][:200]}")
+        lines.append(f"  `reconciler incidents show {last['id']}` for its logs, facts and plan")
+    return "\n".join(lines) + "\n"
+
+
+def incidents(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from reconciler import incidents as records
+    from reconciler.errors import ReconcilerError
+
+    deployment = load(args).deployment
+    if args.which is None:
+        found = records.list_incidents(deployment)
+        where = str(records.incidents_dir(deployment))
+        emit(
+            args.json,
+            {"incidents": [asdict(item) for item in found], "dir": where},
+            lambda: _render_incidents(found, where),
+        )
+        return EXIT_OK
+    if not args.id:
+        raise ReconcilerError("`incidents show` needs an ID", "`reconciler incidents` lists them")
+    incident, files = records.show(deployment, args.id)
+    emit(args.json, {"incident": asdict(incident), "files": files}, lambda: _render_incident(asdict(incident), files))
+    return EXIT_OK
+
+
+def _render_incidents(found: list[Any], where: str) -> str:
+    if not found:
+        return f"no incidents recorded (under {where})\n"
+    lines = [f"{item.id}  {item.kind:<13} {item.cause[:120]}" for item in found]
+    return "\n".join([*lines, f"({len(found)} under {where}; `reconciler incidents show ID` prints one)"]) + "\n"
+
+
+def _render_incident(incident: Report, files: dict[str, str]) -> str:
+    lines = [f"incident {incident['id']}: {incident['kind']} at {incident['at']}", f"  {incident['cause']}", ""]
+    for rank in incident["ranks"]:
+        state = ", ".join(f"{key} {value}" for key, value in rank.items() if key not in {"rank", "node", "container"})
+        lines.append(f"  r{rank['rank']} {rank['container']} on {rank['node']}: {state}")
+    lines += [f"  note: {note}" for note in incident.get("notes", [])]
+    for name, text in files.items():
+        if name.endswith(".log"):
+            lines += ["", f"==== {name} (last lines)", *text.splitlines()[-40:]]
+    lines += ["", f"files: {', '.join(incident['files'])} (facts.json and plan.json in full with --json)"]
     return "\n".join(lines) + "\n"
 
 

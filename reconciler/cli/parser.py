@@ -386,6 +386,25 @@ def _commands() -> list[Command]:
                 arg("--tail", type=count, default=200, help="lines of history to print first"),
             ),
         ),
+        Command(
+            "incidents",
+            "the records of unplanned failures (rank exits, failed liveness, guard trips, failed starts)",
+            "List the incident records the head keeps under its state dir, newest first, or print one with "
+            "`show ID`: each rank's last log lines, exit codes and OOMKilled, the guard logs, the facts and the "
+            "plan that followed. The newest 50 are kept (64 MiB at most).",
+            [
+                "reconciler incidents",
+                "reconciler incidents show 20261203-101500-rank-exit",
+                "reconciler incidents --json",
+            ],
+            "observe:incidents",
+            (
+                SPEC,
+                JSON,
+                arg("which", nargs="?", choices=["show"], metavar="show", help="print one record"),
+                arg("id", nargs="?", metavar="ID", help="the record to show (as listed)"),
+            ),
+        ),
         # --- stopping and starting --------------------------------------------------------------
         Command(
             "stop",
@@ -398,8 +417,9 @@ def _commands() -> list[Command]:
         ),
         Command(
             "start",
-            "clear a hold or a memory-guard trip, then converge",
-            "Release a `stop` hold and any memory-guard trip, then converge (start the ranks in order).",
+            "clear a hold, a memory-guard trip or the crash-loop breaker, then converge",
+            "Release a `stop` hold, any memory-guard trip and the crash-loop breaker (its count starts again), "
+            "remove the held ranks' stopped containers, then converge (start the ranks in order).",
             ["reconciler start", "reconciler start --json"],
             "deploy:start",
             (SPEC, WAIT, JSON),

@@ -4,7 +4,9 @@ Tensor-parallel ranks cannot be restarted one at a time: a new rank 0 cannot rej
 surviving headless rank, and rank 0 exits with code 0 when a peer dies. So any
 rank that is missing, exited or stale restarts the whole group, in order: stop rank 0 first,
 then the other ranks; start the highest rank first and rank 0 last; then wait for readiness.
-A hold (`reconciler stop`) or a memory-guard trip keeps the group down.
+A hold (`reconciler stop`), a memory-guard trip or the crash-loop breaker keeps the group
+down. An unplanned restart (a rank exited, liveness failed) is counted; a missing container
+(a first start, one removed by hand) and a spec, revision or image change are not.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from reconciler.actions import (
     shorten,
 )
 from reconciler.clock import utc_iso
+from reconciler.components import breaker
 from reconciler.components.checkpoint import Placement
 from reconciler.components.fabric import node_contexts
 from reconciler.components.memguard import trip_advice, trips
@@ -166,8 +169,7 @@ def plan_ranks(
     (the checkpoint staged everywhere); `restart` holds reasons to restart a healthy group."""
     held = hold_reasons(deployment, facts)
     if held:
-        stops = _stop_running(deployment, facts, "ranks are held: " + held[0].split(";")[0])
-        return Outcome(actions=stops, notes=held, held=list(held))
+        return _held(deployment, facts, held)
     contexts, blockers = node_contexts(deployment, facts)
     blockers += _names_taken(deployment, facts)
     if blockers:
@@ -187,7 +189,32 @@ def plan_ranks(
         ]
         return Outcome(actions=removals, in_sync=in_sync)
     earlier = [*(a.id for a in removals), *(after or [])[-1:]]
-    return Outcome(actions=removals + group_restart(deployment, states, prerequisites, earlier))
+    failure = unplanned_failure(deployment, facts, states)
+    counted = breaker.trips_now(deployment, facts) if failure is not None else None
+    if failure is not None and counted is not None:
+        trip = breaker.trip_action(deployment, counted, failure, tuple(earlier[-1:]))
+        reason = breaker.breaker_advice(breaker.trip_record(deployment, counted, failure))
+        return _held(deployment, facts, [reason], first=[trip])
+    return Outcome(actions=removals + group_restart(deployment, states, prerequisites, earlier, unplanned=failure))
+
+
+def _held(deployment: Deployment, facts: Facts, reasons: list[str], first: list[Action] | None = None) -> Outcome:
+    """The group held down: running ranks stopped and kept for `reconciler logs`."""
+    stops = _stop_running(deployment, facts, "ranks are held: " + reasons[0].split(";")[0], first or [])
+    return Outcome(actions=stops, notes=reasons, held=list(reasons))
+
+
+def unplanned_failure(deployment: Deployment, facts: Facts, states: list[RankState]) -> str | None:
+    """What failed when the group needs a restart nobody asked for: a rank that exited, was killed
+    or is not running, or failed liveness probes. None for a missing container (a first start, or
+    one removed by hand), a change of config and a resumed restart."""
+    for state in states:
+        if state.observed is not None and state.observed.status != "running":
+            return f"{state.desired.name} on {state.desired.node}: {state.problem}"
+    liveness, intent = facts.liveness, facts.nodes[deployment.head.name].restart_intent
+    if intent is None and liveness is not None and liveness.failures >= deployment.loop.failure_threshold:
+        return f"liveness: {liveness.failures} one-token completions failed in a row ({liveness.detail})"
+    return None
 
 
 def _names_taken(deployment: Deployment, facts: Facts) -> list[Blocker]:
@@ -232,15 +259,18 @@ def _with_group_signals(
 
 def hold_reasons(deployment: Deployment, facts: Facts) -> list[str]:
     reasons = [trip_advice(node, trip) for node, trip in trips(deployment, facts)]
-    hold = facts.nodes[deployment.head.name].hold
+    head = facts.nodes[deployment.head.name]
+    if head.breaker is not None:
+        reasons.append(breaker.breaker_advice(head.breaker))
+    hold = head.hold
     if hold is not None:
         reasons.append(f"{hold.reason} since {hold.since}; ranks stay down until `reconciler start`")
     return reasons
 
 
-def _stop_running(deployment: Deployment, facts: Facts, cause: str) -> list[Action]:
+def _stop_running(deployment: Deployment, facts: Facts, cause: str, first: list[Action]) -> list[Action]:
     """Stop (not remove) running ranks: a held group keeps its containers for `logs`."""
-    actions: list[Action] = []
+    actions: list[Action] = list(first)
     for _, node, _ in facts.answering(deployment.ranked_nodes):
         for container in owned_containers(deployment, facts, node.name):
             if container.status == "running":
@@ -284,8 +314,11 @@ def group_restart(
     states: list[RankState],
     prerequisites: dict[str, list[str]],
     earlier: list[str],
+    *,
+    unplanned: str | None = None,
 ) -> list[Action]:
-    """Stop rank 0 first, then the rest; start the highest rank first, rank 0 last; wait."""
+    """Stop rank 0 first, then the rest; start the highest rank first, rank 0 last; wait.
+    `unplanned`: the failure this restart answers, counted by its first action."""
     ordered = sorted(states, key=lambda state: state.desired.rank)
     trigger = next(state for state in reversed(ordered) if not state.healthy)
     group_cause = f"group restart: {trigger.desired.name} on {trigger.desired.node}: {trigger.problem}"
@@ -295,13 +328,19 @@ def group_restart(
             summary = f"stop {state.desired.name} (grace {deployment.serving.stop_timeout_s} s)"
             after = _last(actions) or tuple(earlier[-1:])
             # The first stop records the restart, so a reconciler that dies in the middle resumes it.
-            payload = StopRank(**_stopping(deployment, state.observed), intent=None if actions else group_cause)
+            first = not actions
+            payload = StopRank(
+                **_stopping(deployment, state.observed),
+                intent=group_cause if first else None,
+                unplanned=unplanned if first else None,
+            )
             node, name = state.desired.node, state.desired.name
             actions.append(action(payload, node, "stop", summary, state.problem or group_cause, after, name))
     stops = [item.id for item in actions]
     for state in reversed(ordered):  # each start after the stops and the start before it
         waits_for = [*stops, *prerequisites.get(state.desired.node, []), *_last(actions)]
-        actions.append(_start_action(deployment, state, group_cause, waits_for))
+        count = unplanned if not actions else None  # no stop came first: the first start counts it
+        actions.append(_start_action(deployment, state, group_cause, waits_for, count))
     group = [(state.desired.node, state.desired.name) for state in ordered]
     return actions + _ready_checks(deployment, group, actions[-1].id)
 
@@ -309,12 +348,14 @@ def group_restart(
 _STOPPABLE = {"running", "restarting", "paused", "created"}
 
 
-def _start_action(deployment: Deployment, state: RankState, group_cause: str, depends: list[str]) -> Action:
+def _start_action(
+    deployment: Deployment, state: RankState, group_cause: str, depends: list[str], unplanned: str | None
+) -> Action:
     rank = state.desired.rank
     role = f"API on 127.0.0.1:{deployment.api.engine_port}, behind the front" if rank == 0 else "headless"
     verb: Verb = "create" if state.observed is None else "replace"
     summary = f"start {state.desired.name} (rank {rank}, {role})"
-    payload = StartRank(container=state.desired, intent=group_cause)
+    payload = StartRank(container=state.desired, intent=group_cause, unplanned=unplanned)
     node, name = state.desired.node, state.desired.name
     return action(payload, node, verb, summary, state.problem or group_cause, tuple(dict.fromkeys(depends)), name)
 
@@ -368,6 +409,8 @@ def stop_container(ctx: ApplyContext, action: Action, stop: StopContainer) -> st
 
     if isinstance(stop, StopRank) and stop.intent is not None:
         record_intent(ctx, stop.intent)
+    if isinstance(stop, StopRank) and stop.unplanned is not None:
+        breaker.record_restart(ctx, stop.unplanned)
     container = find_container(ctx.transport(action.node).docker(), stop.name)
     if container is None:
         return "already gone"
@@ -384,11 +427,33 @@ def _start(ctx: ApplyContext, action: Action, start: StartRank) -> str:
     """Create and start exactly the rendered container of the plan (replacing our old one)."""
     desired = start.container
     record_intent(ctx, start.intent)
+    if start.unplanned is not None:
+        breaker.record_restart(ctx, start.unplanned)
     client = ctx.transport(action.node).docker()
     remove_our_old(client, action.node, desired.name)
     created = client.api.create_container(**create_container_args(client.api, desired))
     client.api.start(created["Id"])
     return f"started {desired.name} ({created['Id'][:12]})"
+
+
+def remove_stopped_ranks(ctx: ApplyContext) -> None:
+    """The rank containers of this deployment that do not run, removed on every node that answers
+    (a released group starts afresh); containers of others are never touched."""
+    import docker
+    import requests
+
+    from reconciler.errors import NodeCommandError, NodeUnreachableError
+
+    deployment = ctx.deployment
+    labels = [f"{LABEL_OWNER}={OWNER}", f"{LABEL_DEPLOYMENT}={deployment.name}"]
+    for node in deployment.nodes:
+        try:
+            client = ctx.transport(node.name).docker()
+            for container in client.containers.list(all=True, filters={"label": labels}):
+                if container.labels.get(LABEL_ROLE, "") == "" and container.status != "running":
+                    container.remove(force=True)
+        except (NodeUnreachableError, NodeCommandError, docker.errors.DockerException, requests.RequestException):
+            continue  # a node that does not answer keeps its containers; the next plan sees them
 
 
 def remove_our_old(client: Any, node: str, name: str) -> None:

@@ -32,7 +32,7 @@ from reconciler.facts.files import (
     TlsFacts,
 )
 from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, parse_meminfo
-from reconciler.facts.node import Facts, Hold, NodeFacts, RestartIntent
+from reconciler.facts.node import BreakerTrip, Facts, GroupRestart, Hold, NodeFacts, RestartIntent
 from reconciler.facts.pi import gather_pi
 from reconciler.facts.revisions import desired_commit, is_commit
 from reconciler.nodeops import NodeOps
@@ -97,7 +97,19 @@ def _node_facts(node: Node, raw: dict[str, Any]) -> NodeFacts:
             raw.get("restart_intent"),
             RestartIntent(since="unknown", cause="restart-intent.json is unreadable"),
         ),
+        restarts=_restarts(raw.get("restarts")),
+        breaker=_state_file(
+            BreakerTrip, raw.get("breaker"), BreakerTrip(since="unknown", cause="breaker.json is unreadable")
+        ),
     )
+
+
+def _restarts(raw: object) -> list[GroupRestart]:
+    """The recorded unplanned restarts; entries that cannot be read are left out (the count can
+    only fall short, which errs towards one more restart, never a hold without a cause)."""
+    entries = raw.get("restarts") if isinstance(raw, dict) else None
+    read = (_state_file(GroupRestart, item, None) for item in (entries if isinstance(entries, list) else []))
+    return [item for item in read if item is not None]
 
 
 def _memory(text: object) -> MemoryFacts | None:

@@ -43,6 +43,24 @@ class RestartIntent(FactsModel):
     cause: str
 
 
+class GroupRestart(FactsModel):
+    """An unplanned group restart (a rank exited, liveness failed), recorded on the head as it began."""
+
+    at: str
+    cause: str
+
+
+class BreakerTrip(FactsModel):
+    """The crash-loop breaker's trip, recorded on the head: the ranks stay down until the spec
+    changes or `start`."""
+
+    since: str
+    cause: str
+    restarts: list[GroupRestart] = Field(default_factory=lambda: [])
+    max_restarts: int = 0
+    window_s: int = 0
+
+
 class NodeFacts(FactsModel):
     """What one node looks like right now."""
 
@@ -60,6 +78,9 @@ class NodeFacts(FactsModel):
     tls: TlsFacts | None = None
     hold: Hold | None = None
     restart_intent: RestartIntent | None = None
+    # The head's record of unplanned group restarts (oldest first) and the breaker's trip.
+    restarts: list[GroupRestart] = Field(default_factory=lambda: [])
+    breaker: BreakerTrip | None = None
 
 
 class Liveness(FactsModel):

@@ -336,6 +336,8 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "guard_trip": read_json(layout.guard_trip),
         "hold": read_json(layout.hold),
         "restart_intent": read_json(layout.restart_intent),
+        "restarts": read_json(layout.restarts) if args.get("head") else None,
+        "breaker": read_json(layout.breaker) if args.get("head") else None,
         "docker": docker_state(args["label"]),
         "fabric": fabric_state(int(args.get("gid_index", 3))),
         "host": host_state() if args.get("doctor") else None,

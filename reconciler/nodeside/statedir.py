@@ -42,6 +42,11 @@ class StateDir:
         self.tls_key = self._at("tls.key")
         # A group restart begun and not yet ready: a reconciler that dies mid-restart resumes it.
         self.restart_intent = self._at("restart-intent.json")
+        # Unplanned group restarts as they began, and the crash-loop breaker's trip they led to.
+        self.restarts = self._at("restarts.json")
+        self.breaker = self._at("breaker.json")
+        # A directory per unplanned failure: logs, exit codes, facts and the plan that followed.
+        self.incidents = self._at("incidents")
         # `reconciler stop`: the ranks stay down until `reconciler start`.
         self.hold = self._at("hold.json")
         # What the loop is doing, for `reconciler status` and `systemctl status`.

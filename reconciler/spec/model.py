@@ -481,6 +481,18 @@ class Loop(StrictModel):
         default=3, ge=1, le=100, description="Consecutive failed probes before a group restart."
     )
     max_backoff_s: Seconds = Field(default=1800, description="Longest wait between failing group restarts.")
+    # Three restarts in six hours: a first start takes 11-13 min on Sparks, so a group that
+    # serves for minutes and dies again takes 15-90 min a cycle; a one-hour window would never
+    # see three of them, and a fourth attempt after three failures in a row rarely goes better.
+    max_restarts: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="Unplanned group restarts allowed within restart_window_s; one more holds the group (crash loop).",
+    )
+    restart_window_s: Seconds = Field(
+        default=21600, description="The window unplanned group restarts are counted in (6 h)."
+    )
 
 
 class Pi(StrictModel):

@@ -29,6 +29,8 @@ loop:
   liveness_timeout_s: 3
   failure_threshold: 2
   max_backoff_s: 20
+  # The module breaks the group on purpose, one fault a test: only the breaker's own test counts.
+  max_restarts: 50
 """
 
 
@@ -225,3 +227,47 @@ def test_fabric_link_down_then_up(settled: Bed) -> None:
     repaired_after(looping, pull_and_replug, "a fabric link down and up", timeout=360, restart=False)
     answer = looping.node(HEAD, "python3", "tests/testbed/ask.py", "What is 17 * 23?").stdout
     assert "391" in answer
+
+
+def test_an_engine_that_dies_after_ready_trips_the_breaker_and_start_releases_it(settled: Bed) -> None:
+    """Rank 1 exits 20 s after every start (the stand-in's startup is 1 s): with
+    `loop.max_restarts: 2` the loop restarts the group twice, then holds it on the third death,
+    saying so with the restarts' times; every death leaves an incident with both ranks' logs;
+    `reconciler start` releases it and the count starts again."""
+    looping = settled
+    good = looping.spec.read_text(encoding="utf-8")
+    dying = 'echo \'{"ENGINE_FAULT_EXIT_AFTER_S": "21"}\' > ' + FAULT_FILE
+    looping.spec.write_text(good.replace("  max_restarts: 50\n", "  max_restarts: 2\n"), encoding="utf-8")
+    before = {item["id"] for item in incidents(looping)}
+    try:
+        looping.node(WORKER, "sh", "-c", dying)
+        wait_for(looping, lambda s: "crash loop" in str(s["loop"]["condition"]), 300, "three deaths -> held")
+        condition = status(looping)["loop"]["condition"]
+        assert "2 unplanned group restarts within 6 h" in condition, condition
+        assert "reconciler start" in condition
+        for node, name in ((HEAD, "dsv41-r0"), (WORKER, "dsv41-r1")):
+            state = looping.node(node, "docker", "inspect", "--format", "{{.State.Running}}", name).stdout.strip()
+            assert state == "false", f"{name}: held, not restarted"
+        time.sleep(5)
+        assert "crash loop" in str(status(looping)["loop"]["condition"]), "still held"
+        recorded = [item for item in incidents(looping) if item["id"] not in before]
+        assert [item["kind"] for item in recorded] == ["rank exit"] * 3, recorded
+        for item in recorded:
+            shown = json.loads(looping.reconciler("incidents", "show", item["id"], "--json").stdout)
+            assert {"r0.log", "r1.log", "facts.json", "plan.json"} <= set(shown["files"]), item
+            worker = next(rank for rank in shown["incident"]["ranks"] if rank["rank"] == 1)
+            assert worker["exit_code"] == 1, worker
+            assert "fault injection" in shown["files"]["r1.log"]
+        assert status(looping)["last_incident"]["id"] == recorded[0]["id"]
+        looping.node(WORKER, "rm", "-f", FAULT_FILE)
+        looping.reconciler("start", "--wait", "120")
+        wait_for(looping, healthy(looping), 120, "released by start")
+        assert looping.node(HEAD, "test", "-e", "/srv/spark/state/restarts.json", check=False).returncode == 1
+    finally:
+        looping.node(WORKER, "rm", "-f", FAULT_FILE)
+        looping.spec.write_text(good, encoding="utf-8")
+
+
+def incidents(bed: Bed) -> list[dict[str, Any]]:
+    listed: list[dict[str, Any]] = json.loads(bed.reconciler("incidents", "--json").stdout)["incidents"]
+    return listed
