@@ -84,6 +84,8 @@ class Step(enum.StrEnum):
     CREATE_CERT = "front.create-cert"
     START_FRONT = "front.start"
     REMOVE_FRONT = "front.remove"
+    DRAIN = "front.drain"
+    UNDRAIN = "front.undrain"
     CONFIGURE_PI = "pi.configure"
 
     @property
@@ -398,6 +400,28 @@ class RemoveFront(StopContainer):
     kind: Literal["remove-front"] = "remove-front"
 
 
+class Drain(Payload):
+    """Turn the front's drain switch on (new requests: 503 with Retry-After), then wait until
+    rank 0 holds no request (its metrics at `metrics_url`, on the head's loopback) or `drain_s`
+    passes. `socket`: the front's admin socket on the head; `switch`: the ACL it turns on."""
+
+    STEP = Step.DRAIN
+    kind: Literal["drain"] = "drain"
+    socket: str
+    switch: str
+    metrics_url: str
+    drain_s: int
+
+
+class Undrain(Payload):
+    """Turn the front's drain switch off: requests pass to rank 0 again."""
+
+    STEP = Step.UNDRAIN
+    kind: Literal["undrain"] = "undrain"
+    socket: str
+    switch: str
+
+
 class WaitReady(Payload):
     """Poll the keyed `{url}/v1/models` until it answers 200 while watching every rank's container
     (node, name; rank 0 first): any exit fails the group at once."""
@@ -472,6 +496,8 @@ StepPayload = (
     | CreateCert
     | StartFront
     | RemoveFront
+    | Drain
+    | Undrain
     | WaitReady
     | Smoke
     | ConfigurePi

@@ -37,6 +37,16 @@ from reconciler.serving import (
 from reconciler.spec import Deployment, expand_home
 
 CONFIG_MOUNT = "/run/front/haproxy.cfg"
+# The admin socket's directory (written by HAProxy) and the drain switch's pattern file. A drain
+# adds the pattern `on` to that ACL through the socket: HAProxy answers new requests 503 at once,
+# with no reload, while requests already passed on run to their end.
+CONTROL_MOUNT = "/run/front/ctl"
+ADMIN_SOCKET_MOUNT = f"{CONTROL_MOUNT}/admin.sock"
+DRAIN_MOUNT = "/run/front/drain.acl"
+DRAIN_ON = "on"
+# What a client is told to wait before it asks again while the group restarts.
+RETRY_AFTER_S = 30
+DRAINING_BODY = '{"error":"the deployment is restarting; retry later"}'
 # HAProxy loads the key beside a certificate without one: <crt>.key.
 TLS_CERT_MOUNT = "/run/front/tls.pem"
 TLS_KEY_MOUNT = TLS_CERT_MOUNT + ".key"
@@ -61,18 +71,30 @@ GRACE_S = 5
 UNAUTHORIZED_BODY = '{"error":"Unauthorized"}'
 
 
-def haproxy_config(bind: str, port: int, engine_port: int, key_path: str, tls_cert: str | None = None) -> str:
+def haproxy_config(
+    bind: str,
+    port: int,
+    engine_port: int,
+    key_path: str,
+    tls_cert: str | None = None,
+    *,
+    admin_socket: str = ADMIN_SOCKET_MOUNT,
+    drain_file: str = DRAIN_MOUNT,
+) -> str:
     """The front's whole config: deny by default, the key from `key_path`, rank 0 behind it.
 
     The key is compared as the whole header after "Bearer " (one Authorization header only, read
     whole: `fhdr`, not split at commas), against the key file's line; the header is dropped before
     the request goes on, so the key never reaches the engine or its logs. The health exception
     matches the request's target exactly (`url`, not `path`, which HAProxy derives from
-    absolute-form targets too)."""
+    absolute-form targets too). While draining (the pattern `on` added to `drain_file`'s ACL
+    through `admin_socket`), every request that passes the key check is answered 503 with
+    Retry-After, `GET /health` included, so balancers stop sending too."""
     return f"""# Written by spark-reconciler: the front of the API. Edits are replaced on the next apply.
 global
     log stdout format raw local0
     maxconn {MAX_CONNECTIONS}
+    stats socket {admin_socket} mode 600 level admin
 
 defaults
     mode http
@@ -99,6 +121,9 @@ frontend api
     acl right_key req.fhdr(authorization),bytes(7) -m str -f {key_path}
     http-request return status 401 content-type application/json string '{UNAUTHORIZED_BODY}' \
 hdr WWW-Authenticate Bearer unless health_check health_path or one_authorization bearer right_key
+    acl draining str({DRAIN_ON}) -m str -f {drain_file}
+    http-request return status 503 content-type application/json string '{DRAINING_BODY}' \
+hdr Retry-After {RETRY_AFTER_S} if draining
     http-request del-header authorization
     # The engine trusts what comes from 127.0.0.1: a client's own forwarding headers must not pass.
     http-request del-header x-forwarded-for
@@ -156,10 +181,13 @@ def render_front(deployment: Deployment, head_home: str) -> FrontContainer:
     tls = deployment.tls_files()
     api = deployment.api
     config = haproxy_config(api.bind, deployment.serving.port, api.engine_port, KEY_MOUNT, tls and TLS_CERT_MOUNT)
-    config_path = StateDir(expand_home(deployment.state_dir, head_home)).front_config
+    layout = StateDir(expand_home(deployment.state_dir, head_home))
+    config_path = layout.front_config
     mounts = [
         Mount(config_path, CONFIG_MOUNT, read_only=True),
         Mount(expand_home(deployment.key_file(), head_home), KEY_MOUNT, read_only=True),
+        Mount(layout.front_ctl, CONTROL_MOUNT, read_only=False),
+        Mount(layout.front_drain, DRAIN_MOUNT, read_only=True),
     ]
     if tls is not None:
         cert, key = (expand_home(path, head_home) for path in tls)
@@ -182,3 +210,9 @@ def render_front(deployment: Deployment, head_home: str) -> FrontContainer:
         LABEL_CONFIG_HASH: container.config_hash(),
     }
     return replace(container, labels=labels)
+
+
+def drain_switch(deployment: Deployment) -> tuple[str, str]:
+    """The front's admin socket on the head (as the spec names the state dir; the head expands
+    `~`) and the ACL its drain turns on."""
+    return StateDir(deployment.state_dir).front_admin_socket, DRAIN_MOUNT

@@ -149,7 +149,7 @@ def _write(
     deployment: Deployment, transports: dict[str, Transport], facts: Facts, plan: Plan, found: Found, root: Path
 ) -> Incident:
     at = utc_iso()
-    incident_id = _new_id(root, f"{utc_stamp()}-{found.kind.replace(' ', '-')}")
+    incident_id = _new_id(root, utc_stamp(), found.kind.replace(" ", "-"))
     where = root / incident_id
     incident = Incident(incident_id, found.kind, at, redact(found.cause), found.key)
     for rank, node in deployment.ranked_nodes:
@@ -215,12 +215,13 @@ def _guard_tail(deployment: Deployment, transport: Transport | None) -> str | No
     return None if text is None else "\n".join(text.splitlines()[-LOG_LINES:]) + "\n"
 
 
-def _new_id(root: Path, base: str) -> str:
-    candidate, number = base, 1
-    while (root / candidate).exists():
-        number += 1
-        candidate = f"{base}-{number}"
-    return candidate
+def _new_id(root: Path, stamp: str, kind: str) -> str:
+    """`<UTC stamp>-<n>-<kind>`: ids sort in the order they were made, several in one second too."""
+    taken = [path.name for path in root.iterdir()] if root.is_dir() else []
+    numbers = [
+        int(name.split("-")[2]) for name in taken if name.startswith(stamp + "-") and name.split("-")[2].isdigit()
+    ]
+    return f"{stamp}-{max(numbers, default=0) + 1:03d}-{kind}"
 
 
 def _safe(name: str) -> str:

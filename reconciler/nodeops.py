@@ -64,6 +64,14 @@ class NodeOps:
     def remove_file(self, path: str) -> None:
         self._call(ops.remove_file, ops.PathArgs(path=path))
 
+    def front_command(self, socket: str, command: str) -> str | None:
+        """One command to the front's admin socket; its answer, None when no front answers."""
+        return self._call(ops.front_command, ops.FrontCommandArgs(socket=socket, command=command))["answer"]
+
+    def engine_load(self, url: str) -> int | None:
+        """Requests rank 0 holds (running and waiting), from its metrics at `url`; None: no answer."""
+        return self._call(ops.engine_load, ops.EngineLoadArgs(url=url))["requests"]
+
     def key_file(self, path: str) -> ops.KeyFileState:
         """The key file's owner and version (never its content); `present` False when missing."""
         return self._call(ops.key_file, ops.PathArgs(path=path))

@@ -130,7 +130,8 @@ def plan(
         outcome.actions += _after_ready(staging.after_ready, ranks)
     after = _front_after(deployment, outcome.actions)
     restarting = any(action.step is Step.START_RANK for action in outcome.actions)
-    front = plan_front(deployment, facts, after, restarting=restarting)
+    drained = any(action.step is Step.DRAIN for action in outcome.actions)
+    front = plan_front(deployment, facts, after, restarting=restarting, drained=drained)
     outcome.actions = _with_front(outcome.actions, front.actions)
     outcome.in_sync += front.in_sync
     outcome.blockers += [blocker for blocker in front.blockers if blocker not in outcome.blockers]

@@ -394,7 +394,7 @@ def _commands() -> list[Command]:
             "plan that followed. The newest 50 are kept (64 MiB at most).",
             [
                 "reconciler incidents",
-                "reconciler incidents show 20261203-101500-rank-exit",
+                "reconciler incidents show 20261203-101500-001-rank-exit",
                 "reconciler incidents --json",
             ],
             "observe:incidents",

@@ -18,10 +18,12 @@ from reconciler.actions import (
     Blocker,
     Component,
     CreateCert,
+    Drain,
     InSync,
     Outcome,
     RemoveFront,
     StartFront,
+    Undrain,
     Verb,
     action,
     runs,
@@ -31,10 +33,14 @@ from reconciler.errors import ReconcilerError
 from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.node import Facts, NodeFacts
 from reconciler.front import (
+    CONTROL_MOUNT,
+    DRAIN_MOUNT,
+    DRAIN_ON,
     GRACE_S,
     LABEL_KEY_VERSION,
     SECRET_MOUNTS,
     FrontContainer,
+    drain_switch,
     files_version,
     front_name,
     render_front,
@@ -45,6 +51,7 @@ from reconciler.spec import Deployment, expand_home
 
 if TYPE_CHECKING:
     from reconciler.execution import ApplyContext
+    from reconciler.nodeops import NodeOps
 
 COMPONENT = Component.FRONT
 # How long a started front may take to accept connections (HAProxy needs well under a second).
@@ -56,11 +63,41 @@ LOG_CONFIG = {"type": "json-file", "config": {"max-size": "10m", "max-file": "3"
 
 
 def plan_front(
-    deployment: Deployment, facts: Facts, after: tuple[str, ...] = (), *, restarting: bool = False
+    deployment: Deployment,
+    facts: Facts,
+    after: tuple[str, ...] = (),
+    *,
+    restarting: bool = False,
+    drained: bool = False,
 ) -> Outcome:
     """Start or replace the front when it is missing, stopped, or not what the spec renders;
-    remove fronts of ours with another name. `after`: what the front's start waits for;
-    `restarting`: the rank group restarts in this plan (rank 0 leaves the API port then)."""
+    remove fronts of ours with another name; end a drain. `after`: what the front's start (and a
+    drain's end) waits for; `restarting`: the rank group restarts in this plan (rank 0 leaves the
+    API port then); `drained`: the plan drains the front before that restart."""
+    outcome = _plan_front(deployment, facts, after, restarting=restarting)
+    observed = facts.nodes[deployment.head.name]
+    if observed.reachable and (drained or observed.front_draining) and not outcome.blockers:
+        outcome.actions.append(_undrain_action(deployment, observed, after, outcome.actions, restarting=restarting))
+    return outcome
+
+
+def _undrain_action(
+    deployment: Deployment, observed: NodeFacts, after: tuple[str, ...], before: list[Action], *, restarting: bool
+) -> Action:
+    """The drain's end: after rank 0's start in a restart (before the wait for readiness, which
+    goes through the front); at once for a drain left on (a reconciler stopped mid-restart)."""
+    socket, switch = drain_switch(deployment)
+    summary = "end the drain: the front passes requests to rank 0 again"
+    if restarting:
+        cause = "the group restart the drain was for has started"
+    else:
+        cause = "the front still answers 503 from a drain nobody ended (a restart cut short)"
+    del observed
+    depends = (*after, *(action.id for action in before[-1:]))
+    return action(Undrain(socket=socket, switch=switch), deployment.head.name, "run", summary, cause, depends)
+
+
+def _plan_front(deployment: Deployment, facts: Facts, after: tuple[str, ...], *, restarting: bool) -> Outcome:
     head = deployment.head
     observed = facts.nodes[head.name]
     if not observed.reachable or observed.home is None:
@@ -219,6 +256,7 @@ def _start(ctx: ApplyContext, action: Action, start: StartFront) -> str:
     key = files[0]
     _check_key_for_haproxy(ctx)
     ops.write_file(desired.config_path, desired.config, mode=0o644)
+    _prepare_drain_switch(ops, desired)
     client = ctx.transport(action.node).docker()
     remove_our_old(client, action.node, desired.name)
     labels = {**desired.labels, LABEL_KEY_VERSION: files_version([state.get("version") for state in files])}
@@ -228,6 +266,16 @@ def _start(ctx: ApplyContext, action: Action, start: StartFront) -> str:
     client.api.start(created["Id"])
     _wait_listening(ctx, action, created["Id"], start.address)
     return f"started {desired.name} ({created['Id'][:12]}), listening on {start.address[0]}:{start.address[1]}"
+
+
+def _prepare_drain_switch(ops: NodeOps, desired: FrontContainer) -> None:
+    """The directory HAProxy makes its admin socket in, and the drain switch's pattern file,
+    empty: a new front never starts draining."""
+    for mount in desired.mounts:
+        if mount.target == CONTROL_MOUNT:
+            ops.mkdirs(mount.source)
+        elif mount.target == DRAIN_MOUNT:
+            ops.write_file(mount.source, "", mode=0o644)
 
 
 def _create_args(api: Any, desired: FrontContainer, labels: dict[str, str], user: str) -> dict[str, object]:
@@ -315,4 +363,39 @@ def _create_cert(ctx: ApplyContext, action: Action, create: CreateCert) -> str:
     return "created"
 
 
-EXECUTORS = (runs(CreateCert, _create_cert), runs(StartFront, _start), runs(RemoveFront, stop_container))
+# How often a drain asks rank 0 how many requests it holds, and says so while it waits.
+DRAIN_POLL_S = 1.0
+DRAIN_SAY_EVERY_S = 5.0
+
+
+def _drain(ctx: ApplyContext, action: Action, drain: Drain) -> str:
+    """Switch new requests to 503, then wait for the ones in flight (or drain_s)."""
+    ops = ctx.ops(action.node)
+    if ops.front_command(drain.socket, f"add acl {drain.switch} {DRAIN_ON}") is None:
+        return "no front answers on its admin socket: nothing to drain"
+    started = said = time.monotonic()
+    while True:
+        held = ops.engine_load(drain.metrics_url)
+        waited = time.monotonic() - started
+        if not held:
+            return f"drained in {waited:.0f} s (rank 0 {'holds no request' if held == 0 else 'does not answer'})"
+        if waited >= drain.drain_s:
+            return f"{held} request(s) still in flight after serving.drain_s ({drain.drain_s} s): restarting anyway"
+        if time.monotonic() - said >= DRAIN_SAY_EVERY_S:
+            said = time.monotonic()
+            ctx.progress.line(f"      draining: {held} request(s) in flight, {waited:.0f} s of {drain.drain_s} s")
+        time.sleep(DRAIN_POLL_S)
+
+
+def _end_drain(ctx: ApplyContext, action: Action, undrain: Undrain) -> str:
+    answer = ctx.ops(action.node).front_command(undrain.socket, f"clear acl {undrain.switch}")
+    return "no front answers: nothing to end" if answer is None else "the front passes requests again"
+
+
+EXECUTORS = (
+    runs(CreateCert, _create_cert),
+    runs(StartFront, _start),
+    runs(RemoveFront, stop_container),
+    runs(Drain, _drain),
+    runs(Undrain, _end_drain),
+)

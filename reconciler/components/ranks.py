@@ -20,6 +20,7 @@ from reconciler.actions import (
     Action,
     Blocker,
     Component,
+    Drain,
     HaltRank,
     InSync,
     Outcome,
@@ -42,6 +43,7 @@ from reconciler.components.memguard import trip_advice, trips
 from reconciler.errors import ReconcilerError
 from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.node import Facts
+from reconciler.front import drain_switch
 from reconciler.record import Record, replace
 from reconciler.redact import redact
 from reconciler.serving import (
@@ -52,9 +54,11 @@ from reconciler.serving import (
     LABEL_RANK,
     LABEL_ROLE,
     OWNER,
+    ROLE_FRONT,
     RankContainer,
     api_base,
     container_name,
+    engine_base,
     render_group,
 )
 from reconciler.spec import Deployment
@@ -195,7 +199,31 @@ def plan_ranks(
         trip = breaker.trip_action(deployment, counted, failure, tuple(earlier[-1:]))
         reason = breaker.breaker_advice(breaker.trip_record(deployment, counted, failure))
         return _held(deployment, facts, [reason], first=[trip])
-    return Outcome(actions=removals + group_restart(deployment, states, prerequisites, earlier, unplanned=failure))
+    drain = _drain(deployment, facts, states, tuple(earlier[-1:])) if failure is None else []
+    earlier += [item.id for item in drain]
+    group = group_restart(deployment, states, prerequisites, earlier, unplanned=failure)
+    return Outcome(actions=removals + drain + group)
+
+
+def _drain(deployment: Deployment, facts: Facts, states: list[RankState], after: tuple[str, ...]) -> list[Action]:
+    """A planned restart of a serving group lets requests in flight finish first: the front
+    answers new ones 503 with Retry-After, and the restart waits until rank 0 holds none or
+    serving.drain_s passes. Nothing to drain without a running rank 0 and front."""
+    drain_s = deployment.serving.drain_s
+    fronts = owned_containers(deployment, facts, deployment.head.name, ROLE_FRONT)
+    if drain_s == 0 or any(state.observed is None or state.observed.status != "running" for state in states):
+        return []  # a group short of a rank serves nothing: there is nothing to wait for
+    if not any(front.status == "running" for front in fronts):
+        return []
+    socket, switch = drain_switch(deployment)
+    metrics = f"{engine_base(deployment)}/metrics"
+    payload = Drain(socket=socket, switch=switch, metrics_url=metrics, drain_s=drain_s)
+    summary = (
+        f"drain: the front answers new requests 503 (Retry-After), then wait until rank 0 holds no "
+        f"request (up to serving.drain_s {drain_s} s)"
+    )
+    cause = "a planned restart lets the requests in flight finish"
+    return [action(payload, deployment.head.name, "run", summary, cause, after)]
 
 
 def _held(deployment: Deployment, facts: Facts, reasons: list[str], first: list[Action] | None = None) -> Outcome:

@@ -35,6 +35,7 @@ from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, parse_me
 from reconciler.facts.node import BreakerTrip, Facts, GroupRestart, Hold, NodeFacts, RestartIntent
 from reconciler.facts.pi import gather_pi
 from reconciler.facts.revisions import desired_commit, is_commit
+from reconciler.front import DRAIN_MOUNT
 from reconciler.nodeops import NodeOps
 from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record
@@ -56,6 +57,7 @@ def probe_args(deployment: Deployment, node: Node) -> dict[str, Any]:
         "label": f"{LABEL_OWNER}={OWNER}",
         "gid_index": node.fabric.gid_index,
         "head": node.role == "head",
+        "front_drain": DRAIN_MOUNT if node.role == "head" else None,
     }
 
 
@@ -98,6 +100,7 @@ def _node_facts(node: Node, raw: dict[str, Any]) -> NodeFacts:
             RestartIntent(since="unknown", cause="restart-intent.json is unreadable"),
         ),
         restarts=_restarts(raw.get("restarts")),
+        front_draining=raw.get("front_draining") is True,
         breaker=_state_file(
             BreakerTrip, raw.get("breaker"), BreakerTrip(since="unknown", cause="breaker.json is unreadable")
         ),

@@ -81,6 +81,8 @@ class NodeFacts(FactsModel):
     # The head's record of unplanned group restarts (oldest first) and the breaker's trip.
     restarts: list[GroupRestart] = Field(default_factory=lambda: [])
     breaker: BreakerTrip | None = None
+    # The front answers 503 to every request: a drain was begun and not ended.
+    front_draining: bool = False
 
 
 class Liveness(FactsModel):

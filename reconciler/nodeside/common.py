@@ -210,3 +210,30 @@ def key_file_state(path: str) -> dict[str, Any]:
         "gid": info.st_gid,
         "version": version,
     }
+
+
+# HAProxy's admin socket answers a command and closes; an answer is a few lines.
+ADMIN_TIMEOUT_S = 5.0
+ADMIN_ANSWER_LIMIT = 64 * 1024
+
+
+def admin_command(socket_path: str, command: str) -> str | None:
+    """Send one command to the front's admin socket; its answer, or None when nothing listens."""
+    import socket
+
+    if not os.path.exists(socket_path):
+        return None
+    with contextlib.closing(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)) as connection:
+        connection.settimeout(ADMIN_TIMEOUT_S)
+        try:
+            connection.connect(socket_path)
+            connection.sendall(command.encode() + b"\n")
+            answer = b""
+            while len(answer) < ADMIN_ANSWER_LIMIT:
+                chunk = connection.recv(4096)
+                if not chunk:
+                    break
+                answer += chunk
+        except OSError:
+            return None
+    return answer.decode("utf-8", "replace")

@@ -26,6 +26,7 @@ from typing import Any, TypedDict
 from reconciler.nodeside.common import (
     CHUNK,
     Meter,
+    admin_command,
     child_environment,
     free_bytes,
     is_commit,
@@ -576,6 +577,54 @@ def remove_revisions(args: RemoveRevisionsArgs) -> RevisionsRemoved:
     return {"removed": removed, "kept": kept}
 
 
+class FrontCommandArgs(TypedDict):
+    socket: str
+    command: str
+
+
+class FrontAnswer(TypedDict):
+    # None: no front answers on that socket.
+    answer: str | None
+
+
+def front_command(args: FrontCommandArgs) -> FrontAnswer:
+    """One command to the front's admin socket (its drain switch)."""
+    return {"answer": admin_command(args["socket"], args["command"])}
+
+
+class EngineLoadArgs(TypedDict):
+    url: str
+
+
+class EngineLoad(TypedDict):
+    # Requests running or waiting in rank 0's engine; None when it does not answer.
+    requests: int | None
+
+
+# vLLM's gauges of the requests it holds (0.32's names on /metrics).
+_REQUEST_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def engine_load(args: EngineLoadArgs) -> EngineLoad:
+    """The requests rank 0 holds now, from its Prometheus metrics on loopback (the node's own
+    port, past the front): what a drain waits on."""
+    import urllib.request
+
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
+    try:
+        with direct.open(args["url"], timeout=5) as answer:
+            text = answer.read(4 * 1024 * 1024).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return {"requests": None}
+    total = 0.0
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in _REQUEST_GAUGES:
+            with contextlib.suppress(ValueError, IndexError):
+                total += float(line.rsplit(" ", 1)[1])
+    return {"requests": int(total)}
+
+
 def run(request: dict[str, Any]) -> None:
     """Entry point: make the state dir private (every call names it), run one operation, print
     its result."""
@@ -602,5 +651,7 @@ OPERATIONS: dict[str, Callable[[Any], object]] = {
         link_files,
         switch_model_dir,
         remove_revisions,
+        front_command,
+        engine_load,
     )
 }

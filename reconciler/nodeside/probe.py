@@ -20,7 +20,15 @@ import time
 import urllib.parse
 from typing import Any
 
-from reconciler.nodeside.common import docker_request, free_bytes, is_commit, key_file_state, pid_of, reply
+from reconciler.nodeside.common import (
+    admin_command,
+    docker_request,
+    free_bytes,
+    is_commit,
+    key_file_state,
+    pid_of,
+    reply,
+)
 from reconciler.nodeside.statedir import StateDir
 
 MAX_PLAN_BYTES = 4 * 1024 * 1024
@@ -338,10 +346,20 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "restart_intent": read_json(layout.restart_intent),
         "restarts": read_json(layout.restarts) if args.get("head") else None,
         "breaker": read_json(layout.breaker) if args.get("head") else None,
+        "front_draining": front_draining(layout, args["front_drain"]) if args.get("front_drain") else None,
         "docker": docker_state(args["label"]),
         "fabric": fabric_state(int(args.get("gid_index", 3))),
         "host": host_state() if args.get("doctor") else None,
     }
+
+
+def front_draining(layout: StateDir, drain_acl: str) -> bool | None:
+    """Whether the front's drain switch is on (a drain a reconciler began and never ended);
+    None when no front answers on its admin socket."""
+    answer = admin_command(layout.front_admin_socket, f"show acl {drain_acl}")
+    if answer is None:
+        return None
+    return any(line.split()[-1:] == ["on"] for line in answer.splitlines())
 
 
 def print_probe(args: dict[str, Any]) -> None:

@@ -37,6 +37,11 @@ class StateDir:
         self.api_key = self._at("api_key")
         # The front's HAProxy config, mounted read-only into its container (it holds no secret).
         self.front_config = self._at("front.cfg")
+        # The front's admin socket (a directory HAProxy writes) and the drain switch's pattern
+        # file (empty: the reconciler adds the switch at run time, through the socket).
+        self.front_ctl = self._at("front-ctl")
+        self.front_admin_socket = f"{self.front_ctl}/admin.sock"
+        self.front_drain = self._at("front-drain.acl")
         # The front's self-signed TLS pair (api.tls without files of yours): made once, kept.
         self.tls_cert = self._at("tls.pem")
         self.tls_key = self._at("tls.key")

@@ -362,6 +362,14 @@ class Serving(StrictModel):
     stop_timeout_s: int = Field(
         default=60, ge=1, le=3600, description="Grace before SIGKILL; vLLM needs more than Docker's 10 s."
     )
+    # Two minutes: a long answer (4k tokens at ~50 tokens/s) takes about 80 s to finish.
+    drain_s: int = Field(
+        default=120,
+        ge=0,
+        le=3600,
+        description="A planned group restart first lets requests in flight finish, waiting at most this long "
+        "(new requests get 503 with Retry-After meanwhile); 0 does not wait.",
+    )
     env: dict[EnvName, EnvValue] = Field(default_factory=lambda: dict(REFERENCE_ENV), max_length=512)
     extra_env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, max_length=512, description="Added over env on both ranks."

@@ -9,13 +9,14 @@ file was rewritten.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Bed, loop_status, running_loop
+from tests.e2e.conftest import Bed, loop_status, running_loop, wait_until
 
 pytestmark = pytest.mark.testbed
 
@@ -161,21 +162,72 @@ def test_invalid_spec_edit_keeps_the_last_good_spec(settled: Bed) -> None:
     assert looping.container_id(HEAD, "dsv41-r0") == r0
 
 
-def test_kv_bytes_edit_restarts_the_group_through_the_loop(settled: Bed) -> None:
+def test_kv_bytes_edit_drains_a_long_stream_then_restarts_the_group(settled: Bed) -> None:
+    """A planned restart (a spec edit) lets the stream in flight finish: while it runs, the front
+    answers new requests 503 with Retry-After; then the group restarts onto the new setting."""
     looping = settled
     good = looping.spec.read_text(encoding="utf-8")
+    streamed: dict[str, Any] = {}
+    stream = threading.Thread(target=lambda: streamed.update(client(looping, "stream", "3000")))
 
     def edit() -> None:
+        stream.start()
+        wait_until(lambda: client(looping, "load")["requests"] >= 1, 10, "the stream under way", every=0.2)
         looping.spec.write_text(good.replace("serving:\n", "serving:\n  kv_bytes: 2500000000\n", 1), encoding="utf-8")
+        refused: dict[str, Any] = {}
+        wait_until(lambda: refused.update(client(looping, "models")) or refused["status"] == 503, 20, "draining")
+        assert refused["retry_after"] == "30", refused
+        assert "restarting" in refused["body"], refused
+        stream.join(90)
+        assert streamed["status"] == 200, streamed
+        assert streamed["last"] == "data: [DONE]", streamed
+        assert streamed["events"] >= 3000, "the whole stream, through the drain"
 
     try:
-        repaired_after(looping, edit, "a kv_bytes edit")
+        repaired_after(looping, edit, "a kv_bytes edit with a stream in flight")
         command = json.loads(
             looping.node(HEAD, "docker", "inspect", "--format", "{{json .Config.Cmd}}", "dsv41-r0").stdout
         )
         assert command[command.index("--kv-cache-memory-bytes") + 1] == "2500000000"
+        log = (looping.spec.parent / "loop.log").read_text(encoding="utf-8")
+        assert "front.drain" in log or "drain:" in log, log[-3000:]
+        assert "drained in" in log, log[-3000:]
     finally:
         looping.spec.write_text(good, encoding="utf-8")
+
+
+# A client inside the head, the key read from its file (never argv): `stream N` (a completion of N
+# tokens, streamed), `models` (a keyed GET /v1/models) or `load` (rank 0's requests, past the front).
+CLIENT = r"""
+import json, sys, urllib.error, urllib.request
+key = open("/srv/spark/state/api_key").read().strip()
+what = sys.argv[1]
+headers = {"Authorization": "Bearer " + key, "Content-Type": "application/json"}
+if what == "load":
+    text = urllib.request.urlopen("http://127.0.0.1:18000/metrics", timeout=10).read().decode()
+    running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
+    print(json.dumps({"requests": int(float(running[0].rsplit(" ", 1)[1]))}))
+    raise SystemExit(0)
+if what == "stream":
+    body = {"model": "deepseek-v4.1-flash", "prompt": "Once upon a time", "max_tokens": int(sys.argv[2]),
+            "ignore_eos": True, "stream": True}
+    request = urllib.request.Request("http://127.0.0.1:8000/v1/completions", json.dumps(body).encode(), headers)
+else:
+    request = urllib.request.Request("http://127.0.0.1:8000/v1/models", headers=headers)
+try:
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        events = [line.strip() for line in answer if line.startswith(b"data: ")]
+        last = events[-1].decode() if events else None
+        print(json.dumps({"status": answer.status, "events": len(events), "last": last}))
+except urllib.error.HTTPError as error:
+    body = error.read().decode()
+    print(json.dumps({"status": error.code, "retry_after": error.headers.get("Retry-After"), "body": body}))
+"""
+
+
+def client(bed: Bed, *args: str) -> dict[str, Any]:
+    answer: dict[str, Any] = json.loads(bed.node(HEAD, "python3", "-c", CLIENT, *args).stdout)
+    return answer
 
 
 def test_guard_trip_holds_the_group_instead_of_restarting_it(settled: Bed) -> None:

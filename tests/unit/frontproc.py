@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.front import haproxy_config
+from reconciler.nodeside.statedir import StateDir
 from tests.ports import free_port
 from tests.unit.test_engine_standin import KEY, Group, Launcher, start_group
 
@@ -36,7 +37,20 @@ def running_front(directory: Path, engine_port: int, key_file: Path, tls_cert: P
     port = free_port()
     config = directory / "front.cfg"
     cert = str(tls_cert) if tls_cert is not None else None
-    config.write_text(haproxy_config("127.0.0.1", port, engine_port, str(key_file), cert), encoding="utf-8")
+    # The admin socket and the drain switch where a state dir at `directory` keeps them.
+    layout = StateDir(str(directory))
+    Path(layout.front_ctl).mkdir(exist_ok=True)
+    Path(layout.front_drain).write_text("", encoding="utf-8")
+    rendered = haproxy_config(
+        "127.0.0.1",
+        port,
+        engine_port,
+        str(key_file),
+        cert,
+        admin_socket=layout.front_admin_socket,
+        drain_file=layout.front_drain,
+    )
+    config.write_text(rendered, encoding="utf-8")
     log = (directory / "front.log").open("wb")
     process = subprocess.Popen(
         [str(HAPROXY), "-db", "-f", str(config)], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env={}

@@ -23,9 +23,12 @@ from cryptography.hazmat.primitives import hashes
 from reconciler.errors import SpecError
 from reconciler.facts.files import KeyFileFacts, TlsFacts
 from reconciler.facts.node import Facts, load_facts
-from reconciler.front import LABEL_KEY_VERSION, files_version, haproxy_config, render_front
+from reconciler.front import DRAIN_ON, LABEL_KEY_VERSION, RETRY_AFTER_S, files_version, haproxy_config, render_front
 from reconciler.nodeside import memguard
-from reconciler.nodeside.probe import cert_fingerprint
+from reconciler.nodeside.common import admin_command
+from reconciler.nodeside.ops import engine_load
+from reconciler.nodeside.probe import cert_fingerprint, front_draining
+from reconciler.nodeside.statedir import StateDir
 from reconciler.plan import Plan, plan, render_text
 from reconciler.serving import LABEL_CONFIG_HASH
 from reconciler.spec import Deployment, load_spec
@@ -33,6 +36,7 @@ from reconciler.spec.model import Tls
 from reconciler.tlspair import self_signed
 from reconciler.verify.apiclient import ApiTarget
 from reconciler.verify.smoke import UNKEYED_PROBES, run_smoke
+from tests.ports import free_port
 from tests.scenarios import CONVERGED_FACTS, KEY_VERSION, reference_deployment, with_node
 from tests.unit.frontproc import fronted_group, running_front
 from tests.unit.test_engine_standin import KEY, MODEL, Group
@@ -147,6 +151,47 @@ def test_a_stream_passes_through_chunk_by_chunk(fronted: tuple[Group, Path]) -> 
     assert tokens >= 8
     # The engine spaced the tokens at least TOKEN_DELAY_S apart; so must their arrivals be, in all.
     assert arrivals[-1] - arrivals[0] >= 0.5 * (tokens - 1) * TOKEN_DELAY_S
+
+
+def test_a_drain_answers_new_requests_503_and_lets_the_stream_in_flight_finish(fronted: tuple[Group, Path]) -> None:
+    """The drain switch through the real HAProxy's admin socket: a stream that passed before it
+    runs to its end, a request after it gets 503 with Retry-After (health too), rank 0's metrics
+    count the stream until it ends, and the switch off lets requests pass again."""
+    group, key_file = fronted
+    layout = StateDir(str(key_file.parent))
+    metrics = f"http://127.0.0.1:{group.port}/metrics"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 600, "ignore_eos": True, "stream": True}
+    events: list[str] = []
+    assert front_draining(layout, layout.front_drain) is False
+    try:
+        with httpx.stream("POST", group.url + "/v1/completions", json=body, headers=headers, timeout=30) as answer:
+            lines = answer.iter_lines()
+            events.append(next(line for line in lines if line.startswith("data: ")))
+            assert admin_command(layout.front_admin_socket, f"add acl {layout.front_drain} {DRAIN_ON}") is not None
+            assert front_draining(layout, layout.front_drain) is True
+            refused = ask(group.url, "POST", "/v1/chat/completions", f"Bearer {KEY}")
+            assert refused.status_code == 503
+            assert refused.headers["retry-after"] == str(RETRY_AFTER_S)
+            assert refused.json() == {"error": "the deployment is restarting; retry later"}
+            assert httpx.get(group.url + "/health", timeout=10).status_code == 503
+            assert ask(group.url, "GET", "/v1/models", None).status_code == 401, "the key check comes first"
+            assert engine_load({"url": metrics})["requests"] == 1, "the stream in flight"
+            events += [line for line in lines if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        assert len(events) > 550, "the stream ran to its end through the drain"
+        assert engine_load({"url": metrics})["requests"] == 0
+    finally:
+        admin_command(layout.front_admin_socket, f"clear acl {layout.front_drain}")
+    assert front_draining(layout, layout.front_drain) is False
+    assert ask(group.url, "POST", "/v1/chat/completions", f"Bearer {KEY}").status_code == 200
+
+
+def test_the_drain_helpers_say_when_nothing_answers(tmp_path: Path) -> None:
+    layout = StateDir(str(tmp_path))
+    assert admin_command(layout.front_admin_socket, "show acl x") is None
+    assert front_draining(layout, "/run/front/drain.acl") is None
+    assert engine_load({"url": f"http://127.0.0.1:{free_port()}/metrics"})["requests"] is None
 
 
 def test_the_config_holds_no_key_and_names_the_key_file_only() -> None:

@@ -134,13 +134,38 @@ def test_a_rank_exit_with_code_zero_restarts_the_whole_group_in_order() -> None:
 
 def test_a_spec_change_replaces_both_ranks_naming_the_changed_flag() -> None:
     result = plan_of(load_facts(CONVERGED_FACTS), with_serving(reference_deployment(), gpu_util=0.8))
-    assert [(a.verb, a.target) for a in result.actions][:4] == [
-        ("stop", "dsv41-r0"),
-        ("stop", "dsv41-r1"),
-        ("replace", "dsv41-r1"),
-        ("replace", "dsv41-r0"),
+    assert [(a.step, a.verb, a.target) for a in result.actions][:5] == [
+        ("front.drain", "run", ""),
+        ("ranks.stop", "stop", "dsv41-r0"),
+        ("ranks.stop", "stop", "dsv41-r1"),
+        ("ranks.start", "replace", "dsv41-r1"),
+        ("ranks.start", "replace", "dsv41-r0"),
     ]
-    assert "--gpu-memory-utilization 0.88 -> 0.8" in result.actions[0].cause
+    assert "--gpu-memory-utilization 0.88 -> 0.8" in result.actions[1].cause
+
+
+def test_a_planned_restart_drains_first_and_ends_the_drain_before_the_wait() -> None:
+    result = plan_of(load_facts(CONVERGED_FACTS), with_serving(reference_deployment(), gpu_util=0.8))
+    steps = [str(a.step) for a in result.actions]
+    assert steps.index("front.drain") < steps.index("ranks.stop")
+    assert steps.index("ranks.start") < steps.index("front.undrain") < steps.index("ranks.wait-ready")
+    assert "serving.drain_s 120 s" in result.actions[0].summary
+    assert_dependencies_come_first(result)
+
+
+def test_no_drain_when_it_is_off_or_nothing_serves() -> None:
+    off = plan_of(load_facts(CONVERGED_FACTS), with_serving(reference_deployment(), gpu_util=0.8, drain_s=0))
+    assert not any(a.step in {"front.drain", "front.undrain"} for a in off.actions)
+    crashed = with_container(load_facts(CONVERGED_FACTS), WORKER, status="exited", exit_code=1)
+    unplanned = plan_of(crashed, with_serving(reference_deployment(), gpu_util=0.8))
+    assert not any(a.step in {"front.drain", "front.undrain"} for a in unplanned.actions), "a failure never waits"
+
+
+def test_a_drain_left_on_is_ended_without_a_restart() -> None:
+    result = plan_of(with_node(load_facts(CONVERGED_FACTS), HEAD, front_draining=True))
+    assert [(a.step, a.cause) for a in result.actions] == [
+        ("front.undrain", "the front still answers 503 from a drain nobody ended (a restart cut short)")
+    ]
 
 
 def test_a_fabric_change_shows_as_a_group_restart_with_the_cause() -> None:
