@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from reconciler.actions import Action, TripBreaker, runs
 from reconciler.clock import parse_utc_iso, utc_iso
 from reconciler.facts.node import BreakerTrip, Facts, GroupRestart
+from reconciler.nodeside.statedir import StateDir
 from reconciler.redact import redact
 from reconciler.spec import Deployment
 
@@ -117,8 +118,9 @@ def _trip(ctx: ApplyContext, action: Action, trip: TripBreaker) -> str:
 
 def clear(ctx: ApplyContext) -> None:
     """`start` or a changed spec: the trip goes, and the count starts again from nothing."""
+    # `start` may come with no facts gathered: the node expands `~` itself.
     head = ctx.deployment.head.name
-    layout = ctx.state_dir(head)
+    layout = StateDir(ctx.deployment.state_dir)
     ctx.ops(head).remove_file(layout.breaker)
     ctx.ops(head).remove_file(layout.restarts)
 

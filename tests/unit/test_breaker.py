@@ -223,3 +223,21 @@ def test_show_refuses_an_unknown_or_path_like_id(state_home: Deployment) -> None
 
 def replace_cause(found: incidents.Found, cause: str) -> incidents.Found:
     return incidents.Found(found.kind, cause, found.key)
+
+
+def test_start_clears_the_breaker_without_gathered_facts(state_home: Deployment) -> None:
+    """`start` runs before any facts are gathered: the node expands `~` in the state dir itself."""
+    from reconciler.components import breaker
+    from reconciler.execution import ApplyContext
+    from reconciler.nodeside.statedir import StateDir
+    from reconciler.transport.local import LocalTransport
+
+    deployment = state_home
+    layout = StateDir(str(Path(deployment.state_dir).expanduser()))
+    Path(layout.breaker).parent.mkdir(parents=True, exist_ok=True)
+    for path in (layout.breaker, layout.restarts):
+        Path(path).write_text("{}")
+    transports = {node.name: LocalTransport(node.name) for node in deployment.nodes}
+    breaker.clear(ApplyContext(deployment, Facts(nodes={}), transports))  # type: ignore[arg-type]
+    assert not Path(layout.breaker).exists()
+    assert not Path(layout.restarts).exists()
