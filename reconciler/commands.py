@@ -78,6 +78,8 @@ class Converge:
     saved: tuple[savedplan.SavedPlan, Path] | None = None
     # Runs under the lock before anything is observed: `stop` holds, `start` releases.
     first: Callable[[ApplyContext], None] | None = None
+    # Sees the facts as first gathered (the loop compares them with its last pass's).
+    observed: Callable[[Facts], None] = lambda _facts: None
     show: Callable[[Plan], None] = lambda _plan: None
     # False declines: nothing is applied.
     confirm: Callable[[Plan], bool] = lambda _plan: True
@@ -115,6 +117,7 @@ def _converge_locked(
         request.first(context)
     progress.phase("gathering facts")
     facts = observe(deployment, transports, request.liveness, update_revision=request.update_revision)
+    request.observed(facts)
     before = _plan_to_run(deployment, facts, request)
     _record_incidents(context, facts, before)
     request.show(before)
@@ -348,6 +351,8 @@ def status(deployment: Deployment, transports: dict[str, Transport], *, probe: b
                 "trip": observed.guard.trip.model_dump() if observed.guard.trip else None,
             },
             "hold": observed.hold.model_dump() if observed.hold else None,
+            "host": observed.host.model_dump(),
+            "host_changes": _host_changes(deployment, facts, node.name),
             "components": _components(current, node.name),
             "pending_steps": {name: len(steps) for name, steps in _pending_steps(current, node.name).items()},
         }
@@ -367,6 +372,14 @@ def status(deployment: Deployment, transports: dict[str, Transport], *, probe: b
         "summary": current.summary(),
         "last_incident": incidents.last_incident(deployment),
     }
+
+
+def _host_changes(deployment: Deployment, facts: Facts, node: str) -> list[str]:
+    """What changed under the node's running rank since it started (a kernel or driver update
+    that a restart of the group would bring in)."""
+    running = [c for c in ranks.owned_containers(deployment, facts, node) if c.status == "running"]
+    host = facts.nodes[node].host
+    return [f"{change} since {c.name} started" for c in running for change in ranks.host_changes(c, host)]
 
 
 def _tls_fingerprint(deployment: Deployment, facts: Facts) -> str | None:

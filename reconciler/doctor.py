@@ -18,6 +18,7 @@ from typing import Literal
 
 from reconciler.actions import Blocker
 from reconciler.clock import utc_iso
+from reconciler.components import hostcheck
 from reconciler.components.assessment import (
     FULL_SIZE_HEAD,
     FULL_SIZE_WORKER,
@@ -29,7 +30,7 @@ from reconciler.components.assessment import (
 from reconciler.components.fabric import resolve_fabric
 from reconciler.components.ranks import owned_containers
 from reconciler.errors import SshConfigError
-from reconciler.facts.fabric import subnet_mismatches
+from reconciler.facts.fabric import RdmaPort, subnet_mismatches
 from reconciler.facts.gather import NodeProbe, probe_every_node, probe_facts, with_hub_listing
 from reconciler.facts.memory import KIB_PER_GIB
 from reconciler.facts.node import Facts, NodeFacts
@@ -274,6 +275,13 @@ def _roce_gid(subject: _Subject) -> Check:
     index = subject.node.fabric.gid_index
     if isinstance(resolved, Blocker):
         return subject.check("roce gid", "WARN", "not checked: no fabric address", "fix the fabric address first")
+    moved = [
+        f
+        for f in hostcheck.fabric_faults(subject.deployment, subject.facts)
+        if f.node == subject.node.name and f.check == "roce gid"
+    ]
+    if moved:
+        return subject.check("roce gid", "FAIL", moved[0].message, moved[0].fix)
     if subject.node.fabric.hcas is not None:
         return subject.check("roce gid", "PASS", f"HCAs from the spec: {', '.join(resolved.hcas)}")
     if not resolved.hcas:
@@ -437,16 +445,56 @@ def _firewall_fix(fabric: ResolvedFabric | Blocker, ports: list[int]) -> str:
     )
 
 
+def _kernel(subject: _Subject) -> Check:
+    """A kernel on the known-bad list FAILs with its fix; any other is named (with the boot)."""
+    host = subject.observed.host
+    if host.kernel is None:
+        return subject.check("kernel", "WARN", "kernel release unknown (/proc/sys/kernel/osrelease unreadable)")
+    found = [f for f in hostcheck.fabric_faults(subject.deployment, subject.facts) if f.node == subject.node.name]
+    bad = next((finding for finding in found if finding.check == "kernel"), None)
+    if bad is not None:
+        return subject.check("kernel", "FAIL", bad.message, bad.fix)
+    booted = f", boot {host.boot_id[:8]}" if host.boot_id else ""
+    return subject.check("kernel", "PASS", f"{host.kernel}{booted} (not on the known-bad list)")
+
+
+def _port_rate(subject: _Subject) -> Check:
+    """The fabric ports' RDMA rate against their links' negotiated speed, with MTU and firmware."""
+    slow = [
+        finding
+        for finding in hostcheck.host_warnings(subject.deployment, subject.facts)
+        if finding.node == subject.node.name and finding.check == "port rate"
+    ]
+    if slow:
+        return subject.check("port rate", "WARN", "; ".join(f.message for f in slow), slow[0].fix)
+    ports = [port for port in subject.observed.fabric.ports if port.active]
+    if not ports:
+        return subject.check("port rate", "WARN", "not checked: no ACTIVE RDMA port")
+    return subject.check("port rate", "PASS", "; ".join(_port_line(port) for port in ports))
+
+
+def _port_line(port: RdmaPort) -> str:
+    def gbps(value: float | None) -> str:
+        return f"{value:g} Gb/s" if value is not None else "?"
+
+    return (
+        f"{port.hca}/{port.port} rate {gbps(port.rate_gbps)}, link {gbps(port.link_gbps)}, "
+        f"MTU {port.mtu or '?'}, firmware {port.firmware or '?'}"
+    )
+
+
 _NODE_CHECKS: list[Callable[[_Subject], Check]] = [
     _python,
     _rsync,
     _docker,
     _nvidia_runtime,
     _gpu_driver,
+    _kernel,
     _image,
     _rdma_port,
     _fabric_address,
     _roce_gid,
+    _port_rate,
     _disk,
     _memory,
     _listeners,
@@ -466,7 +514,25 @@ def cross_node_checks(deployment: Deployment, data: DoctorInput) -> list[Check]:
         checks = [Check(ALL_NODES, name, "WARN", message) for name in ("same subnet", "mtu")]
     else:
         checks = [_same_subnet(resolved, data.facts), _mtu(resolved, data.facts)]
-    return [*checks, _clock(deployment, data)]
+    return [*checks, *_host_differences(deployment, data.facts), _clock(deployment, data)]
+
+
+def _host_differences(deployment: Deployment, facts: Facts) -> list[Check]:
+    """Kernel, driver and firmware the same on every node (a WARN each when not)."""
+    warned = {finding.check: finding for finding in hostcheck.host_warnings(deployment, facts)}
+    checks = []
+    for what, value in (("kernel", "kernel"), ("gpu driver", "driver"), ("firmware", None)):
+        finding = warned.get(what)
+        if finding is not None:
+            checks.append(Check(ALL_NODES, f"same {what}", "WARN", finding.message, finding.fix))
+            continue
+        seen = {
+            node.name: (getattr(facts.nodes[node.name].host, value) if value else hostcheck.firmware_of(node, facts))
+            for _, node, _ in facts.answering(deployment.ranked_nodes)
+        }
+        listed = ", ".join(f"{name} {found or '?'}" for name, found in seen.items())
+        checks.append(Check(ALL_NODES, f"same {what}", "PASS", listed))
+    return checks
 
 
 def _same_subnet(resolved: dict[str, ResolvedFabric], facts: Facts) -> Check:
@@ -487,16 +553,10 @@ def _prefix(facts: Facts, node: str, fabric: ResolvedFabric) -> int | None:
 
 
 def _mtu(resolved: dict[str, ResolvedFabric], facts: Facts) -> Check:
-    detected = {name: facts.nodes[name].fabric for name in resolved}
-    mtus = {name: found.mtu if found.ifname == resolved[name].ifname else None for name, found in detected.items()}
-    listed = ", ".join(
-        f"{name} {resolved[name].ifname} {mtu if mtu is not None else '?'}" for name, mtu in mtus.items()
-    )
-    if None in mtus.values():
-        return Check(ALL_NODES, "mtu", "WARN", f"MTU unknown: {listed}", "check `ip link` on every node")
-    if len(set(mtus.values())) > 1:
-        fix = "set the same MTU on every fabric interface (netplan `mtu: 9000`)"
-        return Check(ALL_NODES, "mtu", "FAIL", f"MTU differs: {listed}", fix)
+    found = hostcheck.mtu_findings(resolved, facts)
+    if found:
+        return Check(ALL_NODES, "mtu", found[0].severity, found[0].message, found[0].fix)
+    listed = ", ".join(f"{name} {fabric.ifname} {facts.nodes[name].fabric.mtu}" for name, fabric in resolved.items())
     return Check(ALL_NODES, "mtu", "PASS", listed)
 
 

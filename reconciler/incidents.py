@@ -27,7 +27,7 @@ from typing import Any
 from reconciler.actions import StartRank, StopRank, TripBreaker
 from reconciler.clock import utc_iso, utc_stamp
 from reconciler.components.memguard import trips
-from reconciler.components.ranks import owned_containers
+from reconciler.components.ranks import REBOOTED, owned_containers
 from reconciler.errors import UntrustedFileError
 from reconciler.facts.node import Facts
 from reconciler.fsutil import read_bounded, write_private
@@ -84,14 +84,15 @@ def detect(deployment: Deployment, facts: Facts, plan: Plan) -> list[Found]:
         Found("guard trip", f"memory guard tripped on {node} at {trip.at}", f"guard-trip {node} {trip.at}")
         for node, trip in trips(deployment, facts)
     ]
-    cause = _unplanned_cause(plan)
+    cause = unplanned_cause(plan)
     if cause is not None:
-        kind = "liveness" if cause.startswith("liveness:") else "rank exit"
+        kind = "liveness" if cause.startswith("liveness:") else "reboot" if REBOOTED in cause else "rank exit"
         found.append(Found(kind, cause, _failure_key(deployment, facts, kind)))
     return found
 
 
-def _unplanned_cause(plan: Plan) -> str | None:
+def unplanned_cause(plan: Plan) -> str | None:
+    """The failure an unplanned group restart (or the breaker's hold) in this plan answers."""
     for action in plan.actions:
         payload = action.payload
         if isinstance(payload, (StopRank, StartRank)) and payload.unplanned is not None:

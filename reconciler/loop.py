@@ -25,7 +25,7 @@ from typing import Protocol
 
 import watchfiles
 
-from reconciler import commands, notify
+from reconciler import commands, incidents, notify
 from reconciler.clock import utc_iso
 from reconciler.constants import EXIT_INTERRUPTED
 from reconciler.errors import ReconcilerError, SpecError
@@ -160,6 +160,19 @@ class LoopLogic:
         return self.status
 
 
+def rebooted_nodes(last: Facts | None, now: Facts) -> list[str]:
+    """`node rebooted` for every node whose boot id differs from the last pass's."""
+    if last is None:
+        return []
+    lines = []
+    for name, observed in now.nodes.items():
+        before = last.nodes[name].host.boot_id if name in last.nodes else None
+        after = observed.host.boot_id
+        if before is not None and after is not None and before != after:
+            lines.append(f"{name} rebooted since the last pass (boot id {before[:8]} -> {after[:8]})")
+    return lines
+
+
 def condition_of(after: Plan) -> str:
     if after.held:
         return "held: " + after.held[0]
@@ -270,6 +283,7 @@ class Loop:
                 doing="reconcile loop pass",
                 wait_s=3600,
                 first=commands.clear_trips if clear_trips else None,
+                observed=self._observed,
                 show=self._show,
                 liveness=self.logic.pass_started(),
                 blocked_is_error=False,
@@ -285,9 +299,18 @@ class Loop:
         self.status.last_pass = utc_iso()
         self._publish()
 
+    def _observed(self, facts: Facts) -> None:
+        """A node whose boot id changed since the last pass rebooted: say so first, as the
+        cause of what this pass finds (ranks gone, a guard to start again)."""
+        for line in rebooted_nodes(self.last_facts, facts):
+            self._log(line)
+
     def _show(self, before: Plan) -> None:
         if before.has_changes:
             self._log(summary_line(before))
+        cause = incidents.unplanned_cause(before)
+        if cause is not None:
+            self._log(f"cause: {cause}")
 
     def _failed(self, message: str, hint: str) -> None:
         self.logic.pass_failed(message)

@@ -22,6 +22,11 @@ LABEL_RANK = "io.spark-reconciler.rank"
 LABEL_NODE = "io.spark-reconciler.node"
 LABEL_CONFIG_HASH = "io.spark-reconciler.config-hash"
 LABEL_COMMIT = "io.spark-reconciler.commit"
+# The host a rank started on (written when it is created, never hashed): a rank that outlived
+# its boot, or runs on a kernel or driver that changed since, says so.
+LABEL_BOOT_ID = "io.spark-reconciler.boot-id"
+LABEL_KERNEL = "io.spark-reconciler.kernel"
+LABEL_DRIVER = "io.spark-reconciler.driver"
 # What a container of ours is when it is not a rank (no label: a rank, as every container was
 # before the front).
 LABEL_ROLE = "io.spark-reconciler.role"

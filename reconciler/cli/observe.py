@@ -63,11 +63,30 @@ def render_status(report: Report) -> str:
         verdict = "ok" if report["liveness"]["ok"] else "FAILED"
         lines.append(f"liveness: {verdict}: {report['liveness']['detail']}")
     lines += [f"! {condition}" for condition in report["conditions"]]
+    lines += _host_lines(report)
     last = report.get("last_incident")
     if last:
         lines.append(f"last incident: {last['id']} ({last['kind']}, {last['at']}): {last['cause'][:200]}")
         lines.append(f"  `reconciler incidents show {last['id']}` for its logs, facts and plan")
     return "\n".join(lines) + "\n"
+
+
+def _host_lines(report: Report) -> list[str]:
+    """Each node's kernel, driver, Docker and toolkit, and what changed under a running rank."""
+    lines = []
+    for name, node in report["nodes"].items():
+        host = node.get("host") or {}
+        if not any(host.values()):
+            continue
+        parts = [
+            f"{label} {host[key]}"
+            for key, label in (("kernel", "kernel"), ("driver", "driver"), ("docker", "Docker"), ("toolkit", "toolkit"))
+            if host.get(key)
+        ]
+        boot = f", boot {host['boot_id'][:8]}" if host.get("boot_id") else ""
+        lines.append(f"host {name}: {', '.join(parts)}{boot}")
+        lines += [f"! {name}: {change}" for change in node.get("host_changes", [])]
+    return lines
 
 
 def incidents(args: argparse.Namespace) -> int:

@@ -36,20 +36,24 @@ from reconciler.actions import (
     shorten,
 )
 from reconciler.clock import utc_iso
-from reconciler.components import breaker
+from reconciler.components import breaker, hostcheck
 from reconciler.components.checkpoint import Placement
 from reconciler.components.fabric import node_contexts
 from reconciler.components.memguard import trip_advice, trips
 from reconciler.errors import ReconcilerError
 from reconciler.facts.containers import ContainerFacts
+from reconciler.facts.host import HostFacts
 from reconciler.facts.node import Facts
 from reconciler.front import drain_switch
 from reconciler.record import Record, replace
 from reconciler.redact import redact
 from reconciler.serving import (
+    LABEL_BOOT_ID,
     LABEL_COMMIT,
     LABEL_CONFIG_HASH,
     LABEL_DEPLOYMENT,
+    LABEL_DRIVER,
+    LABEL_KERNEL,
     LABEL_OWNER,
     LABEL_RANK,
     LABEL_ROLE,
@@ -67,6 +71,8 @@ if TYPE_CHECKING:
     from reconciler.execution import ApplyContext
 
 COMPONENT = Component.RANKS
+# How a restart's cause names a node that rebooted under its rank (incidents file it as a reboot).
+REBOOTED = "rebooted since it started"
 _SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
@@ -192,6 +198,9 @@ def plan_ranks(
             InSync(state.desired.node, COMPONENT, f"{state.desired.name} running, config current") for state in states
         ]
         return Outcome(actions=removals, in_sync=in_sync)
+    broken = hostcheck.fabric_blocker(deployment, facts)
+    if broken is not None:
+        return Outcome(actions=removals, blockers=[broken])  # a start now would fail, and then again
     earlier = [*(a.id for a in removals), *(after or [])[-1:]]
     failure = unplanned_failure(deployment, facts, states)
     counted = breaker.trips_now(deployment, facts) if failure is not None else None
@@ -238,11 +247,21 @@ def unplanned_failure(deployment: Deployment, facts: Facts, states: list[RankSta
     one removed by hand), a change of config and a resumed restart."""
     for state in states:
         if state.observed is not None and state.observed.status != "running":
-            return f"{state.desired.name} on {state.desired.node}: {state.problem}"
+            rebooted = _rebooted(facts, state.desired.node, state.observed)
+            return f"{state.desired.name} on {state.desired.node}: {rebooted or state.problem}"
     liveness, intent = facts.liveness, facts.nodes[deployment.head.name].restart_intent
     if intent is None and liveness is not None and liveness.failures >= deployment.loop.failure_threshold:
         return f"liveness: {liveness.failures} one-token completions failed in a row ({liveness.detail})"
     return None
+
+
+def _rebooted(facts: Facts, node: str, observed: ContainerFacts) -> str | None:
+    """A rank that stopped because its node rebooted: the reboot is the cause, not its exit code."""
+    host = facts.nodes[node].host
+    if "the node rebooted (boot id changed)" not in host_changes(observed, host):
+        return None
+    booted = f"boot id {observed.labels[LABEL_BOOT_ID][:8]} -> {(host.boot_id or '?')[:8]}"
+    return f"{node} {REBOOTED} ({booted})"
 
 
 def _names_taken(deployment: Deployment, facts: Facts) -> list[Blocker]:
@@ -459,7 +478,8 @@ def _start(ctx: ApplyContext, action: Action, start: StartRank) -> str:
         breaker.record_restart(ctx, start.unplanned)
     client = ctx.transport(action.node).docker()
     remove_our_old(client, action.node, desired.name)
-    created = client.api.create_container(**create_container_args(client.api, desired))
+    started_on = host_labels(ctx.facts.nodes[action.node].host) if action.node in ctx.facts.nodes else {}
+    created = client.api.create_container(**create_container_args(client.api, desired, started_on))
     client.api.start(created["Id"])
     return f"started {desired.name} ({created['Id'][:12]})"
 
@@ -500,9 +520,29 @@ def remove_our_old(client: Any, node: str, name: str) -> None:
     old.remove(force=True)
 
 
-def create_container_args(api: Any, desired: RankContainer) -> dict[str, Any]:
+def host_labels(host: HostFacts) -> dict[str, str]:
+    """The host a rank starts on, as labels of its container (what is known of it)."""
+    known = {LABEL_BOOT_ID: host.boot_id, LABEL_KERNEL: host.kernel, LABEL_DRIVER: host.driver}
+    return {label: value for label, value in known.items() if value is not None}
+
+
+def host_changes(observed: ContainerFacts, host: HostFacts) -> list[str]:
+    """What changed under a rank since it started: its node's boot, kernel or NVIDIA driver."""
+    started = observed.labels
+    changes = []
+    if host.boot_id is not None and started.get(LABEL_BOOT_ID) not in (None, host.boot_id):
+        changes.append("the node rebooted (boot id changed)")
+    for label, what, now in ((LABEL_KERNEL, "kernel", host.kernel), (LABEL_DRIVER, "NVIDIA driver", host.driver)):
+        before = started.get(label)
+        if now is not None and before is not None and before != now:
+            changes.append(f"{what} {before} -> {now}")
+    return changes
+
+
+def create_container_args(api: Any, desired: RankContainer, started_on: dict[str, str] | None = None) -> dict[str, Any]:
     """Low-level Docker API arguments of a rendered rank (its `docker run` options, plus labels
-    and a stop timeout, which the high-level SDK call cannot set)."""
+    and a stop timeout, which the high-level SDK call cannot set); `started_on`: the host's
+    labels, kept apart from the rendered ones so they never count as drift."""
     import docker  # here, not at the top: planning imports this module and needs no Docker SDK
 
     host_config = api.create_host_config(
@@ -523,7 +563,7 @@ def create_container_args(api: Any, desired: RankContainer) -> dict[str, Any]:
         "entrypoint": list(desired.entrypoint),
         "command": list(desired.command),
         "environment": dict(desired.env),
-        "labels": desired.labels,
+        "labels": {**desired.labels, **(started_on or {})},
         "stop_timeout": desired.stop_timeout_s,
         "host_config": host_config,
     }

@@ -54,6 +54,15 @@ class RdmaPort(FactsModel):
     # The GID at the node's GID index as sysfs prints it, and its type ("RoCE v2").
     gid: str | None = None
     gid_type: str | None = None
+    # The other GIDs in use at the head of the table (index -> GID), to say where one moved.
+    gids: dict[int, str] = Field(default_factory=lambda: {})
+    # The HCA's firmware, the port's RDMA rate and its netdev's negotiated speed (Gb/s), and
+    # that netdev's MTU: a link that negotiated 200G can carry far less on some driver and
+    # firmware pairs, and a reboot can reset one side's MTU.
+    firmware: str | None = None
+    rate_gbps: float | None = None
+    link_gbps: float | None = None
+    mtu: int | None = None
 
     @property
     def active(self) -> bool:
@@ -212,10 +221,52 @@ def ports_from_sysfs(tree: dict[str, Any]) -> list[RdmaPort]:
             netdevs=list(device.get("netdevs") or []),
             gid=(port.get("gid") or "").strip() or None,
             gid_type=(port.get("gid_type") or "").strip() or None,
+            gids=_gids(port.get("gids")),
+            firmware=_firmware(device.get("firmware")),
+            rate_gbps=_rate_gbps(port.get("rate")),
+            link_gbps=_link_gbps(device.get("speeds"), list(device.get("netdevs") or [])),
         )
         for hca, device in tree.items()
         for number, port in (device.get("ports") or {}).items()
     ]
+
+
+_RATE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*Gb/sec")
+_FIRMWARE_RE = re.compile(r"[\w.+-]{1,40}")
+# The GID table holds 256 entries; an index past it is no observation.
+_MAX_GID_INDEX = 255
+
+
+def _gids(raw: object) -> dict[int, str]:
+    """index -> GID for the entries the probe found in use (odd entries left out)."""
+    found: dict[int, str] = {}
+    for index, entry in (raw if isinstance(raw, dict) else {}).items():
+        gid = entry[0] if isinstance(entry, list) and entry else None
+        if str(index).isdigit() and int(index) <= _MAX_GID_INDEX and isinstance(gid, str) and gid.strip():
+            found[int(index)] = gid.strip()[:64]
+    return found
+
+
+def _firmware(raw: object) -> str | None:
+    """The HCA's fw_ver ("28.45.1020")."""
+    text = raw.strip() if isinstance(raw, str) else ""
+    return text if _FIRMWARE_RE.fullmatch(text) else None
+
+
+def _rate_gbps(raw: object) -> float | None:
+    """A port's sysfs rate, "200 Gb/sec (4X HDR)", in Gb/s."""
+    match = _RATE_RE.match(raw) if isinstance(raw, str) else None
+    return float(match.group(1)) if match else None
+
+
+def _link_gbps(speeds: object, netdevs: list[str]) -> float | None:
+    """The fastest negotiated speed of the port's netdevs (sysfs `speed`, Mb/s; -1 = unknown)."""
+    found = speeds if isinstance(speeds, dict) else {}
+    values = [
+        int(text.strip()) for name in netdevs if isinstance(text := found.get(name), str) and text.strip().isdigit()
+    ]
+    positive = [value for value in values if value > 0]
+    return max(positive) / 1000 if positive else None
 
 
 def merge_ports(sysfs: list[RdmaPort], rdma: list[RdmaPort]) -> list[RdmaPort]:
@@ -267,6 +318,7 @@ def select_fabric(
     fabric_ips = {address.ip for _, address in candidates} | ({choice.ip} if choice.ip else set())
     hcas = list(dict.fromkeys(port.hca for port in active if port.gid_ipv4 in fabric_ips))
     chosen = netdevs.get(choice.ifname) if choice.ifname else None
+    ports = [_with_mtu(port, netdevs) for port in ports]
     return FabricFacts(
         ifname=choice.ifname,
         ip=choice.ip,
@@ -277,6 +329,12 @@ def select_fabric(
         problem=choice.problem,
         candidates=list(choice.candidates),
     )
+
+
+def _with_mtu(port: RdmaPort, netdevs: dict[str, Netdev]) -> RdmaPort:
+    """The port's MTU is its netdev's (RoCE carries the netdev's MTU less its headers)."""
+    mtus = [found.mtu for name in port.netdevs if (found := netdevs.get(name)) is not None and found.mtu]
+    return port.model_copy(update={"mtu": mtus[0]}) if mtus else port
 
 
 def _candidates(active: list[RdmaPort], netdevs: dict[str, Netdev]) -> list[tuple[str, Address]]:

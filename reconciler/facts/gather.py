@@ -31,6 +31,7 @@ from reconciler.facts.files import (
     RevisionFacts,
     TlsFacts,
 )
+from reconciler.facts.host import host_from_probe
 from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, parse_meminfo
 from reconciler.facts.node import BreakerTrip, Facts, GroupRestart, Hold, NodeFacts, RestartIntent
 from reconciler.facts.pi import gather_pi
@@ -101,6 +102,7 @@ def _node_facts(node: Node, raw: dict[str, Any]) -> NodeFacts:
         ),
         restarts=_restarts(raw.get("restarts")),
         front_draining=raw.get("front_draining") is True,
+        host=host_from_probe(raw.get("host_facts")),
         breaker=_state_file(
             BreakerTrip, raw.get("breaker"), BreakerTrip(since="unknown", cause="breaker.json is unreadable")
         ),

@@ -21,6 +21,7 @@ from reconciler.facts.base import FactsModel
 from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.fabric import FabricFacts
 from reconciler.facts.files import CheckpointFacts, KeyFileFacts, TlsFacts
+from reconciler.facts.host import HostFacts
 from reconciler.facts.memory import GuardFacts, MemoryFacts
 from reconciler.facts.pi import PiFacts
 from reconciler.fsutil import read_untrusted_text
@@ -83,6 +84,7 @@ class NodeFacts(FactsModel):
     breaker: BreakerTrip | None = None
     # The front answers 503 to every request: a drain was begun and not ended.
     front_draining: bool = False
+    host: HostFacts = HostFacts()
 
 
 class Liveness(FactsModel):

@@ -28,6 +28,7 @@ from reconciler.nodeside.common import (
     key_file_state,
     pid_of,
     reply,
+    runs_command,
 )
 from reconciler.nodeside.statedir import StateDir
 
@@ -113,17 +114,11 @@ def cert_fingerprint(pem: str) -> str | None:
     return ":".join(f"{byte:02X}" for byte in hashlib.sha256(der).digest())
 
 
-def process_alive(pid_file: str) -> bool:
+def process_alive(pid_file: str, command: list[str]) -> bool:
+    """Whether the pid file's process still runs `command`: after a reboot the pid file is
+    still there and its pid may belong to anything, sshd or dockerd included."""
     pid = pid_of(pid_file)
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid is not None and runs_command(pid, command)
 
 
 def docker_state(label: str) -> dict[str, Any]:
@@ -165,8 +160,14 @@ def run_tool(argv: list[str]) -> tuple[str | None, str | None]:
     return done.stdout.decode("utf-8", errors="replace"), None
 
 
+# The GID table's first entries: where a RoCE v2 GID moved when it left the configured index
+# (a firmware update moved one from 3 to 4). A real table has 256 mostly empty entries.
+GID_SCAN = 16
+
+
 def infiniband(root: str, gid_index: int) -> dict[str, Any] | None:
-    """Per RDMA device: each port's state, GID and GID type at `gid_index`, and the device's netdevs."""
+    """Per RDMA device: its firmware; each port's state, rate, GID and GID type at `gid_index`
+    and the other GIDs in use; its netdevs and their negotiated link speeds (Mb/s)."""
     base = os.path.join(root, "class", "infiniband")
     if not os.path.isdir(base):
         return None
@@ -177,11 +178,29 @@ def infiniband(root: str, gid_index: int) -> dict[str, Any] | None:
             port = os.path.join(base, hca, "ports", number)
             ports[number] = {
                 "state": read_text(os.path.join(port, "state")),
+                "rate": read_text(os.path.join(port, "rate")),
                 "gid": read_text(os.path.join(port, "gids", str(gid_index))),
                 "gid_type": read_text(os.path.join(port, "gid_attrs", "types", str(gid_index))),
+                "gids": gids_in_use(port),
             }
-        devices[hca] = {"ports": ports, "netdevs": list_dir(os.path.join(base, hca, "device", "net"))}
+        netdevs = list_dir(os.path.join(base, hca, "device", "net"))
+        devices[hca] = {
+            "ports": ports,
+            "netdevs": netdevs,
+            "firmware": read_text(os.path.join(base, hca, "fw_ver")),
+            "speeds": {netdev: read_text(os.path.join(root, "class", "net", netdev, "speed")) for netdev in netdevs},
+        }
     return devices
+
+
+def gids_in_use(port: str) -> dict[str, list[str | None]]:
+    """index -> [GID, type] for the entries of the table's head that hold an address."""
+    found: dict[str, list[str | None]] = {}
+    for index in range(GID_SCAN):
+        gid = read_text(os.path.join(port, "gids", str(index)))
+        if gid is not None and gid.strip().replace("0", "").replace(":", ""):
+            found[str(index)] = [gid, read_text(os.path.join(port, "gid_attrs", "types", str(index)))]
+    return found
 
 
 def rdma_link(injected_root: str | None) -> tuple[str | None, str | None]:
@@ -216,6 +235,23 @@ def docker_info() -> dict[str, Any]:
         "runtimes": sorted(info.get("Runtimes") or {}),
         "default_runtime": info.get("DefaultRuntime"),
         "server_version": info.get("ServerVersion"),
+    }
+
+
+def host_facts() -> dict[str, Any]:
+    """What the ranks run on: kernel, boot, NVIDIA driver, Docker and the container toolkit.
+    Read on every pass, so an update that lands under a running group is seen."""
+    toolkit = run_tool(["nvidia-ctk", "--version"])[0] if find_tool("nvidia-ctk") else None
+    try:
+        docker_version = docker_get("/version").get("Version")
+    except (OSError, ValueError, AttributeError):
+        docker_version = None
+    return {
+        "kernel": read_text("/proc/sys/kernel/osrelease"),
+        "boot_id": read_text("/proc/sys/kernel/random/boot_id"),
+        "nvidia_driver": read_text("/proc/driver/nvidia/version"),
+        "docker": docker_version,
+        "toolkit": toolkit,
     }
 
 
@@ -339,7 +375,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "disk_free": free_bytes(model_dir),
         "key_file": key_file_state(os.path.expanduser(args["key_file"])) if args.get("key_file") else None,
         "tls": tls_state(*args["tls_files"]) if len(args.get("tls_files") or []) == 2 else None,
-        "guard_running": process_alive(layout.guard_pid),
+        "guard_running": process_alive(layout.guard_pid, [layout.guard_program]),
         "guard_config": read_json(layout.guard_config),
         "guard_trip": read_json(layout.guard_trip),
         "hold": read_json(layout.hold),
@@ -349,6 +385,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "front_draining": front_draining(layout, args["front_drain"]) if args.get("front_drain") else None,
         "docker": docker_state(args["label"]),
         "fabric": fabric_state(int(args.get("gid_index", 3))),
+        "host_facts": host_facts(),
         "host": host_state() if args.get("doctor") else None,
     }
 

@@ -22,7 +22,9 @@ HEAD, WORKER = "spark-head", "spark-worker"
 FABRIC_IP = {HEAD: "198.18.10.13", WORKER: "198.18.10.11"}
 RANK = {HEAD: "dsv41-r0", WORKER: "dsv41-r1"}
 ALL_NODES = "all nodes"
-PASSING = ["ssh", "python3", "rsync", "docker", "image", "rdma port", "fabric address", "roce gid", "disk"]
+PASSING = ["ssh", "python3", "rsync", "docker", "kernel", "image", "rdma port", "fabric address", "roce gid", "disk"]
+PASSING += ["port rate"]
+BAD_KERNEL = "7.0.0-1019-nvidia"
 
 
 def doctor(bed: Bed) -> dict[tuple[str, str], dict[str, str]]:
@@ -50,8 +52,11 @@ def test_doctor_checks_every_node_and_fails_only_what_the_testbed_lacks(bed: Bed
         memory = checks[(node, "memory")]
         assert memory["status"] in {"WARN", "FAIL"}, "a testbed node cannot hold a rank's weights"
         assert "the published checkpoint's size, assumed" in memory["message"]
+        rate = "rocep1s0f1/1 rate 200 Gb/s, link 200 Gb/s, MTU 9000, firmware 28.45.1020"
+        assert checks[(node, "port rate")]["message"] == rate
     assert checks[(WORKER, "ssh")]["message"].startswith("root@198.18.10.11:22 answered; host keys match")
-    for name in ("same subnet", "mtu", "clock skew"):
+    assert checks[(HEAD, "kernel")]["message"] != checks[(WORKER, "kernel")]["message"], "each node boots on its own"
+    for name in ("same subnet", "mtu", "same kernel", "same firmware", "clock skew"):
         assert checks[(ALL_NODES, name)]["status"] == "PASS", checks[(ALL_NODES, name)]
     assert checks[(ALL_NODES, "same subnet")]["message"] == "spark-head 198.18.10.13/24, spark-worker 198.18.10.11/24"
     assert checks[(ALL_NODES, "mtu")]["message"] == "spark-head enp1s0f1np1 9000, spark-worker enp1s0f1np1 9000"
@@ -106,3 +111,28 @@ def test_doctor_after_apply_sees_the_ranks_running(converged: Bed) -> None:
     assert "(expected: sshd :22, the front :8000)" in listeners["message"] or listeners["status"] == "PASS"
     assert ":18000" not in listeners["message"], listeners
     assert "haproxy" not in listeners["message"], listeners
+
+
+def test_a_kernel_on_the_known_bad_list_fails_doctor_and_blocks_the_first_start(bed: Bed) -> None:
+    """The worker reports 7.0.0-1019-nvidia (bound over its /proc/sys/kernel/osrelease): doctor
+    FAILs it with the fix, and the plan of a bring-up downloads and copies but starts no rank."""
+    bed.fresh()
+    bed.testbed.fake_kernel(WORKER, BAD_KERNEL)
+    try:
+        checks = doctor(bed)
+        kernel = checks[(WORKER, "kernel")]
+        assert kernel["status"] == "FAIL", kernel
+        assert "ibv_reg_mr" in kernel["message"]
+        assert "6.17.0-1032-nvidia" in kernel["fix"]
+        assert checks[(HEAD, "kernel")]["status"] == "PASS"
+        assert checks[(ALL_NODES, "same kernel")]["status"] == "WARN"
+        planned = json.loads(bed.reconciler("plan", "--json", check=False).stdout)
+        ranks = [blocker for blocker in planned["blockers"] if blocker["component"] == "ranks"]
+        assert len(ranks) == 1, ranks
+        assert f"kernel {BAD_KERNEL} is known to break the fabric" in ranks[0]["message"]
+        steps = {action["step"] for action in planned["actions"]}
+        assert "ranks.start" not in steps
+        assert "checkpoint.download" in steps, "the rest of a bring-up goes ahead"
+    finally:
+        bed.testbed.fake_kernel(WORKER, None)
+    assert bed.node(WORKER, "cat", "/proc/sys/kernel/osrelease").stdout.strip() != BAD_KERNEL

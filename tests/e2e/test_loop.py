@@ -323,3 +323,51 @@ def test_an_engine_that_dies_after_ready_trips_the_breaker_and_start_releases_it
 def incidents(bed: Bed) -> list[dict[str, Any]]:
     listed: list[dict[str, Any]] = json.loads(bed.reconciler("incidents", "--json").stdout)["incidents"]
     return listed
+
+
+def test_a_worker_mtu_reset_to_1500_is_one_blocker_and_no_restart(settled: Bed) -> None:
+    """A firmware update's reboot left the worker's fabric at MTU 1500 while the head stays at
+    9000: a rank that dies then is not restarted into a fabric that cannot carry it (and again,
+    and again); the loop holds one blocker with the fix until the MTU agrees."""
+    looping = settled
+    log = looping.spec.parent / "loop.log"
+    looping.testbed.fabric_mtu(WORKER, 1500)
+    try:
+        looping.node(WORKER, "docker", "kill", "dsv41-r1")
+        r1 = looping.container_id(WORKER, "dsv41-r1")
+        seen = len(log.read_text(encoding="utf-8"))
+
+        def blocked_twice(current: dict[str, Any]) -> bool:
+            passes = log.read_text(encoding="utf-8")[seen:].count("[loop] pass: ")
+            return passes >= 2 and any("MTU differs" in item for item in current["conditions"])
+
+        wait_for(looping, blocked_twice, 90, "two passes blocked on the MTU")
+        current = status(looping)
+        fabric = [item for item in current["conditions"] if "MTU differs" in item]
+        assert len(fabric) == 1, current["conditions"]
+        assert "spark-head enp1s0f1np1 9000, spark-worker enp1s0f1np1 1500" in fabric[0]
+        planned = json.loads(looping.reconciler("plan", "--json", check=False).stdout)
+        assert next(b for b in planned["blockers"] if b["component"] == "ranks")["hint"].count("netplan") == 1
+        assert "ranks.start" not in {action["step"] for action in planned["actions"]}
+        assert looping.container_id(WORKER, "dsv41-r1") == r1, "not restarted"
+        assert "fabric is broken" in str(current["loop"]["condition"]), current["loop"]
+    finally:
+        looping.testbed.fabric_mtu(WORKER, 9000)
+    wait_for(looping, healthy(looping), 180, "the MTU agrees again -> serving")
+    assert looping.plan_exit() == 0
+
+
+def test_a_reboot_of_the_worker_is_named_as_the_cause_of_the_repair(settled: Bed) -> None:
+    """Every process of the worker dies at once (dockerd and the rank with it) and comes back
+    with a new boot id: the loop says the worker rebooted, files the incident as a reboot, and
+    serves again."""
+    looping = settled
+    log = looping.spec.parent / "loop.log"
+    seen = len(log.read_text(encoding="utf-8"))
+    before = {item["id"] for item in incidents(looping)}
+    repaired_after(looping, lambda: looping.testbed.reboot(WORKER), "a reboot of the worker", timeout=240)
+    lines = log.read_text(encoding="utf-8")[seen:]
+    assert "spark-worker rebooted since the last pass (boot id" in lines, lines[-3000:]
+    assert "cause: dsv41-r1 on spark-worker: spark-worker rebooted since it started (boot id" in lines, lines[-3000:]
+    recorded = [item for item in incidents(looping) if item["id"] not in before]
+    assert [item["kind"] for item in recorded] == ["reboot"], recorded

@@ -22,6 +22,8 @@ RDMA_LINK_FILE = "rdma-link.json"
 ACTIVE_HCA, ACTIVE_NETDEV = "rocep1s0f1", "enp1s0f1np1"
 DOWN_HCA, DOWN_NETDEV = "roceP2p1s0f1", "enP2p1s0f1np1"
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+# The CX-7 firmware of a DGX Spark (what `fw_ver` reads).
+FIRMWARE = "28.45.1020"
 
 Tree = dict[str, str | None]
 
@@ -37,8 +39,11 @@ def device(hca: str, netdev: str, *, active: bool, gid: str = ZERO_GID, gid_inde
     tree: Tree = {
         f"{port}/state": "4: ACTIVE\n" if active else "1: DOWN\n",
         f"{port}/phys_state": "5: LinkUp\n" if active else "3: Disabled\n",
+        f"{port}/rate": "200 Gb/sec (2X NDR)\n" if active else "10 Gb/sec (4X SDR)\n",
         f"{port}/gids/{gid_index}": gid + "\n",
+        f"class/infiniband/{hca}/fw_ver": FIRMWARE + "\n",
         f"class/infiniband/{hca}/device/net/{netdev}": None,
+        f"class/net/{netdev}/speed": "200000\n" if active else "-1\n",
     }
     if gid != ZERO_GID:
         tree[f"{port}/gid_attrs/types/{gid_index}"] = "RoCE v2\n"

@@ -121,6 +121,11 @@ def set_fabric_link(node: Node, up: bool) -> None:
     _ip_batch(FABRIC_NETNS, [f"link set f-{node.short} {'up' if up else 'down'}"])
 
 
+def set_fabric_mtu(node: Node, mtu: int = FABRIC_MTU) -> None:
+    """The node's own side of the fabric link (what a reboot after a firmware update resets)."""
+    proc.run(["ip", "-n", node.name, "link", "set", "dev", FABRIC_IF, "mtu", str(mtu)])
+
+
 def clear_qdiscs(node: Node) -> None:
     """Drop any queueing discipline a test put on the node's links (a throttle), back to the default."""
     for ifname in (MGMT_IF, FABRIC_IF):

@@ -160,7 +160,9 @@ class Testbed:
 
     def _wipe_node(self, node: Node) -> None:
         network.set_fabric_link(node, True)
+        network.set_fabric_mtu(node)
         network.clear_qdiscs(node)
+        self._unfake_kernel(node)
         if not node_ops.dockerd_ready(self.layout, node):
             node_ops.start_dockerd(self.layout, node)
             node_ops.wait_dockerd(self.layout, node)
@@ -298,12 +300,57 @@ class Testbed:
         node_ops.start_dockerd(self.layout, target)
         node_ops.wait_dockerd(self.layout, target)
 
+    def reboot(self, node: str) -> None:
+        """A node's power cycle, as far as a namespace can have one: every process in it dies at
+        once (its init's PID namespace goes, with sshd, dockerd and the containers), then init
+        (with a new boot id), sshd and dockerd start again. Disks stay: data, homes, Docker's
+        data root, so Docker finds its containers exited, as after a real reboot."""
+        target = node_named(node)
+        if target.name not in self.node_names:
+            raise TestbedError(f"{target.name} is not part of the running testbed")
+        init = node_ops.init_pid(self.layout, target)
+        sock = str(self.layout.docker_sock(target))
+        dockerd = [p.pid for p in proc.processes() if p.comm == "dockerd" and any(sock in arg for arg in p.argv)]
+        proc.kill_now([init])
+        if not proc.wait_for(lambda: not any(proc.alive(pid) for pid in [init, *dockerd]), 30.0):
+            raise TestbedError(f"{target.name}: processes outlived their init")
+        node_ops.start_init(self.layout, target)
+        self._start_sshd(target)
+        node_ops.start_dockerd(self.layout, target)
+        node_ops.wait_dockerd(self.layout, target)
+
+    def fabric_mtu(self, node: str, mtu: int) -> None:
+        """Set one node's fabric MTU (reset() sets it back)."""
+        target = node_named(node)
+        if target.name not in self.node_names:
+            raise TestbedError(f"{target.name} is not part of the running testbed")
+        network.set_fabric_mtu(target, mtu)
+
+    def fake_kernel(self, node: str, release: str | None) -> None:
+        """Make one node report another kernel release (/proc/sys/kernel/osrelease, what `uname -r`
+        reads); None: its real one again (reset() does that too)."""
+        target = node_named(node)
+        if target.name not in self.node_names:
+            raise TestbedError(f"{target.name} is not part of the running testbed")
+        self._unfake_kernel(target)
+        if release is not None:
+            faked = self.layout.node_dir(target) / "osrelease"
+            faked.write_text(f"{release}\n")
+            self.exec(target.name, ["mount", "--bind", str(faked), OSRELEASE])
+
+    def _unfake_kernel(self, node: Node) -> None:
+        while self.exec(node.name, ["umount", OSRELEASE], check=False).returncode == 0:
+            pass  # one bind over another: take them all off
+
     def link(self, node: str, up: bool) -> None:
         """Plug (up=True) or pull (up=False) one node's fabric cable."""
         target = node_named(node)
         if target.name not in self.node_names:
             raise TestbedError(f"{target.name} is not part of the running testbed")
         network.set_fabric_link(target, up)
+
+
+OSRELEASE = "/proc/sys/kernel/osrelease"
 
 
 def _check_prerequisites() -> None:

@@ -30,10 +30,24 @@ def infiniband(ip: str, *, active: bool = True) -> dict[str, Any]:
     state = "4: ACTIVE\n" if active else "1: DOWN\n"
     return {
         "rocep1s0f1": {
-            "ports": {"1": {"state": state, "gid": gid, "gid_type": "RoCE v2\n"}},
+            "ports": {"1": {"state": state, "gid": gid, "gid_type": "RoCE v2\n", "rate": "200 Gb/sec (2X NDR)\n"}},
             "netdevs": ["enp1s0f1np1"],
+            "firmware": "28.45.1020\n",
+            "speeds": {"enp1s0f1np1": "200000\n"},
         },
         "roceP2p1s0f1": {"ports": {"1": {"state": "1: DOWN\n", "gid": fakesys.ZERO_GID}}, "netdevs": ["enP2p1s0f1np1"]},
+    }
+
+
+def host_facts(**changes: str) -> dict[str, str]:
+    """What the probe reads of a DGX OS host (verbatim shapes: /proc files, `nvidia-ctk --version`)."""
+    return {
+        "kernel": "6.17.0-1032-nvidia\n",
+        "boot_id": "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0\n",
+        "nvidia_driver": DRIVER_580_142,
+        "docker": "29.2.1",
+        "toolkit": "NVIDIA Container Toolkit CLI version 1.17.8\ncommit: f202b80a9b9d0db00d9b1d73c0128c8962c55f4d\n",
+        **changes,
     }
 
 
@@ -74,6 +88,7 @@ def raw_probe(ip: str, **changes: Any) -> dict[str, Any]:
         "hold": None,
         "docker": {"containers": [], "images": [IMAGE]},
         "fabric": {"sysfs_root": "/sys", "infiniband": infiniband(ip), "ip_addr": ip_addr(ip), "rdma_link": None},
+        "host_facts": host_facts(),
     }
     for key, value in changes.items():
         (host if key in host else raw)[key] = value
@@ -110,11 +125,15 @@ def find(report: Report, node: str, name: str) -> Check:
 def test_a_healthy_spark_pair_has_no_failure() -> None:
     report = run_doctor()
     assert not report.failed
-    passing = ["ssh", "python3", "rsync", "docker", "nvidia runtime", "gpu driver", "image", "rdma port"]
-    expected = dict.fromkeys([*passing, "fabric address", "roce gid", "disk", "listeners"], "PASS")
+    passing = ["ssh", "python3", "rsync", "docker", "nvidia runtime", "gpu driver", "kernel", "image", "rdma port"]
+    expected = dict.fromkeys([*passing, "fabric address", "roce gid", "port rate", "disk", "listeners"], "PASS")
     for node in (HEAD, WORKER):
         assert verdicts(report, node) == {**expected, "memory": "WARN"}
-    assert verdicts(report, doctor.ALL_NODES) == {"same subnet": "PASS", "mtu": "PASS", "clock skew": "PASS"}
+    alike = ["same kernel", "same gpu driver", "same firmware"]
+    assert verdicts(report, doctor.ALL_NODES) == dict.fromkeys(["same subnet", "mtu", *alike, "clock skew"], "PASS")
+    assert find(report, HEAD, "kernel").message.startswith("6.17.0-1032-nvidia, boot 0f1e2d3c")
+    rate = "rocep1s0f1/1 rate 200 Gb/s, link 200 Gb/s, MTU 9000, firmware 28.45.1020"
+    assert find(report, HEAD, "port rate").message == rate
     assert find(report, WORKER, "ssh").message == "nvidia@10.10.10.11:22 answered; host keys match ~/.ssh/known_hosts"
     assert find(report, HEAD, "fabric address").message == "enp1s0f1np1 192.168.100.10/24"
     assert find(report, HEAD, "roce gid").message == "NCCL_IB_HCA rocep1s0f1: GID 3 = ::ffff:192.168.100.10"

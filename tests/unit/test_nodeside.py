@@ -134,3 +134,16 @@ def test_a_reassembled_shard_that_does_not_match_keeps_its_parts(tmp_path: Path)
         ops("reassemble", model_dir=str(tmp_path), shards=[shard], expected={shard: "0" * 64})
     assert "does not match the manifest" in failed.value.message
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{shard}.part00"]
+
+
+def test_a_guard_pid_file_left_by_a_reboot_names_no_running_guard(tmp_path: Path) -> None:
+    """After a reboot the pid file is still there and its pid belongs to whatever started with
+    it (here: this test's own process): only a process running the guard's program is a guard."""
+    from reconciler.nodeside.probe import process_alive
+
+    pid_file = tmp_path / "memguard.pid"
+    pid_file.write_text(f"{os.getpid()}\n")
+    assert not process_alive(str(pid_file), [str(tmp_path / "memguard.py")])
+    started_as = Path("/proc/self/cmdline").read_bytes().split(b"\0")[0].decode()
+    assert process_alive(str(pid_file), [started_as])
+    assert not process_alive(str(tmp_path / "absent.pid"), [started_as])
