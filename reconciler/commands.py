@@ -59,10 +59,14 @@ def session(deployment: Deployment) -> Iterator[dict[str, Transport]]:
 
 
 def live_plan(
-    deployment: Deployment, transports: dict[str, Transport], *, update_revision: bool = False
+    deployment: Deployment,
+    transports: dict[str, Transport],
+    *,
+    update_revision: bool = False,
+    accept_memory_risk: bool = False,
 ) -> tuple[Facts, Plan]:
     facts = gather(deployment, transports, update_revision=update_revision)
-    return facts, plan(deployment, facts, update_revision=update_revision)
+    return facts, plan(deployment, facts, update_revision=update_revision, accept_memory_risk=accept_memory_risk)
 
 
 @dataclass
@@ -74,6 +78,8 @@ class Converge:
     deep_verify: bool = False
     # Move a branch or tag of the spec to where it points on the Hub now.
     update_revision: bool = False
+    # Restart onto a serving edit the memory record predicts too tight.
+    accept_memory_risk: bool = False
     # A saved plan to run instead of planning now (refused when the facts changed since).
     saved: tuple[savedplan.SavedPlan, Path] | None = None
     # Runs under the lock before anything is observed: `stop` holds, `start` releases.
@@ -260,9 +266,15 @@ def observe(
 
 def _plan_to_run(deployment: Deployment, facts: Facts, request: Converge) -> Plan:
     if request.saved is None:
-        return plan(deployment, facts, deep_verify=request.deep_verify, update_revision=request.update_revision)
+        return plan(
+            deployment,
+            facts,
+            deep_verify=request.deep_verify,
+            update_revision=request.update_revision,
+            accept_memory_risk=request.accept_memory_risk,
+        )
     saved, path = request.saved
-    fresh = plan(deployment, facts, update_revision=saved.update_revision)
+    fresh = plan(deployment, facts, update_revision=saved.update_revision, accept_memory_risk=saved.accept_memory_risk)
     savedplan.check_current(saved, deployment, facts, path, fresh)
     return saved.plan
 

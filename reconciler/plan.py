@@ -92,7 +92,12 @@ class Plan(MutableRecord):
 
 
 def plan(
-    deployment: Deployment, facts: Facts, *, deep_verify: DeepVerify = False, update_revision: bool = False
+    deployment: Deployment,
+    facts: Facts,
+    *,
+    deep_verify: DeepVerify = False,
+    update_revision: bool = False,
+    accept_memory_risk: bool = False,
 ) -> Plan:
     """Compose every component's conclusion into one ordered plan.
 
@@ -125,6 +130,7 @@ def plan(
             placements(deployment, facts, staging.commit),
             after=[action.id for action in staging.actions],
             restart=staging.restart,
+            accept_memory_risk=accept_memory_risk,
         )
         outcome.extend(ranks)
         outcome.actions += _after_ready(staging.after_ready, ranks)

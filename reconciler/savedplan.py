@@ -36,7 +36,9 @@ FORMAT = 3
 MAX_SAVED_BYTES = 64 * 1024 * 1024
 # Observations that move on their own and decide no action.
 _VOLATILE_NODE_FIELDS = {"memory"}
-_VOLATILE_CHECKPOINT_FIELDS = {"disk_free"}
+# Within a node's sections: what moves while nothing changes (free disk, the guard's memory
+# record, which grows every window).
+_VOLATILE_SECTION_FIELDS = {"checkpoint": {"disk_free"}, "guard": {"windows", "window_s"}}
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class SavedPlan:
     made_by: str
     # `plan --update-revision --out`: applying it plans the same way.
     update_revision: bool = False
+    # `plan --accept-memory-risk --out`: likewise.
+    accept_memory_risk: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -55,6 +59,7 @@ class SavedPlan:
             "made_by": self.made_by,
             "created_at": self.created_at,
             "update_revision": self.update_revision,
+            "accept_memory_risk": self.accept_memory_risk,
             "spec_fingerprint": self.spec,
             "facts_fingerprint": self.facts,
             "plan": self.plan.to_dict(),
@@ -76,9 +81,8 @@ def facts_fingerprint(facts: Facts) -> dict[str, str]:
     parts: dict[str, str] = {}
     for name, node in sorted(facts.nodes.items()):
         observed = node.model_dump(mode="json", exclude=_VOLATILE_NODE_FIELDS)
-        observed["checkpoint"] = {
-            key: value for key, value in observed["checkpoint"].items() if key not in _VOLATILE_CHECKPOINT_FIELDS
-        }
+        for section, volatile in _VOLATILE_SECTION_FIELDS.items():
+            observed[section] = {key: value for key, value in observed[section].items() if key not in volatile}
         for section, value in sorted(observed.items()):
             parts[f"{name} {section}"] = _digest(value)
     parts["pi"] = _digest(facts.pi.model_dump(mode="json") if facts.pi is not None else None)
@@ -86,7 +90,13 @@ def facts_fingerprint(facts: Facts) -> dict[str, str]:
 
 
 def saved(
-    plan: Plan, deployment: Deployment, facts: Facts, created_at: str | None = None, *, update_revision: bool = False
+    plan: Plan,
+    deployment: Deployment,
+    facts: Facts,
+    created_at: str | None = None,
+    *,
+    update_revision: bool = False,
+    accept_memory_risk: bool = False,
 ) -> SavedPlan:
     return SavedPlan(
         plan,
@@ -95,6 +105,7 @@ def saved(
         created_at or utc_iso(),
         __version__,
         update_revision,
+        accept_memory_risk,
     )
 
 
@@ -127,6 +138,7 @@ def read(path: Path) -> SavedPlan:
             created_at=str(data["created_at"]),
             made_by=str(data["made_by"]),
             update_revision=data.get("update_revision") is True,
+            accept_memory_risk=data.get("accept_memory_risk") is True,
         )
     except (KeyError, TypeError, ValueError, ValidationError) as exc:
         raise ReconcilerError(f"{path} is not a valid saved plan: {type(exc).__name__}", hint) from None

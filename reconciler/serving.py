@@ -332,3 +332,14 @@ def api_base(deployment: Deployment) -> str:
 def engine_base(deployment: Deployment) -> str:
     """Rank 0's own API, past the front: reachable only on the head itself."""
     return f"http://{ENGINE_HOST}:{deployment.api.engine_port}"
+
+
+def flag_values(argv: list[str]) -> dict[str, str]:
+    """Each `--flag` of a command line with the token after it as its value, "" when that is
+    another flag or none."""
+    following = [*argv[1:], "--"]  # longer than argv only when that is empty
+    return {
+        token: "" if value.startswith("--") else value
+        for token, value in zip(argv, following, strict=False)
+        if token.startswith("--")
+    }

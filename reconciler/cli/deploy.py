@@ -73,7 +73,13 @@ def plan(args: argparse.Namespace) -> int:
     if args.out is not None:
         from reconciler import savedplan
 
-        saved = savedplan.saved(result, loaded.deployment, facts, update_revision=args.update_revision)
+        saved = savedplan.saved(
+            result,
+            loaded.deployment,
+            facts,
+            update_revision=args.update_revision,
+            accept_memory_risk=args.accept_memory_risk,
+        )
         savedplan.write(Path(args.out), saved)
         sys.stderr.write(f"saved the plan to {args.out}; run it with `reconciler apply {args.out}`\n")
     if args.json:
@@ -95,11 +101,21 @@ def _plan_from(args: argparse.Namespace, loaded: LoadedSpec) -> tuple[Facts, Pla
         from reconciler.plan import plan as make_plan
 
         facts = load_facts(args.facts)
-        return facts, make_plan(loaded.deployment, facts, update_revision=args.update_revision)
+        return facts, make_plan(
+            loaded.deployment,
+            facts,
+            update_revision=args.update_revision,
+            accept_memory_risk=args.accept_memory_risk,
+        )
     from reconciler import commands
 
     with commands.session(loaded.deployment) as transports:
-        return commands.live_plan(loaded.deployment, transports, update_revision=args.update_revision)
+        return commands.live_plan(
+            loaded.deployment,
+            transports,
+            update_revision=args.update_revision,
+            accept_memory_risk=args.accept_memory_risk,
+        )
 
 
 def apply(args: argparse.Namespace) -> int:
@@ -110,9 +126,10 @@ def apply(args: argparse.Namespace) -> int:
     deployment = loaded.deployment
     saved = None
     if args.plan_file is not None:
-        if args.deep_verify or args.update_revision:
+        if args.deep_verify or args.update_revision or args.accept_memory_risk:
             raise ReconcilerError(
-                "a saved plan runs as it was made: --deep-verify and --update-revision do not apply to it",
+                "a saved plan runs as it was made: --deep-verify, --update-revision and --accept-memory-risk "
+                "do not apply to it",
                 "plan again with the option (`reconciler plan --update-revision --out FILE`), or apply without a file",
             )
         path = Path(args.plan_file)
@@ -122,6 +139,7 @@ def apply(args: argparse.Namespace) -> int:
         wait_s=args.wait,
         deep_verify=args.deep_verify,
         update_revision=args.update_revision,
+        accept_memory_risk=args.accept_memory_risk,
         saved=saved,
         show=(lambda _plan: None) if args.json else show_plan,
         confirm=(lambda _plan: True) if args.yes else confirm,

@@ -224,6 +224,14 @@ UPDATE_REVISION = arg(
     action="store_true",
     help="move a branch or tag in model.revision to where it points on the Hub now (else it stays pinned)",
 )
+ACCEPT_MEMORY_RISK = arg(
+    "--accept-memory-risk",
+    action="store_true",
+    help=(
+        "restart onto a serving edit although the memory record predicts it leaves less than the guard's floor "
+        "plus a margin (the guard still stops the ranks if it does)"
+    ),
+)
 WAIT = arg(
     "--wait", type=seconds, default=600, metavar="SECONDS", help="how long to wait for a running loop's pass to finish"
 )
@@ -286,6 +294,7 @@ def _commands() -> list[Command]:
                 ),
                 arg("-v", "--verbose", action="store_true", help="also say why each in-sync part needs nothing"),
                 UPDATE_REVISION,
+                ACCEPT_MEMORY_RISK,
                 arg(
                     "--out",
                     metavar="FILE",
@@ -313,6 +322,7 @@ def _commands() -> list[Command]:
                 SPEC,
                 WAIT,
                 UPDATE_REVISION,
+                ACCEPT_MEMORY_RISK,
                 arg("-y", "--yes", action="store_true", help="do not ask before the disruptive or expensive"),
                 arg("--deep-verify", action="store_true", help="rehash every checkpoint file, ignoring the cache"),
                 JSON,

@@ -36,7 +36,7 @@ from reconciler.actions import (
     shorten,
 )
 from reconciler.clock import utc_iso
-from reconciler.components import breaker, hostcheck
+from reconciler.components import breaker, headroom, hostcheck
 from reconciler.components.checkpoint import Placement
 from reconciler.components.fabric import node_contexts
 from reconciler.components.memguard import trip_advice, trips
@@ -63,6 +63,7 @@ from reconciler.serving import (
     api_base,
     container_name,
     engine_base,
+    flag_values,
     render_group,
 )
 from reconciler.spec import Deployment
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
 COMPONENT = Component.RANKS
 # How a restart's cause names a node that rebooted under its rank (incidents file it as a reboot).
 REBOOTED = "rebooted since it started"
+CHANGED = "config changed: "
 _SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
@@ -104,7 +106,7 @@ def assess_rank(desired: RankContainer, observed: ContainerFacts | None) -> Rank
     if observed.status != "running":
         return RankState(desired, observed, _exit_description(observed))
     if observed.labels.get(LABEL_CONFIG_HASH) != desired.labels[LABEL_CONFIG_HASH]:
-        return RankState(desired, observed, "config changed: " + describe_drift(desired, observed))
+        return RankState(desired, observed, CHANGED + describe_drift(desired, observed))
     return RankState(desired, observed, "")
 
 
@@ -125,19 +127,9 @@ def describe_drift(desired: RankContainer, observed: ContainerFacts) -> str:
         changes.append(f"checkpoint revision {served[:8] or 'unrecorded'} -> {desired.commit[:8] or 'unrecorded'}")
     if observed.image != desired.image:
         changes.append(f"image {observed.image} -> {desired.image}")
-    changes += _flag_changes(_flags(observed.command), _flags([*desired.entrypoint, *desired.command]))
+    changes += _flag_changes(flag_values(observed.command), flag_values([*desired.entrypoint, *desired.command]))
     changes += _env_changes(observed.env, desired.env_dict)
     return shorten(changes, limit=4) if changes else "mounts or runtime options"
-
-
-def _flags(argv: list[str]) -> dict[str, str]:
-    """Each `--flag` with the token after it as its value, "" when that is another flag or none."""
-    following = [*argv[1:], "--"]  # longer than argv only when that is empty
-    return {
-        token: "" if value.startswith("--") else value
-        for token, value in zip(argv, following, strict=False)
-        if token.startswith("--")
-    }
 
 
 def _flag_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
@@ -173,10 +165,12 @@ def plan_ranks(
     *,
     after: list[str] | None = None,
     restart: list[str] | None = None,
+    accept_memory_risk: bool = False,
 ) -> Outcome:
     """Group actions. `prerequisites` maps a node to the actions its rank must wait for;
     `placements` says where each node's revision to serve is; the first stop waits for `after`
-    (the checkpoint staged everywhere); `restart` holds reasons to restart a healthy group."""
+    (the checkpoint staged everywhere); `restart` holds reasons to restart a healthy group;
+    `accept_memory_risk` restarts onto a config the memory record predicts too tight."""
     held = hold_reasons(deployment, facts)
     if held:
         return _held(deployment, facts, held)
@@ -201,6 +195,9 @@ def plan_ranks(
     broken = hostcheck.fabric_blocker(deployment, facts)
     if broken is not None:
         return Outcome(actions=removals, blockers=[broken])  # a start now would fail, and then again
+    memory = _memory_outlook(deployment, facts, states, accept_memory_risk)
+    if memory.blockers:
+        return Outcome(actions=removals, blockers=memory.blockers, notes=memory.notes)
     earlier = [*(a.id for a in removals), *(after or [])[-1:]]
     failure = unplanned_failure(deployment, facts, states)
     counted = breaker.trips_now(deployment, facts) if failure is not None else None
@@ -211,7 +208,19 @@ def plan_ranks(
     drain = _drain(deployment, facts, states, tuple(earlier[-1:])) if failure is None else []
     earlier += [item.id for item in drain]
     group = group_restart(deployment, states, prerequisites, earlier, unplanned=failure)
-    return Outcome(actions=removals + drain + group)
+    return Outcome(actions=removals + drain + group, notes=memory.notes)
+
+
+def _memory_outlook(
+    deployment: Deployment, facts: Facts, states: list[RankState], accept_risk: bool
+) -> headroom.Outlook:
+    """A running rank replaced for a change of its config: what the memory record predicts."""
+    changes = [
+        (state.desired, state.observed)
+        for state in states
+        if state.observed is not None and state.observed.status == "running" and state.problem.startswith(CHANGED)
+    ]
+    return headroom.outlook(deployment, facts.nodes, changes, accept_risk=accept_risk)
 
 
 def _drain(deployment: Deployment, facts: Facts, states: list[RankState], after: tuple[str, ...]) -> list[Action]:

@@ -32,7 +32,7 @@ from reconciler.facts.files import (
     TlsFacts,
 )
 from reconciler.facts.host import host_from_probe
-from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, parse_meminfo
+from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, memory_windows, parse_meminfo
 from reconciler.facts.node import BreakerTrip, Facts, GroupRestart, Hold, NodeFacts, RestartIntent
 from reconciler.facts.pi import gather_pi
 from reconciler.facts.revisions import desired_commit, is_commit
@@ -218,10 +218,13 @@ def _cached_listings(raw: object) -> dict[str, HubFacts]:
 def _guard(raw: dict[str, Any]) -> GuardFacts:
     config = raw.get("guard_config")
     unreadable = GuardTrip(at="unknown (memguard.trip.json is unreadable)", mem_available_gib=0.0, floor_gib=0.0)
+    windows, window_s = memory_windows(raw.get("guard_record"))
     return GuardFacts(
         running=bool(raw.get("guard_running")),
         config_hash=text_or_none(config.get("config_hash")) if isinstance(config, dict) else None,
         trip=_state_file(GuardTrip, raw.get("guard_trip"), unreadable),
+        windows=windows,
+        window_s=window_s,
     )
 
 

@@ -6,6 +6,8 @@ honest figure. Also the memory guard's state, because a guard trip is about memo
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field
 
 from reconciler.facts.base import FactsModel, KernelCount
@@ -31,10 +33,49 @@ class GuardTrip(FactsModel):
     killed: list[str] = Field(default_factory=lambda: [])
 
 
+class MemoryWindow(FactsModel):
+    """One window of the guard's memory record: when it ended, its lowest MemAvailable, and the
+    config hashes of the ranks that ran through all of it (none: it saw a restart, or no rank)."""
+
+    at: int
+    low_kib: KernelCount
+    ranks: list[Annotated[str, Field(max_length=128)]] = Field(default_factory=lambda: [], max_length=16)
+
+    @property
+    def low_gib(self) -> float:
+        return self.low_kib / KIB_PER_GIB
+
+
 class GuardFacts(FactsModel):
     running: bool = False
     config_hash: str | None = None
     trip: GuardTrip | None = None
+    # The memory record (oldest first) and how long each window is.
+    windows: list[MemoryWindow] = Field(default_factory=lambda: [])
+    window_s: float | None = None
+
+
+# A record holds at most this many windows; more in a file is no record the guard wrote.
+MAX_WINDOWS = 240
+# A window the guard could write: at most its slowest interval (60 s) times a sample count.
+MAX_WINDOW_S = 3600.0
+
+
+def memory_windows(raw: object) -> tuple[list[MemoryWindow], float | None]:
+    """The guard's record file: its last windows that read as windows, and their length in s."""
+    if not isinstance(raw, dict):
+        return [], None
+    entries = raw.get("windows")
+    windows = []
+    for entry in (entries if isinstance(entries, list) else [])[-MAX_WINDOWS:]:
+        try:
+            windows.append(MemoryWindow.model_validate(entry))
+        except ValueError:
+            continue  # one odd window leaves the record shorter, never wrong
+    samples, interval = raw.get("window_samples"), raw.get("interval_s")
+    if not (isinstance(samples, int) and isinstance(interval, int | float) and 0 < samples * interval <= MAX_WINDOW_S):
+        return windows, None
+    return windows, float(samples * interval)
 
 
 def parse_meminfo(text: str) -> MemoryFacts:

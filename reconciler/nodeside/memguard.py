@@ -26,6 +26,11 @@ from reconciler.nodeside.statedir import StateDir
 
 KIB_PER_GIB = 1024 * 1024
 LOW_WATER_GIB = 10.0
+# The memory record: the lowest MemAvailable of each window of this many samples (a minute at
+# the default 1 s interval), with the rank configs that ran through it; the last windows kept.
+WINDOW_SAMPLES = 60
+KEPT_WINDOWS = 240
+CONFIG_LABEL = "io.spark-reconciler.config-hash"
 
 
 def _docker(method: str, path: str) -> Any:
@@ -64,6 +69,14 @@ def top_rss(count: int = 3) -> list[str]:
 ROLE_LABEL = "io.spark-reconciler.role"
 
 
+def rank_configs(labels: list[str]) -> list[str]:
+    """The config hashes of this deployment's running ranks on this node."""
+    filters = urllib.parse.quote(json.dumps({"label": labels, "status": ["running"]}))
+    containers = _docker("GET", f"/containers/json?filters={filters}") or []
+    labelled = [container.get("Labels") or {} for container in containers]
+    return sorted(str(found[CONFIG_LABEL]) for found in labelled if CONFIG_LABEL in found and not found.get(ROLE_LABEL))
+
+
 def kill_ranks(labels: list[str]) -> list[str]:
     filters = urllib.parse.quote(json.dumps({"label": labels, "status": ["running"]}))
     containers = _docker("GET", f"/containers/json?filters={filters}") or []
@@ -82,6 +95,8 @@ class Guard:
         with open(self.layout.guard_config, encoding="utf-8") as handle:
             self.config: dict[str, Any] = json.load(handle)
         self.log_path = self.layout.guard_log
+        self.window_low: float | None = None
+        self.window_configs: list[str] | None = None
 
     def log(self, message: str) -> None:
         # Private, and never through a symlink someone placed at the log's name.
@@ -93,9 +108,41 @@ class Guard:
         trip = {"at": now(), "mem_available_gib": round(available, 3), "floor_gib": floor, "killed": killed}
         write_private(self.layout.guard_trip, json.dumps(trip))
 
+    def remember(self, count: int, available: float) -> None:
+        """Keep the window's lowest MemAvailable; at its end, record it with the rank configs
+        that ran at its start and its end (a window that saw a restart names neither)."""
+        if count % WINDOW_SAMPLES == 0:
+            configs = rank_configs(self.config["labels"])
+            if self.window_low is not None and self.window_configs is not None:
+                ran = configs if configs == self.window_configs else []
+                self.record_window(self.window_low, ran)
+            self.window_low, self.window_configs = available, configs
+        elif self.window_low is not None:
+            self.window_low = min(self.window_low, available)
+
+    def record_window(self, low: float, configs: list[str]) -> None:
+        try:
+            with open(self.layout.guard_record, encoding="utf-8") as handle:
+                windows = json.load(handle).get("windows", [])
+        except (OSError, ValueError, AttributeError):
+            windows = []
+        entry = {"at": round(time.time()), "low_kib": round(low * KIB_PER_GIB), "ranks": configs}
+        windows = [*windows, entry][-KEPT_WINDOWS:]
+        record = {
+            "window_samples": WINDOW_SAMPLES,
+            "interval_s": self.config.get("interval_s", 1.0),
+            "windows": windows,
+        }
+        write_private(self.layout.guard_record, json.dumps(record))
+
     def tick(self, count: int) -> None:
         floor = float(self.config["floor_gib"])
         available = mem_available_gib(self.config.get("meminfo", "/proc/meminfo"))
+        try:
+            self.remember(count, available)
+        except (OSError, ValueError, RuntimeError) as exc:  # the record never costs the floor its check
+            self.window_low = None
+            self.log(f"memory record: {exc}")
         if available < LOW_WATER_GIB and count % 10 == 0:
             self.log(f"MemAvailable {available:.2f}G; top: {', '.join(top_rss())}")
         if available < floor:

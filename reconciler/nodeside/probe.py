@@ -378,6 +378,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "guard_running": process_alive(layout.guard_pid, [layout.guard_program]),
         "guard_config": read_json(layout.guard_config),
         "guard_trip": read_json(layout.guard_trip),
+        "guard_record": read_json(layout.guard_record),
         "hold": read_json(layout.hold),
         "restart_intent": read_json(layout.restart_intent),
         "restarts": read_json(layout.restarts) if args.get("head") else None,

@@ -64,6 +64,8 @@ class StateDir:
         self.guard_pid = self._at("memguard.pid")
         self.guard_log = self._at("memguard.log")
         self.guard_trip = self._at("memguard.trip.json")
+        # Each window's lowest MemAvailable and the rank configs that ran through it.
+        self.guard_record = self._at("memguard.record.json")
 
     def _at(self, name: str) -> str:
         return f"{self.root.rstrip('/')}/{name}"

@@ -433,6 +433,16 @@ class MemGuard(StrictModel):
         description="MemAvailable floor in GiB; below it the guard kills the ranks. Fractions allowed.",
     )
     interval_s: float = Field(default=1.0, ge=0.1, le=60)
+    record_s: float = Field(
+        default=900,
+        ge=0,
+        le=7 * 86400,
+        description=(
+            "How long a rank config must have run before the guard's record of its lowest MemAvailable predicts "
+            "what an edit of kv_bytes, gpu_util, max_num_seqs or max_model_len will leave (a first start takes "
+            "11-13 minutes: the default holds it and a few minutes of serving)."
+        ),
+    )
 
 
 class Tls(StrictModel):

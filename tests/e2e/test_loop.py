@@ -34,6 +34,8 @@ loop:
   max_restarts: 50
 """
 
+GUARD_RECORD = "  interval_s: 0.2\n  record_s: 24\n"
+
 
 @pytest.fixture(scope="module")
 def looping(bed: Bed) -> Iterator[Bed]:
@@ -41,6 +43,8 @@ def looping(bed: Bed) -> Iterator[Bed]:
     text = text.replace(
         "  extra_env:\n", f"  extra_env:\n    ENGINE_FAULT_FILE: {FAULT_FILE.replace('/srv/spark/state', '')}\n"
     )
+    # The guard's memory record in 12 s windows (60 samples), trusted after two of them.
+    text = text.replace("memguard:\n  floor_gib: 0.5\n", "memguard:\n  floor_gib: 0.5\n" + GUARD_RECORD)
     bed.spec.write_text(text + LOOP_SETTINGS, encoding="utf-8")
     with running_loop(bed):
         wait_for(bed, lambda s: s["converged"] and s["health"] == 200, 180, "first convergence")
@@ -371,3 +375,47 @@ def test_a_reboot_of_the_worker_is_named_as_the_cause_of_the_repair(settled: Bed
     assert "cause: dsv41-r1 on spark-worker: spark-worker rebooted since it started (boot id" in lines, lines[-3000:]
     recorded = [item for item in incidents(looping) if item["id"] not in before]
     assert [item["kind"] for item in recorded] == ["reboot"], recorded
+
+
+def test_a_kv_bytes_increase_beyond_the_recorded_headroom_is_blocked_with_the_numbers(settled: Bed) -> None:
+    """Both guards have recorded the running config for longer than memguard.record_s: an edit
+    that adds 64 GiB of KV cache per rank is predicted far under the floor, and held as one
+    blocker per node with the numbers; `--accept-memory-risk` would restart."""
+    looping = settled
+    good = looping.spec.read_text(encoding="utf-8")
+    wait_until(lambda: all(recorded_s(looping, node) >= 24 for node in (HEAD, WORKER)), 60, "24 s recorded")
+    r0 = looping.container_id(HEAD, "dsv41-r0")
+    command = json.loads(looping.node(HEAD, "docker", "inspect", "--format", "{{json .Config.Cmd}}", "dsv41-r0").stdout)
+    old = int(command[command.index("--kv-cache-memory-bytes") + 1])
+    new = old + 64 * 1024**3
+    looping.spec.write_text(good.replace("serving:\n", f"serving:\n  kv_bytes: {new}\n", 1), encoding="utf-8")
+    try:
+        wait_for(looping, lambda s: "predicted" in str(s["loop"]["condition"]), 60, "the edit blocked on memory")
+        planned = json.loads(looping.reconciler("plan", "--json", check=False).stdout)
+        memory = [b for b in planned["blockers"] if b["message"].startswith("memory on")]
+        assert {b["node"] for b in memory} == {HEAD, WORKER}, planned["blockers"]
+        for blocker in memory:
+            assert f"kv_bytes {old} -> {new}; lowest MemAvailable under the running config" in blocker["message"]
+            assert "(-64.0 GiB): under the guard's floor 0.5 GiB + 1 GiB margin" in blocker["message"], blocker
+            assert "--accept-memory-risk" in blocker["hint"]
+        assert "ranks.start" not in {action["step"] for action in planned["actions"]}
+        risky = json.loads(looping.reconciler("plan", "--json", "--accept-memory-risk", check=False).stdout)
+        assert "ranks.start" in {action["step"] for action in risky["actions"]}
+        assert looping.container_id(HEAD, "dsv41-r0") == r0, "held, not restarted"
+    finally:
+        looping.spec.write_text(good, encoding="utf-8")
+    wait_for(looping, healthy(looping), 120, "the edit undone")
+    assert looping.container_id(HEAD, "dsv41-r0") == r0
+
+
+def recorded_s(bed: Bed, node: str) -> float:
+    """How long the node's guard has recorded its running rank (memguard.record.json)."""
+    rank = "dsv41-r0" if node == HEAD else "dsv41-r1"
+    label = '{{index .Config.Labels "io.spark-reconciler.config-hash"}}'
+    config = bed.node(node, "docker", "inspect", "--format", label, rank).stdout.strip()
+    found = bed.node(node, "cat", "/srv/spark/state/memguard.record.json", check=False)
+    if found.returncode != 0:
+        return 0.0
+    record = json.loads(found.stdout)
+    window = record["window_samples"] * record["interval_s"]
+    return window * sum(entry["ranks"] == [config] for entry in record["windows"])
