@@ -75,6 +75,8 @@ COMPONENT = Component.RANKS
 # How a restart's cause names a node that rebooted under its rank (incidents file it as a reboot).
 REBOOTED = "rebooted since it started"
 CHANGED = "config changed: "
+# The grace of a rank stopped by a restart after a failure (see _stopping).
+UNPLANNED_GRACE_S = 10
 _SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
@@ -336,9 +338,16 @@ def _stop_running(deployment: Deployment, facts: Facts, cause: str, first: list[
     return actions
 
 
-def _stopping(deployment: Deployment, container: ContainerFacts) -> dict[str, Any]:
-    """What every stop of a container names: the container seen when planning and its grace."""
-    return {"name": container.name, "container_id": container.id, "grace_s": deployment.serving.stop_timeout_s}
+def _stopping(deployment: Deployment, container: ContainerFacts, *, unplanned: bool = False) -> dict[str, Any]:
+    """What every stop of a container names: the container seen when planning and its grace.
+    A restart after a failure gives a short grace: a rank whose peer died or that stopped
+    answering has no request to finish, and a wedged one would use up the whole grace."""
+    grace = deployment.serving.stop_timeout_s
+    return {
+        "name": container.name,
+        "container_id": container.id,
+        "grace_s": min(grace, UNPLANNED_GRACE_S) if unplanned else grace,
+    }
 
 
 def _match(
@@ -381,12 +390,13 @@ def group_restart(
     actions: list[Action] = []
     for state in ordered:
         if state.observed is not None and state.observed.status in _STOPPABLE:
-            summary = f"stop {state.desired.name} (grace {deployment.serving.stop_timeout_s} s)"
+            stopping = _stopping(deployment, state.observed, unplanned=unplanned is not None)
+            summary = f"stop {state.desired.name} (grace {stopping['grace_s']} s)"
             after = _last(actions) or tuple(earlier[-1:])
             # The first stop records the restart, so a reconciler that dies in the middle resumes it.
             first = not actions
             payload = StopRank(
-                **_stopping(deployment, state.observed),
+                **stopping,
                 intent=group_cause if first else None,
                 unplanned=unplanned if first else None,
             )

@@ -211,3 +211,31 @@ def converged(bed: Bed) -> Bed:
 @pytest.fixture(scope="module")
 def bed3(shared_testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Bed:
     return reset_bed(shared_testbed, tmp_path_factory.mktemp("spec3"), nodes=3)
+
+
+def events(bed: Bed, node: str, since: float) -> list[tuple[float, str, str]]:
+    """(time, action, container) of our containers' lifecycle events on a node since `since`."""
+    argv = ["docker", "events", "--since", f"{since:.3f}", "--until", f"{time.time():.3f}", "--format", "{{json .}}"]
+    argv += ["--filter", "type=container", "--filter", "label=io.spark-reconciler.owner=spark-reconciler"]
+    found = []
+    for line in bed.node(node, *argv).stdout.splitlines():
+        event = json.loads(line)
+        found.append((event["timeNano"] / 1e9, event["Action"], event["Actor"]["Attributes"]["name"]))
+    return found
+
+
+def first(found: list[tuple[float, str, str]], action: str, name: str) -> float:
+    return min(at for at, kind, who in found if kind == action and who == name)
+
+
+def exit_codes(bed: Bed, node: str, since: float) -> list[int]:
+    """The exit codes of our rank containers' `die` events on a node since `since`, in order."""
+    argv = ["docker", "events", "--since", f"{since:.3f}", "--until", f"{time.time():.3f}", "--format", "{{json .}}"]
+    argv += ["--filter", "type=container", "--filter", "event=die"]
+    argv += ["--filter", "label=io.spark-reconciler.owner=spark-reconciler"]
+    codes = []
+    for line in bed.node(node, *argv).stdout.splitlines():
+        attributes = json.loads(line)["Actor"]["Attributes"]
+        if attributes.get("name", "").startswith("dsv41-r"):
+            codes.append(int(attributes.get("exitCode", -1)))
+    return codes

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from reconciler.actions import Action
+from reconciler.actions import Action, StopRank
 from reconciler.components.memguard import guard_config_hash
 from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.fabric import FabricFacts
@@ -130,6 +130,11 @@ def test_a_rank_exit_with_code_zero_restarts_the_whole_group_in_order() -> None:
     ]
     assert "exited with code 0" in by_id(result, "ranks.start-dsv41-r1@spark-worker").cause
     assert "group restart" in by_id(result, "ranks.stop-dsv41-r0@spark-head").cause
+    stop = by_id(result, "ranks.stop-dsv41-r0@spark-head").payload
+    assert isinstance(stop, StopRank)
+    assert stop.grace_s == 10, "after a failure there is nothing to finish: a short grace"
+    planned = plan_of(load_facts(CONVERGED_FACTS), with_serving(reference_deployment(), gpu_util=0.8))
+    assert [a.payload.grace_s for a in planned.actions if isinstance(a.payload, StopRank)] == [60, 60]
 
 
 def test_a_spec_change_replaces_both_ranks_naming_the_changed_flag() -> None:
