@@ -426,4 +426,5 @@ def recorded_s(bed: Bed, node: str) -> float:
         return 0.0
     record = json.loads(found.stdout)
     window = float(record["window_samples"] * record["interval_s"])
-    return window * sum(entry["ranks"] == [config] for entry in record["windows"])
+    windows: list[dict[str, Any]] = record["windows"]
+    return window * sum(entry["ranks"] == [config] for entry in windows)
