@@ -427,4 +427,4 @@ def recorded_s(bed: Bed, node: str) -> float:
     record = json.loads(found.stdout)
     window = float(record["window_samples"] * record["interval_s"])
     windows: list[dict[str, Any]] = record["windows"]
-    return window * sum(entry["ranks"] == [config] for entry in windows)
+    return window * sum(1 for entry in windows if entry["ranks"] == [config])
