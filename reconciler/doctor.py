@@ -556,7 +556,9 @@ def _mtu(resolved: dict[str, ResolvedFabric], facts: Facts) -> Check:
     found = hostcheck.mtu_findings(resolved, facts)
     if found:
         return Check(ALL_NODES, "mtu", found[0].severity, found[0].message, found[0].fix)
-    listed = ", ".join(f"{name} {fabric.ifname} {facts.nodes[name].fabric.mtu}" for name, fabric in resolved.items())
+    listed = ", ".join(
+        f"{name} {fabric.ifname} {hostcheck.mtu_of(facts, name, fabric.ifname)}" for name, fabric in resolved.items()
+    )
     return Check(ALL_NODES, "mtu", "PASS", listed)
 
 

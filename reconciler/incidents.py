@@ -1,13 +1,15 @@
-"""Incident records: what the head keeps of every unplanned failure.
+"""Incident records: what the reconciler keeps of every unplanned failure.
 
-A rank that exited or was killed, liveness probes that failed, a memory-guard trip, a group
-start that never became ready: each leaves a directory under the head's state dir
-(`incidents/<id>/`), written when the pass that meets the failure plans what follows, before it
-acts (the logs of the dead ranks are still there then). It holds each rank's last log lines, its
-exit code and OOMKilled, each node's guard log tail, the facts the pass saw and the plan that
-followed, everything redacted. The records are bounded in count and bytes (the oldest go), and
-one failure seen by several passes is recorded once (its key: the exited containers and the
-time they finished, the guard trip's time).
+A rank that exited or was killed, a node that rebooted, liveness probes that failed, a
+memory-guard trip, a group start that never became ready: each leaves a directory
+(`incidents/<id>/`) under the state dir of the machine that runs the reconciler (the head's, as
+the service runs it), written when the pass that meets the failure plans what follows, before
+it acts (the logs of the dead ranks are still there then). It holds each rank's last log lines,
+its exit code and OOMKilled, each node's guard log tail, the facts the pass saw and the plan
+that followed, everything redacted (and every variable whose name says secret masked). The
+records are bounded in count and bytes (the oldest go), and one failure seen by several passes
+is recorded once (its key: the exited containers and the time they finished, the guard trip's
+time).
 
 `detect` is pure; `record` reads the nodes and writes the files, and never fails a pass: a
 record that cannot be made is said in the journal.
@@ -27,13 +29,13 @@ from typing import Any
 from reconciler.actions import StartRank, StopRank, TripBreaker
 from reconciler.clock import utc_iso, utc_stamp
 from reconciler.components.memguard import trips
-from reconciler.components.ranks import REBOOTED, owned_containers
+from reconciler.components.ranks import REBOOTED, RESUMING, SECRET_NAME_RE, owned_containers
 from reconciler.errors import UntrustedFileError
 from reconciler.facts.node import Facts
 from reconciler.fsutil import read_bounded, write_private
 from reconciler.nodeside.statedir import StateDir
 from reconciler.plan import Plan
-from reconciler.redact import redact
+from reconciler.redact import REDACTED, redact
 from reconciler.serving import container_name
 from reconciler.spec import Deployment
 from reconciler.transport.base import Transport
@@ -46,8 +48,9 @@ LOG_LINES = 200
 LOG_BYTES = 64 * 1024
 DOCUMENT_BYTES = 4 * 1024 * 1024
 SUMMARY = "incident.json"
+MASK = REDACTED
 
-KINDS = ("rank exit", "liveness", "guard trip", "failed start")
+KINDS = ("rank exit", "reboot", "liveness", "guard trip", "failed start")
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,8 @@ def detect(deployment: Deployment, facts: Facts, plan: Plan) -> list[Found]:
         for node, trip in trips(deployment, facts)
     ]
     cause = unplanned_cause(plan)
-    if cause is not None:
+    # A resumed restart's failure was recorded when it failed (a failed start), or was no failure.
+    if cause is not None and not cause.startswith(RESUMING):
         kind = "liveness" if cause.startswith("liveness:") else "reboot" if REBOOTED in cause else "rank exit"
         found.append(Found(kind, cause, _failure_key(deployment, facts, kind)))
     return found
@@ -163,10 +167,29 @@ def _write(
         guard = _guard_tail(deployment, transports.get(node.name))
         if guard is not None:
             _save(where / f"memguard-{_safe(node.name)}.log", guard, incident)
-    _save(where / "facts.json", facts.model_dump_json(indent=1), incident, limit=DOCUMENT_BYTES)
-    _save(where / "plan.json", json.dumps(plan.to_dict(), indent=1), incident, limit=DOCUMENT_BYTES)
+    documents = {"facts.json": facts.model_dump(mode="json"), "plan.json": plan.to_dict()}
+    for name, document in documents.items():
+        _save(where / name, json.dumps(_masked(document), indent=1), incident, limit=DOCUMENT_BYTES)
     write_private(where / SUMMARY, redact(json.dumps(asdict(incident), indent=1)) + "\n")
     return incident
+
+
+def _masked(document: Any) -> Any:
+    """The document with the value of every variable whose name says it is a secret (a token in
+    serving.extra_env, say) masked, as in a container's env {name: value} or a rank's
+    [[name, value], ...]: the redaction catches only the secrets it was told of."""
+    if isinstance(document, dict):
+        return {key: _masked_value(key, value) for key, value in document.items()}
+    if isinstance(document, list):
+        pair = len(document) == 2 and isinstance(document[0], str) and isinstance(document[1], str)
+        if pair and SECRET_NAME_RE.search(document[0]):
+            return [document[0], MASK]
+        return [_masked(item) for item in document]
+    return document
+
+
+def _masked_value(key: str, value: Any) -> Any:
+    return MASK if isinstance(value, str) and SECRET_NAME_RE.search(key) else _masked(value)
 
 
 def _save(path: Path, text: str, incident: Incident, *, limit: int = LOG_BYTES) -> None:

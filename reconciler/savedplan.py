@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from reconciler import __version__
 from reconciler.clock import utc_iso
+from reconciler.components import headroom
 from reconciler.errors import ReconcilerError, StalePlanError, UntrustedFileError
 from reconciler.facts.node import Facts
 from reconciler.fsutil import atomic_write, read_bounded
@@ -177,6 +178,17 @@ def check_current(plan: SavedPlan, deployment: Deployment, facts: Facts, path: P
 
 
 def _differing_parts(saved: Plan, fresh: Plan) -> list[str]:
-    """The parts of the plan (actions, blockers, notes, ...) in which the saved one is not the fresh one."""
-    ours, theirs = saved.to_dict(), fresh.to_dict()
+    """The parts of the plan (actions, blockers, notes, ...) in which the saved one is not the fresh one.
+    The memory predictions' figures are left out: the guard's record behind them grows every
+    minute (what they decided, a restart or not, is in the actions)."""
+    ours, theirs = _without_memory_figures(saved.to_dict()), _without_memory_figures(fresh.to_dict())
     return [part for part in ours if ours[part] != theirs.get(part)]
+
+
+def _without_memory_figures(plan: dict[str, Any]) -> dict[str, Any]:
+    notes = [note for note in plan["notes"] if not note.startswith(headroom.NOTE_PREFIX)]
+    blockers = [
+        {**blocker, "message": headroom.NOTE_PREFIX} if blocker["message"].startswith(headroom.NOTE_PREFIX) else blocker
+        for blocker in plan["blockers"]
+    ]
+    return {**plan, "notes": notes, "blockers": blockers}

@@ -66,7 +66,9 @@ def trip_record(
 def breaker_advice(trip: BreakerTrip) -> str:
     times = ", ".join(item.at for item in trip.restarts[-5:]) or "unknown"
     count = len(trip.restarts)
-    counted = f"{count} unplanned group restart{'' if count == 1 else 's'} within {window_text(trip.window_s)} ({times})"
+    counted = (
+        f"{count} unplanned group restart{'' if count == 1 else 's'} within {window_text(trip.window_s)} ({times})"
+    )
     return (
         f"crash loop since {trip.since}: {counted}, then {trip.cause}; ranks are held. Read the failures' "
         "records (`reconciler incidents`), fix the cause, then change the spec or run `reconciler start`"

@@ -29,6 +29,8 @@ from reconciler.serving import LABEL_CONFIG_HASH, RankContainer, flag_values
 from reconciler.spec import Deployment
 
 GIB = 1024**3
+# How every note and blocker of this module begins (saved plans compare them without figures).
+NOTE_PREFIX = "memory on "
 # The reference config's steady state is 2-3 GiB over the default 1 GiB floor: a margin of one
 # GiB lets it run, and refuses an edit that would leave less than that between steady state and
 # the kill.
@@ -107,17 +109,20 @@ def _judge(
     if record is None or record.seconds < needed or not deployment.memguard.enabled:
         ran = f"{record.seconds / 60:.1f}" if record else "0"
         result.notes.append(
-            f"memory on {node}: {edited}; no prediction: the guard's record holds {ran} of the "
+            f"{NOTE_PREFIX}{node}: {edited}; no prediction: the guard's record holds {ran} of the "
             f"{needed / 60:g} minutes of the running config it needs (memguard.record_s)"
         )
         return
     total_gib = observed.memory.total_kib / KIB_PER_GIB if observed.memory else None
     pinned = KV_FLAG in flag_values([*desired.entrypoint, *desired.command])
     grows, caveats = _growth_gib(edits, total_gib, pinned=pinned)
+    if grows is None:
+        result.notes.append(f"{NOTE_PREFIX}{node}: {edited}; no prediction: {caveats[0]}")
+        return
     predicted = record.low_gib - grows
     floor = deployment.memguard.floor_gib if deployment.memguard.enabled else 0.0
     message = (
-        f"memory on {node}: {edited}; lowest MemAvailable under the running config {record.low_gib:.1f} GiB "
+        f"{NOTE_PREFIX}{node}: {edited}; lowest MemAvailable under the running config {record.low_gib:.1f} GiB "
         f"(over {record.seconds / 60:.0f} min), predicted {predicted:.1f} GiB ({_signed(-grows)} GiB)"
         + "".join(f"; {caveat}" for caveat in caveats)
     )
@@ -137,17 +142,21 @@ def _judge(
 
 def _growth_gib(
     edits: dict[str, tuple[str | None, str | None]], total_gib: float | None, *, pinned: bool
-) -> tuple[float, list[str]]:
-    """How much more memory the edit takes per rank (GiB), and what the record cannot tell;
-    `pinned`: kv_bytes is rendered, so the KV pool's size is its, not gpu_util's."""
+) -> tuple[float | None, list[str]]:
+    """How much more memory the edit takes per rank (GiB; None: it cannot be told), and what
+    the record cannot tell; `pinned`: kv_bytes is rendered, so the KV pool is its size."""
     grows, caveats = 0.0, []
     if KV_FLAG in edits:
         old, new = (_number(value) for value in edits[KV_FLAG])
-        grows += ((new or 0.0) - (old or 0.0)) / GIB
+        if old is None or new is None:
+            return None, ["kv_bytes set on one side only: the other side's pool follows gpu_util x MemTotal"]
+        grows += (new - old) / GIB
     if UTIL_FLAG in edits:
         old, new = (_number(value) for value in edits[UTIL_FLAG])
-        if pinned or total_gib is None or old is None or new is None:
+        if pinned:
             caveats.append("gpu_util with kv_bytes set moves only vLLM's start-up check, not the steady state")
+        elif total_gib is None or old is None or new is None:
+            return None, ["gpu_util sizes the pool, and its old or new value or MemTotal is unknown"]
         else:
             grows += (new - old) * total_gib
     unknown = [MEMORY_FLAGS[flag] for flag in edits if flag not in (KV_FLAG, UTIL_FLAG)]

@@ -116,28 +116,51 @@ def _known_bad_kernel(node: Node, facts: Facts) -> Finding | None:
 
 
 def _gid_moved(node: Node, facts: Facts, fabric: ResolvedFabric | None) -> Finding | None:
-    """The ports that carry the fabric address must hold its RoCE GID at the spec's index; a
-    GID read there that is another address is a fault (unread GIDs are doctor's to warn about)."""
+    """The ports NCCL will use must hold a RoCE v2 GID of their address at the spec's index: the
+    fabric address on the detected port, any IPv4 address on the spec's HCAs (each CX-7 twin
+    carries its own). Another address there, or the right one of another type, is a fault; a
+    GID or type nobody could read is doctor's to warn about."""
     if fabric is None:
         return None
-    index, expected = node.fabric.gid_index, f"::ffff:{fabric.ip}"
     ports = _fabric_ports(node, facts, fabric)
-    wrong = [port for port in ports if port.gid is not None and port.gid_ipv4 != fabric.ip]
+    wrong = [port for port in ports if _gid_wrong(port, None if node.fabric.hcas is not None else fabric.ip)]
     if not ports or not wrong or (node.fabric.hcas is None and len(wrong) < len(ports)):
         return None
-    held = ", ".join(f"{port.hca} GID {index} = {port.gid}" for port in wrong)
-    moved = sorted({i for port in wrong for i, gid in port.gids.items() if gid_ipv4(gid) == fabric.ip})
-    message = f"no longer matches the fabric address {fabric.ip} (its GID is {expected}): {held}"
+    index = node.fabric.gid_index
+    held = ", ".join(f"{port.hca} GID {index} = {port.gid} ({port.gid_type or 'type unknown'})" for port in wrong)
+    wanted = fabric.ip if node.fabric.hcas is None else None
+    moved = sorted({i for port in wrong for i in _roce_v2_indices(port, wanted)})
+    address = f"the fabric address {fabric.ip}" if wanted else "the port's IPv4 address"
+    message = f"RoCE GID {index} no longer holds {address} as RoCE v2: {held}"
     if moved:
-        where = " or ".join(str(i) for i in moved)
-        message += f"; the address is at GID index {where} now"
+        message += f"; the RoCE v2 GID is at index {' or '.join(str(i) for i in moved)} now"
         fix = f"set nodes[{node.name}].fabric.gid_index: {moved[0]} (NCCL_IB_GID_INDEX)"
     else:
         fix = (
-            f"`cat /sys/class/infiniband/*/ports/1/gids/*` on {node.name}: find the GID of type RoCE v2 "
-            f"holding {expected} and set nodes[{node.name}].fabric.gid_index to its index"
+            f"`cat /sys/class/infiniband/*/ports/1/gids/*` and `.../gid_attrs/types/*` on {node.name}: find the "
+            f"RoCE v2 GID holding {address} and set nodes[{node.name}].fabric.gid_index to its index"
         )
-    return Finding(node.name, "roce gid", "FAIL", f"RoCE GID {index} {message}", fix)
+    return Finding(node.name, "roce gid", "FAIL", message, fix)
+
+
+def _gid_wrong(port: RdmaPort, ip: str | None) -> bool:
+    """Whether the port's GID at the index is not (`ip`'s, or with None any IPv4's) RoCE v2 GID."""
+    if port.gid is None:
+        return False
+    address = port.gid_ipv4
+    holds = address is not None and (ip is None or address == ip)
+    return not holds or (port.gid_type is not None and port.gid_type != ROCE_V2)
+
+
+def _roce_v2_indices(port: RdmaPort, ip: str | None) -> list[int]:
+    """Where in the port's GID table its address sits as RoCE v2 (the type read, or unknown)."""
+    return [
+        index
+        for index, gid in port.gids.items()
+        if (found := gid_ipv4(gid)) is not None
+        and (ip is None or found == ip)
+        and port.gid_types.get(index, ROCE_V2) == ROCE_V2
+    ]
 
 
 def _fabric_ports(node: Node, facts: Facts, fabric: ResolvedFabric) -> list[RdmaPort]:
@@ -150,21 +173,26 @@ def _fabric_ports(node: Node, facts: Facts, fabric: ResolvedFabric) -> list[Rdma
 
 def mtu_findings(resolved: dict[str, ResolvedFabric], facts: Facts) -> list[Finding]:
     """The fabric interfaces' MTUs must agree: a mismatch ends in IBV_WC_RETRY_EXC_ERR mid-run.
-    An MTU nobody could read is a warning (doctor's), never a blocker."""
-    mtus = {
-        name: found.mtu if (found := facts.nodes[name].fabric).ifname == fabric.ifname else None
-        for name, fabric in resolved.items()
-    }
+    The MTUs that could be read are compared; one nobody could read is a warning (doctor's)."""
+    mtus = {name: mtu_of(facts, name, fabric.ifname) for name, fabric in resolved.items()}
     listed = ", ".join(
         f"{name} {resolved[name].ifname} {mtu if mtu is not None else '?'}" for name, mtu in mtus.items()
     )
-    if None in mtus.values():
-        return [Finding(ALL_NODES, "mtu", "WARN", f"MTU unknown: {listed}", "check `ip link` on every node")]
     known = [mtu for mtu in mtus.values() if mtu is not None]
     if len(set(known)) > 1:
         fix = f"set MTU {max(known)} on every fabric interface (netplan `mtu: 9000`, then `sudo netplan apply`)"
         return [Finding(ALL_NODES, "mtu", "FAIL", f"MTU differs: {listed}", fix)]
+    if len(known) < len(mtus):
+        return [Finding(ALL_NODES, "mtu", "WARN", f"MTU unknown: {listed}", "check `ip link` on every node")]
     return []
+
+
+def mtu_of(facts: Facts, node: str, ifname: str) -> int | None:
+    """The MTU of the interface the rank binds to: the detected one's, or its port's."""
+    found = facts.nodes[node].fabric
+    if found.ifname == ifname and found.mtu is not None:
+        return found.mtu
+    return next((port.mtu for port in found.ports if ifname in port.netdevs and port.mtu is not None), None)
 
 
 # ---------------------------------------------------------------- what only looks odd

@@ -75,9 +75,10 @@ COMPONENT = Component.RANKS
 # How a restart's cause names a node that rebooted under its rank (incidents file it as a reboot).
 REBOOTED = "rebooted since it started"
 CHANGED = "config changed: "
+RESUMING = "resuming the group restart"
 # The grace of a rank stopped by a restart after a failure (see _stopping).
 UNPLANNED_GRACE_S = 10
-_SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
 def owned_containers(deployment: Deployment, facts: Facts, node: str, role: str = "") -> list[ContainerFacts]:
@@ -147,7 +148,7 @@ def _flag_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
 
 def _env_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
     def shown(name: str, value: str) -> str:
-        return "(redacted)" if _SECRET_NAME_RE.search(name) else value
+        return "(redacted)" if SECRET_NAME_RE.search(name) else value
 
     changes = [
         f"{name} {shown(name, before[name])} -> {shown(name, after[name])}"
@@ -216,11 +217,13 @@ def plan_ranks(
 def _memory_outlook(
     deployment: Deployment, facts: Facts, states: list[RankState], accept_risk: bool
 ) -> headroom.Outlook:
-    """A running rank replaced for a change of its config: what the memory record predicts."""
+    """A rank whose container runs (or ran, before it failed) another config than the spec's:
+    what the memory record predicts of the spec's, before the group starts onto it."""
     changes = [
         (state.desired, state.observed)
         for state in states
-        if state.observed is not None and state.observed.status == "running" and state.problem.startswith(CHANGED)
+        if state.observed is not None
+        and state.observed.labels.get(LABEL_CONFIG_HASH) != state.desired.labels[LABEL_CONFIG_HASH]
     ]
     return headroom.outlook(deployment, facts.nodes, changes, accept_risk=accept_risk)
 
@@ -254,12 +257,17 @@ def _held(deployment: Deployment, facts: Facts, reasons: list[str], first: list[
 
 def unplanned_failure(deployment: Deployment, facts: Facts, states: list[RankState]) -> str | None:
     """What failed when the group needs a restart nobody asked for: a rank that exited, was killed
-    or is not running, or failed liveness probes. None for a missing container (a first start, or
-    one removed by hand), a change of config and a resumed restart."""
+    or is not running, a restart that did not finish, or failed liveness probes. None for a
+    missing container (a first start, or one removed by hand) and a change of config."""
     for state in states:
         if state.observed is not None and state.observed.status != "running":
             rebooted = _rebooted(facts, state.desired.node, state.observed)
             return f"{state.desired.name} on {state.desired.node}: {rebooted or state.problem}"
+    resumed = next((state.problem for state in states if state.problem.startswith(RESUMING)), None)
+    if resumed is not None:
+        # A restart that did not finish (a start that never became ready, a reconciler stopped
+        # mid-way) is done again: counted, so a start that fails every time trips the breaker.
+        return f"{resumed}: it did not finish"
     liveness, intent = facts.liveness, facts.nodes[deployment.head.name].restart_intent
     if intent is None and liveness is not None and liveness.failures >= deployment.loop.failure_threshold:
         return f"liveness: {liveness.failures} one-token completions failed in a row ({liveness.detail})"
@@ -305,7 +313,7 @@ def _with_group_signals(
     if not all(state.healthy for state in states):
         return states
     if intent is not None:
-        problem = f"resuming the group restart recorded at {intent.since} ({intent.cause})"
+        problem = f"{RESUMING} recorded at {intent.since} ({intent.cause})"
     elif liveness is not None and liveness.failures >= deployment.loop.failure_threshold:
         problem = f"liveness: {liveness.failures} one-token completions failed in a row ({liveness.detail})"
     elif restart:

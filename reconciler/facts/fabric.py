@@ -54,8 +54,10 @@ class RdmaPort(FactsModel):
     # The GID at the node's GID index as sysfs prints it, and its type ("RoCE v2").
     gid: str | None = None
     gid_type: str | None = None
-    # The other GIDs in use at the head of the table (index -> GID), to say where one moved.
+    # The GIDs in use at the head of the table (index -> GID, and -> type where readable), to
+    # say where one moved.
     gids: dict[int, str] = Field(default_factory=lambda: {})
+    gid_types: dict[int, str] = Field(default_factory=lambda: {})
     # The HCA's firmware, the port's RDMA rate and its netdev's negotiated speed (Gb/s), and
     # that netdev's MTU: a link that negotiated 200G can carry far less on some driver and
     # firmware pairs, and a reboot can reset one side's MTU.
@@ -221,7 +223,8 @@ def ports_from_sysfs(tree: dict[str, Any]) -> list[RdmaPort]:
             netdevs=list(device.get("netdevs") or []),
             gid=(port.get("gid") or "").strip() or None,
             gid_type=(port.get("gid_type") or "").strip() or None,
-            gids=_gids(port.get("gids")),
+            gids=_gids(port.get("gids"), 0),
+            gid_types=_gids(port.get("gids"), 1),
             firmware=_firmware(device.get("firmware")),
             rate_gbps=_rate_gbps(port.get("rate")),
             link_gbps=_link_gbps(device.get("speeds"), list(device.get("netdevs") or [])),
@@ -237,14 +240,20 @@ _FIRMWARE_RE = re.compile(r"[\w.+-]{1,40}")
 _MAX_GID_INDEX = 255
 
 
-def _gids(raw: object) -> dict[int, str]:
-    """index -> GID for the entries the probe found in use (odd entries left out)."""
+def _gids(raw: object, field: int) -> dict[int, str]:
+    """index -> GID (field 0) or its type (field 1) for the entries the probe found in use;
+    odd entries are left out."""
     found: dict[int, str] = {}
     for index, entry in (raw if isinstance(raw, dict) else {}).items():
-        gid = entry[0] if isinstance(entry, list) and entry else None
-        if str(index).isdigit() and int(index) <= _MAX_GID_INDEX and isinstance(gid, str) and gid.strip():
-            found[int(index)] = gid.strip()[:64]
+        value = entry[field] if isinstance(entry, list) and len(entry) > field else None
+        if _small_number(index) and int(index) <= _MAX_GID_INDEX and isinstance(value, str) and value.strip():
+            found[int(index)] = value.strip()[:64]
     return found
+
+
+def _small_number(text: object, digits: int = 9) -> bool:
+    """Decimal digits only, few enough for int(): untrusted text such as "²" or a million 9s is not."""
+    return isinstance(text, str) and 0 < len(text) <= digits and text.isascii() and text.isdecimal()
 
 
 def _firmware(raw: object) -> str | None:
@@ -262,9 +271,8 @@ def _rate_gbps(raw: object) -> float | None:
 def _link_gbps(speeds: object, netdevs: list[str]) -> float | None:
     """The fastest negotiated speed of the port's netdevs (sysfs `speed`, Mb/s; -1 = unknown)."""
     found = speeds if isinstance(speeds, dict) else {}
-    values = [
-        int(text.strip()) for name in netdevs if isinstance(text := found.get(name), str) and text.strip().isdigit()
-    ]
+    texts = [text.strip() for name in netdevs if isinstance(text := found.get(name), str)]
+    values = [int(text) for text in texts if _small_number(text)]
     positive = [value for value in values if value > 0]
     return max(positive) / 1000 if positive else None
 
@@ -449,7 +457,7 @@ def fabric_from_probe(raw: dict[str, Any] | None, *, ifname: str | None, ip: str
     try:
         ports = merge_ports(ports_from_sysfs(raw.get("infiniband") or {}), parse_rdma_link(raw.get("rdma_link") or ""))
         netdevs = parse_ip_addr(raw["ip_addr"]) if raw.get("ip_addr") is not None else None
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError) as exc:
         return FabricFacts(problem=f"cannot read the fabric observations: {type(exc).__name__}: {exc}")
     if netdevs is None:
         return FabricFacts(ports=ports, problem=f"cannot list addresses: {raw.get('ip_error')}")

@@ -67,7 +67,7 @@ def node_facts_from_probe(node: Node, raw: dict[str, Any]) -> NodeFacts:
     reported as a problem of the node, never raised (the answer reflects files anyone can edit)."""
     try:
         return _node_facts(node, raw)
-    except (ValidationError, KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+    except (ValidationError, KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as exc:
         return NodeFacts(reachable=False, error=f"the node's probe answer cannot be read: {_short(exc)}")
 
 

@@ -73,9 +73,12 @@ def memory_windows(raw: object) -> tuple[list[MemoryWindow], float | None]:
         except ValueError:
             continue  # one odd window leaves the record shorter, never wrong
     samples, interval = raw.get("window_samples"), raw.get("interval_s")
-    if not (isinstance(samples, int) and isinstance(interval, int | float) and 0 < samples * interval <= MAX_WINDOW_S):
+    if not isinstance(samples, int) or not isinstance(interval, int | float):
         return windows, None
-    return windows, float(samples * interval)
+    if not (0 < samples <= MAX_WINDOW_S / 0.1 and 0 < interval <= MAX_WINDOW_S):
+        return windows, None
+    window_s = float(samples * interval)
+    return windows, window_s if window_s <= MAX_WINDOW_S else None
 
 
 def parse_meminfo(text: str) -> MemoryFacts:

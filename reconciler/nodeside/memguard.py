@@ -31,10 +31,11 @@ LOW_WATER_GIB = 10.0
 WINDOW_SAMPLES = 60
 KEPT_WINDOWS = 240
 CONFIG_LABEL = "io.spark-reconciler.config-hash"
+RECORD_TIMEOUT_S = 2.0
 
 
-def _docker(method: str, path: str) -> Any:
-    body = docker_request(method, path)[1]
+def _docker(method: str, path: str, timeout: float = 10.0) -> Any:
+    body = docker_request(method, path, timeout)[1]
     return json.loads(body) if body.strip() else None
 
 
@@ -72,8 +73,11 @@ ROLE_LABEL = "io.spark-reconciler.role"
 def rank_configs(labels: list[str]) -> list[str]:
     """The config hashes of this deployment's running ranks on this node."""
     filters = urllib.parse.quote(json.dumps({"label": labels, "status": ["running"]}))
-    containers = _docker("GET", f"/containers/json?filters={filters}") or []
-    labelled = [container.get("Labels") or {} for container in containers]
+    # A short timeout: a Docker slow to answer must not hold back the next check of the floor.
+    containers = _docker("GET", f"/containers/json?filters={filters}", RECORD_TIMEOUT_S)
+    if not isinstance(containers, list):
+        raise RuntimeError(f"Docker's container list is not a list: {str(containers)[:100]}")
+    labelled = [found for item in containers if isinstance(found := (item or {}).get("Labels"), dict)]
     return sorted(str(found[CONFIG_LABEL]) for found in labelled if CONFIG_LABEL in found and not found.get(ROLE_LABEL))
 
 
@@ -138,11 +142,14 @@ class Guard:
     def tick(self, count: int) -> None:
         floor = float(self.config["floor_gib"])
         available = mem_available_gib(self.config.get("meminfo", "/proc/meminfo"))
+        self.guard_floor(count, floor, available)
         try:
             self.remember(count, available)
-        except (OSError, ValueError, RuntimeError) as exc:  # the record never costs the floor its check
+        except Exception as exc:  # the record is a help; whatever fails in it, the guard keeps guarding
             self.window_low = None
-            self.log(f"memory record: {exc}")
+            self.log(f"memory record: {type(exc).__name__}: {exc}")
+
+    def guard_floor(self, count: int, floor: float, available: float) -> None:
         if available < LOW_WATER_GIB and count % 10 == 0:
             self.log(f"MemAvailable {available:.2f}G; top: {', '.join(top_rss())}")
         if available < floor:
@@ -158,8 +165,8 @@ class Guard:
         while True:
             try:
                 self.tick(count)
-            except (OSError, RuntimeError, ValueError) as exc:
-                self.log(f"error: {exc}")
+            except Exception as exc:  # one failed tick (Docker's odd answer, a full disk) never ends the guard
+                self.log(f"error: {type(exc).__name__}: {exc}")
             count += 1
             time.sleep(float(self.config.get("interval_s", 1.0)))
 

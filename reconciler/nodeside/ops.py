@@ -588,8 +588,9 @@ class FrontAnswer(TypedDict):
 
 
 def front_command(args: FrontCommandArgs) -> FrontAnswer:
-    """One command to the front's admin socket (its drain switch)."""
-    return {"answer": admin_command(args["socket"], args["command"])}
+    """One command to the front's admin socket (its drain switch); the spec's state dir may
+    start with `~`, which only the node can expand."""
+    return {"answer": admin_command(os.path.expanduser(args["socket"]), args["command"])}
 
 
 class EngineLoadArgs(TypedDict):

@@ -241,3 +241,36 @@ def test_start_clears_the_breaker_without_gathered_facts(state_home: Deployment)
     breaker.clear(ApplyContext(deployment, Facts(nodes={}), transports))  # type: ignore[arg-type]
     assert not Path(layout.breaker).exists()
     assert not Path(layout.restarts).exists()
+
+
+def test_a_restart_that_never_finished_is_counted_so_a_start_failing_every_time_trips() -> None:
+    """A start that timed out waiting for readiness leaves its ranks running and the intent
+    recorded: the next pass resumes the restart, which counts like any restart nobody asked for."""
+    from reconciler.facts.node import RestartIntent
+
+    intent = RestartIntent(since="2026-12-03T11:50:00Z", cause="group restart: dsv41-r1 on spark-worker: ...")
+    running = load_facts(CONVERGED_FACTS).model_copy(update={"taken_at": NOW})
+    resumed = with_node(running, HEAD, restart_intent=intent)
+    result = plan(reference_deployment(), resumed)
+    (cause,) = counted(result)
+    assert cause.startswith("resuming the group restart recorded at 2026-12-03T11:50:00Z")
+    assert incidents.detect(reference_deployment(), resumed, result) == [], "its failure was recorded as it failed"
+    looping = with_node(
+        resumed, HEAD, restarts=restarts("2026-12-03T10:00:00Z", "2026-12-03T11:00:00Z", "2026-12-03T11:30:00Z")
+    )
+    held = plan(reference_deployment(), looping)
+    assert any(isinstance(a.payload, TripBreaker) for a in held.actions)
+    assert not [a for a in held.actions if isinstance(a.payload, StartRank)]
+
+
+def test_records_mask_every_variable_whose_name_says_secret(state_home: Deployment) -> None:
+    """A token in serving.extra_env was never registered with the redaction: its name masks it."""
+    deployment = state_home
+    facts = with_container(crashed([]), WORKER, env={"MY_SERVICE_TOKEN": "tok-unregistered-42", "PLAIN": "kept"})
+    result = plan(deployment, facts)
+    found = incidents.Found("rank exit", "r1 exited", "masking")
+    written = incidents.record(deployment, {}, facts, result, found, log=lambda _line: None)
+    assert written is not None
+    _, files = incidents.show(deployment, written.id)
+    assert "tok-unregistered-42" not in files["facts.json"] + files["plan.json"]
+    assert '"PLAIN": "kept"' in files["facts.json"]

@@ -147,3 +147,59 @@ def test_the_guard_records_each_windows_low_and_the_configs_that_ran_through_it(
     ]
     assert record["window_samples"] == 3
     assert oct((tmp_path / "memguard.record.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_failing_record_never_keeps_the_guard_from_its_floor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Docker answers the record's question with an error: the guard still kills below the floor."""
+    from reconciler.nodeside import memguard
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 125000000 kB\nMemAvailable: 100000 kB\n")
+    config = {"floor_gib": 0.5, "labels": [], "interval_s": 1.0, "meminfo": str(meminfo)}
+    (tmp_path / "memguard.json").write_text(json.dumps(config))
+    guard = memguard.Guard(str(tmp_path))
+    killed: list[bool] = []
+
+    def refuse(_labels: list[str]) -> list[str]:
+        raise AttributeError("'str' object has no attribute 'get'")
+
+    monkeypatch.setattr(memguard, "rank_configs", refuse)
+
+    def kill(_labels: list[str]) -> list[str]:
+        killed.append(True)
+        return ["dsv41-r0"]
+
+    monkeypatch.setattr(memguard, "kill_ranks", kill)
+    guard.tick(0)
+    assert killed == [True]
+    assert (tmp_path / "memguard.trip.json").exists()
+    assert "memory record: AttributeError" in (tmp_path / "memguard.log").read_text()
+
+
+def test_a_saved_plan_with_a_prediction_stays_current_while_the_record_grows() -> None:
+    from reconciler import savedplan
+
+    deployment = kv_bytes(1_700_000_000)
+    before = recorded({HEAD: 3.0, WORKER: 3.0}, minutes=20)
+    saved = savedplan.saved(plan(deployment, before), deployment, before)
+    later = recorded({HEAD: 2.5, WORKER: 3.0}, minutes=21)
+    savedplan.check_current(saved, deployment, later, Path("plan.json"), plan(deployment, later))
+
+
+def test_kv_bytes_set_on_one_side_only_predicts_nothing() -> None:
+    """The upstream profile renders no --kv-cache-memory-bytes: the pool then follows gpu_util x
+    MemTotal, which the record of a pinned pool cannot turn into a number."""
+    result = plan(with_serving(reference_deployment(), profile="upstream"), recorded({HEAD: 3.0, WORKER: 3.0}))
+    memory = [note for note in result.notes if note.startswith("memory on spark-head")]
+    assert memory, result.notes
+    assert "no prediction: kv_bytes set on one side only" in memory[0]
+    assert not [b for b in result.blockers if b.message.startswith("memory on")]
+
+
+def test_a_rank_that_fails_while_a_risky_edit_waits_is_not_restarted_onto_it() -> None:
+    from tests.scenarios import with_container
+
+    facts = with_container(recorded({HEAD: 3.0, WORKER: 3.0}), WORKER, status="exited", exit_code=1)
+    result = plan(kv_bytes(4_700_000_000), facts)
+    assert starts(result) == [], "the start would be onto the edit the record says trips the guard"
+    assert {b.node for b in result.blockers if b.message.startswith("memory on")} == {HEAD, WORKER}

@@ -147,3 +147,34 @@ def test_a_guard_pid_file_left_by_a_reboot_names_no_running_guard(tmp_path: Path
     started_as = Path("/proc/self/cmdline").read_bytes().split(b"\0")[0].decode()
     assert process_alive(str(pid_file), [started_as])
     assert not process_alive(str(tmp_path / "absent.pid"), [started_as])
+
+
+def test_the_fronts_admin_socket_is_found_under_a_home_relative_state_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default state dir is `~/.dsv41-two-sparks`: the drain switch's socket path arrives
+    unexpanded and must still reach the front."""
+    import socket
+    import threading
+
+    from reconciler.nodeside.ops import front_command
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "admin.sock"))
+    listener.listen(1)
+
+    def answer() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            assert connection.recv(100).startswith(b"add acl")
+            connection.sendall(b"Done.\n")
+
+    server = threading.Thread(target=answer)
+    server.start()
+    try:
+        reply = front_command({"socket": "~/admin.sock", "command": "add acl /run/front/drain.acl on"})
+    finally:
+        server.join(5)
+        listener.close()
+    assert reply == {"answer": "Done.\n"}
