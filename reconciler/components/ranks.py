@@ -259,10 +259,13 @@ def unplanned_failure(deployment: Deployment, facts: Facts, states: list[RankSta
     """What failed when the group needs a restart nobody asked for: a rank that exited, was killed
     or is not running, a restart that did not finish, or failed liveness probes. None for a
     missing container (a first start, or one removed by hand) and a change of config."""
-    for state in states:
-        if state.observed is not None and state.observed.status != "running":
-            rebooted = _rebooted(facts, state.desired.node, state.observed)
-            return f"{state.desired.name} on {state.desired.node}: {rebooted or state.problem}"
+    stopped = [(state, seen) for state in states if (seen := state.observed) is not None and seen.status != "running"]
+    # A node that rebooted explains every exit that follows (a rank 0 exits on its lost peer).
+    rebooted = [(state, why) for state, seen in stopped if (why := _rebooted(facts, state.desired.node, seen))]
+    explained = rebooted or [(state, state.problem) for state, _ in stopped]
+    if explained:
+        state, why = explained[0]
+        return f"{state.desired.name} on {state.desired.node}: {why}"
     resumed = next((state.problem for state in states if state.problem.startswith(RESUMING)), None)
     if resumed is not None:
         # A restart that did not finish (a start that never became ready, a reconciler stopped

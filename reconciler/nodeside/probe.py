@@ -33,6 +33,8 @@ from reconciler.nodeside.common import (
 from reconciler.nodeside.statedir import StateDir
 
 MAX_PLAN_BYTES = 4 * 1024 * 1024
+# A read of a /proc/sys file allocates the whole count in the kernel: 4 MiB fails with ENOMEM.
+KERNEL_FILE_BYTES = 64 * 1024
 # The testbed has no RDMA devices (and no Soft-RoCE): it points this at a Spark-shaped fixture
 # tree, and `rdma -j link` output is then read from rdma-link.json next to that tree.
 SYSFS_ROOT_ENV = "RECONCILER_SYSFS_ROOT"
@@ -61,6 +63,11 @@ def read_text(path: str, limit: int = MAX_PLAN_BYTES) -> str | None:
             return handle.read(limit).decode("utf-8", errors="replace")
         except OSError:
             return None
+
+
+def kernel_file(path: str) -> str | None:
+    """A /proc or /sys file's text (a small read: see KERNEL_FILE_BYTES)."""
+    return read_text(path, KERNEL_FILE_BYTES)
 
 
 def read_json(path: str) -> Any:
@@ -177,18 +184,18 @@ def infiniband(root: str, gid_index: int) -> dict[str, Any] | None:
         for number in list_dir(os.path.join(base, hca, "ports")):
             port = os.path.join(base, hca, "ports", number)
             ports[number] = {
-                "state": read_text(os.path.join(port, "state")),
-                "rate": read_text(os.path.join(port, "rate")),
-                "gid": read_text(os.path.join(port, "gids", str(gid_index))),
-                "gid_type": read_text(os.path.join(port, "gid_attrs", "types", str(gid_index))),
+                "state": kernel_file(os.path.join(port, "state")),
+                "rate": kernel_file(os.path.join(port, "rate")),
+                "gid": kernel_file(os.path.join(port, "gids", str(gid_index))),
+                "gid_type": kernel_file(os.path.join(port, "gid_attrs", "types", str(gid_index))),
                 "gids": gids_in_use(port),
             }
         netdevs = list_dir(os.path.join(base, hca, "device", "net"))
         devices[hca] = {
             "ports": ports,
             "netdevs": netdevs,
-            "firmware": read_text(os.path.join(base, hca, "fw_ver")),
-            "speeds": {netdev: read_text(os.path.join(root, "class", "net", netdev, "speed")) for netdev in netdevs},
+            "firmware": kernel_file(os.path.join(base, hca, "fw_ver")),
+            "speeds": {netdev: kernel_file(os.path.join(root, "class", "net", netdev, "speed")) for netdev in netdevs},
         }
     return devices
 
@@ -197,9 +204,9 @@ def gids_in_use(port: str) -> dict[str, list[str | None]]:
     """index -> [GID, type] for the entries of the table's head that hold an address."""
     found: dict[str, list[str | None]] = {}
     for index in range(GID_SCAN):
-        gid = read_text(os.path.join(port, "gids", str(index)))
+        gid = kernel_file(os.path.join(port, "gids", str(index)))
         if gid is not None and gid.strip().replace("0", "").replace(":", ""):
-            found[str(index)] = [gid, read_text(os.path.join(port, "gid_attrs", "types", str(index)))]
+            found[str(index)] = [gid, kernel_file(os.path.join(port, "gid_attrs", "types", str(index)))]
     return found
 
 
@@ -247,9 +254,9 @@ def host_facts() -> dict[str, Any]:
     except (OSError, ValueError, AttributeError):
         docker_version = None
     return {
-        "kernel": read_text("/proc/sys/kernel/osrelease"),
-        "boot_id": read_text("/proc/sys/kernel/random/boot_id"),
-        "nvidia_driver": read_text("/proc/driver/nvidia/version"),
+        "kernel": kernel_file("/proc/sys/kernel/osrelease"),
+        "boot_id": kernel_file("/proc/sys/kernel/random/boot_id"),
+        "nvidia_driver": kernel_file("/proc/driver/nvidia/version"),
         "docker": docker_version,
         "toolkit": toolkit,
     }
@@ -264,7 +271,7 @@ def host_state() -> dict[str, Any]:
         "user": pwd.getpwuid(os.getuid()).pw_name,
         "tools": {name: find_tool(name) for name in tools},
         "docker_info": docker_info(),
-        "nvidia_driver": read_text("/proc/driver/nvidia/version"),
+        "nvidia_driver": kernel_file("/proc/driver/nvidia/version"),
         "listeners": listeners(),
     }
 

@@ -178,3 +178,13 @@ def test_the_fronts_admin_socket_is_found_under_a_home_relative_state_dir(
         server.join(5)
         listener.close()
     assert reply == {"answer": "Done.\n"}
+
+
+def test_the_probe_reads_this_machines_kernel_release_and_boot_id() -> None:
+    """/proc/sys files refuse a 4 MiB read (ENOMEM): the host facts read them small."""
+    from reconciler.facts.host import host_from_probe
+    from reconciler.nodeside.probe import host_facts
+
+    found = host_from_probe(host_facts())
+    assert found.kernel == os.uname().release
+    assert found.boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
