@@ -131,6 +131,7 @@ def apply_plan(ctx: ApplyContext, plan: Plan, result: ApplyResult | None = None)
             _announce(ctx, action, numbers[action.id], total)
         outcomes = _run_group(ctx, batch, numbers, total) if pipelined else _run_batch(ctx, batch, numbers, total)
         for action, (message, elapsed, error) in zip(batch, outcomes, strict=True):
+            _record_step(ctx, action, elapsed, error.message if error is not None else None, message)
             if error is not None:
                 where = f"[{numbers[action.id]}/{total}] {action.component} on {action.node}: {action.summary}"
                 raise ApplyError(f"{where}: failed: {error.message}", error.hint, cause=error, step=action.step.value)
@@ -138,6 +139,20 @@ def apply_plan(ctx: ApplyContext, plan: Plan, result: ApplyResult | None = None)
             ctx.progress.line(f"{prefix} in {elapsed:.1f} s: {message}")
             result.done.append((action, message, elapsed))
     return result
+
+
+def _record_step(ctx: ApplyContext, action: Action, seconds: float, error: str | None, result: str) -> None:
+    """The step in the event history: what, where, why, how long, and how it ended."""
+    outcome = {"outcome": "failed", "error": error} if error is not None else {"outcome": "done", "result": result}
+    ctx.events.emit(
+        "step",
+        step=action.step.value,
+        node=action.node,
+        id=action.id,
+        cause=action.cause,
+        seconds=round(seconds, 2),
+        **outcome,
+    )
 
 
 def _announce(ctx: ApplyContext, action: Action, number: int, total: int) -> None:

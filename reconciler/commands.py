@@ -29,6 +29,7 @@ from reconciler.errors import (
     ReconcilerError,
     SmokeFailedError,
 )
+from reconciler.events import EventLog, history_path
 from reconciler.execution import ApplyContext, Progress, Publisher
 from reconciler.facts.gather import gather
 from reconciler.facts.node import Facts, Liveness
@@ -84,6 +85,8 @@ class Converge:
     saved: tuple[savedplan.SavedPlan, Path] | None = None
     # Runs under the lock before anything is observed: `stop` holds, `start` releases.
     first: Callable[[ApplyContext], None] | None = None
+    # What set it off (the loop's triggers; "" for a command).
+    trigger: str = ""
     # Sees the facts as first gathered (the loop compares them with its last pass's).
     observed: Callable[[Facts], None] = lambda _facts: None
     show: Callable[[Plan], None] = lambda _plan: None
@@ -112,13 +115,51 @@ def converge(
     """The one way the deployment is changed; see the module's docstring."""
     lock = deployment_lock(deployment, request.doing, wait_s=request.wait_s, on_wait=request.on_wait or progress.line)
     with lock, progress.publishing(request.doing, pass_publisher(deployment)):
-        return _converge_locked(deployment, transports, progress, request)
+        started = time.monotonic()
+        history = EventLog(history_path(deployment.state_dir))
+        try:
+            outcome = _converge_locked(deployment, transports, progress, request)
+        except ReconcilerError as exc:
+            seconds = round(time.monotonic() - started, 2)
+            history.emit(
+                "pass",
+                doing=request.doing,
+                trigger=request.trigger,
+                seconds=seconds,
+                outcome="failed",
+                error=exc.message,
+            )
+            raise
+        seconds = round(time.monotonic() - started, 2)
+        history.emit(
+            "pass", doing=request.doing, trigger=request.trigger, seconds=seconds, outcome=_pass_outcome(outcome)
+        )
+        return outcome
+
+
+def _pass_outcome(outcome: ApplyOutcome) -> str:
+    """How a converge ended, in the words of the loop's condition."""
+    after = outcome.after
+    if outcome.declined:
+        return "declined"
+    if after.held:
+        return "held: " + after.held[0]
+    if after.blockers:
+        return f"blocked: {after.blockers[0].node}: {after.blockers[0].message}"
+    return "converged" if not after.has_changes else "not converged"
 
 
 def _converge_locked(
     deployment: Deployment, transports: dict[str, Transport], progress: Progress, request: Converge
 ) -> ApplyOutcome:
-    context = ApplyContext(deployment, Facts(nodes={}), transports, progress, smoke=smoke_after_start)
+    context = ApplyContext(
+        deployment,
+        Facts(nodes={}),
+        transports,
+        progress,
+        smoke=smoke_after_start,
+        events=EventLog(history_path(deployment.state_dir)),
+    )
     if request.first is not None:
         request.first(context)
     progress.phase("gathering facts")
@@ -193,7 +234,15 @@ def _record_incidents(context: ApplyContext, facts: Facts, before: Plan) -> None
     if found:
         _register_key(context, facts)
     for item in found:
-        incidents.record(context.deployment, context.transports, facts, before, item, log=context.progress.line)
+        written = incidents.record(
+            context.deployment, context.transports, facts, before, item, log=context.progress.line
+        )
+        _incident_event(context, written)
+
+
+def _incident_event(context: ApplyContext, written: incidents.Incident | None) -> None:
+    if written is not None:
+        context.events.emit("incident", id=written.id, incident=written.kind, cause=written.cause)
 
 
 def _record_failed_start(context: ApplyContext, current: Plan, error: ApplyError) -> None:
@@ -204,7 +253,8 @@ def _record_failed_start(context: ApplyContext, current: Plan, error: ApplyError
         facts = context.facts
     _register_key(context, facts)
     found = incidents.failed_start(error.message, facts)
-    incidents.record(context.deployment, context.transports, facts, current, found, log=context.progress.line)
+    written = incidents.record(context.deployment, context.transports, facts, current, found, log=context.progress.line)
+    _incident_event(context, written)
 
 
 def _register_key(context: ApplyContext, facts: Facts) -> None:

@@ -21,6 +21,7 @@ from typing import TextIO
 from reconciler.actions import Action, Smoke
 from reconciler.clock import utc_iso
 from reconciler.errors import FactsError
+from reconciler.events import EventLog
 from reconciler.facts.node import Facts
 from reconciler.nodeops import NodeOps
 from reconciler.nodeside.statedir import StateDir
@@ -249,6 +250,8 @@ class ApplyContext:
     smoke: SmokeRunner | None = None
     # Files each node has complete and verified while a pipelined group runs (see pipeline.py).
     boards: Boards = field(default_factory=Boards)
+    # The event history the steps, restarts, trips and drains are appended to (none: not kept).
+    events: EventLog = field(default_factory=lambda: EventLog(None))
 
     def node(self, name: str) -> Node:
         return self.deployment.node(name)

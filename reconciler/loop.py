@@ -281,6 +281,7 @@ class Loop:
             clear_trips = self._reload_spec()
             request = commands.Converge(
                 doing="reconcile loop pass",
+                trigger=", ".join(dict.fromkeys(reasons)),
                 wait_s=3600,
                 first=commands.clear_trips if clear_trips else None,
                 observed=self._observed,

@@ -89,6 +89,29 @@ def _host_lines(report: Report) -> list[str]:
     return lines
 
 
+def events(args: argparse.Namespace) -> int:
+    from reconciler import events as history
+
+    deployment = load(args).deployment
+    path = history.history_path(deployment.state_dir)
+    found = history.follow(path, args.since) if args.follow else iter(history.read_events(path, args.since))
+    if args.json and not args.follow:
+        emit_json({"events": list(found), "file": str(path)})
+        return EXIT_OK
+    for event in found:
+        sys.stdout.write((json.dumps(event) if args.json else _event_line(event)) + "\n")
+        sys.stdout.flush()
+    return EXIT_OK
+
+
+def _event_line(event: Report) -> str:
+    """One event as a line: when, what, and its fields."""
+    from reconciler.progress import printable
+
+    fields = " ".join(f"{key}={value}" for key, value in event.items() if key not in {"at", "kind"})
+    return printable(f"{event['at']} {event['kind']:<9} {fields}", 400)
+
+
 def incidents(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 

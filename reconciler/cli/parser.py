@@ -167,6 +167,27 @@ def seconds(text: str) -> float:
     return _number_within(text, 0, 86_400, "a number of seconds from 0 to 86400")
 
 
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def since(text: str) -> float:
+    """How far back, as epoch seconds: an age (90s, 30m, 2h, 7d) or a time as `status` prints
+    them (2026-12-03T10:00:00Z)."""
+    import time
+
+    from reconciler.clock import parse_utc_iso
+
+    digits, unit = text[:-1], text[-1:]
+    if digits.isdigit() and unit in _AGE_UNITS and len(digits) <= 6:
+        return time.time() - int(digits) * _AGE_UNITS[unit]
+    moment = parse_utc_iso(text)
+    if moment is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither an age (90s, 30m, 2h, 7d) nor a time like 2026-12-03T10:00:00Z"
+        )
+    return moment
+
+
 def refresh_seconds(text: str) -> float:
     """A refresh interval: each refresh asks every node, so not back to back."""
     value = seconds(text)
@@ -413,6 +434,31 @@ def _commands() -> list[Command]:
                 JSON,
                 arg("which", nargs="?", choices=["show"], metavar="show", help="print one record"),
                 arg("id", nargs="?", metavar="ID", help="the record to show (as listed)"),
+            ),
+        ),
+        Command(
+            "events",
+            "what the reconciler did: passes, steps, restarts, trips, drains and incidents",
+            "Print the event history this machine keeps under the state dir (events.jsonl, rotated past 4 MiB, "
+            "three files): every converge (trigger, duration, outcome), every step (node, cause, duration, "
+            "outcome), every unplanned restart counted and every incident recorded, oldest first.",
+            [
+                "reconciler events --since 1h",
+                "reconciler events --follow",
+                "reconciler events --since 2026-12-03T10:00:00Z --json",
+            ],
+            "observe:events",
+            (
+                SPEC,
+                JSON,
+                arg(
+                    "--since",
+                    type=since,
+                    default=None,
+                    metavar="AGE|TIME",
+                    help="from this long ago (30m, 2h, 7d) or this time on",
+                ),
+                arg("--follow", action="store_true", help="then print each new event as it is written, until Ctrl-C"),
             ),
         ),
         # --- stopping and starting --------------------------------------------------------------

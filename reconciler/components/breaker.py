@@ -103,6 +103,7 @@ def record_restart(ctx: ApplyContext, cause: str) -> None:
     )
     entries = [*earlier, {"at": utc_iso(), "cause": redact(cause)[:500]}][-KEPT_RESTARTS:]
     ctx.ops(head).write_file(path, json.dumps({"restarts": entries}, indent=1) + "\n")
+    ctx.events.emit("restart", cause=cause, counted=len(entries), max_restarts=ctx.deployment.loop.max_restarts)
 
 
 def _trip(ctx: ApplyContext, action: Action, trip: TripBreaker) -> str:

@@ -135,7 +135,15 @@ def test_kill_rank1_is_repaired_at_once_on_the_workers_docker_event(settled: Bed
     is the real-engine lane's.)"""
     log = looping.spec.parent / "loop.log"
     seen = len(log.read_text(encoding="utf-8"))
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     repaired_after(looping, lambda: looping.node(WORKER, "docker", "kill", "dsv41-r1"), "killing rank 1")
+    history = json.loads(looping.reconciler("events", "--since", since, "--json").stdout)["events"]
+    repairing = [e for e in history if e["kind"] == "pass" and "spark-worker: dsv41-r1 die" in e["trigger"]]
+    assert repairing, history
+    assert repairing[0]["outcome"] == "converged", repairing
+    assert any(e["kind"] == "restart" and "dsv41-r1 on spark-worker" in e["cause"] for e in history), history
+    started = [(e["node"], e["outcome"]) for e in history if e["kind"] == "step" and e["step"] == "ranks.start"]
+    assert started[:2] == [(WORKER, "done"), (HEAD, "done")], started
     lines = log.read_text(encoding="utf-8")[seen:].splitlines()
     # A pass names every event that came in while it was being started: on a loaded machine
     # rank 0 may have exited on its lost peer by then too (listed first, in node order).
