@@ -87,6 +87,8 @@ class Converge:
     first: Callable[[ApplyContext], None] | None = None
     # What set it off (the loop's triggers; "" for a command).
     trigger: str = ""
+    # `apply --events FILE`: the history's lines, and the steps' progress, for a script.
+    events_file: Path | None = None
     # Sees the facts as first gathered (the loop compares them with its last pass's).
     observed: Callable[[Facts], None] = lambda _facts: None
     show: Callable[[Plan], None] = lambda _plan: None
@@ -114,11 +116,12 @@ def converge(
 ) -> ApplyOutcome:
     """The one way the deployment is changed; see the module's docstring."""
     lock = deployment_lock(deployment, request.doing, wait_s=request.wait_s, on_wait=request.on_wait or progress.line)
-    with lock, progress.publishing(request.doing, pass_publisher(deployment)):
+    history = EventLog(history_path(deployment.state_dir), also=request.events_file)
+    publisher = _with_progress_events(pass_publisher(deployment), history)
+    with lock, progress.publishing(request.doing, publisher):
         started = time.monotonic()
-        history = EventLog(history_path(deployment.state_dir))
         try:
-            outcome = _converge_locked(deployment, transports, progress, request)
+            outcome = _converge_locked(deployment, transports, progress, request, history)
         except ReconcilerError as exc:
             seconds = round(time.monotonic() - started, 2)
             history.emit(
@@ -137,6 +140,20 @@ def converge(
         return outcome
 
 
+def _with_progress_events(publish: Publisher, history: EventLog) -> Publisher:
+    """The pass's state published as before, and each step's byte work as a progress event (in
+    `apply --events FILE` only)."""
+
+    def both(state: PassState | None) -> None:
+        publish(state)
+        for step in state.active if state is not None else []:
+            shown = step.to_dict()
+            if shown["bytes"] is not None:
+                history.progress(step=shown["action"], node=shown["node"], **shown["bytes"])
+
+    return both
+
+
 def _pass_outcome(outcome: ApplyOutcome) -> str:
     """How a converge ended, in the words of the loop's condition."""
     after = outcome.after
@@ -150,16 +167,9 @@ def _pass_outcome(outcome: ApplyOutcome) -> str:
 
 
 def _converge_locked(
-    deployment: Deployment, transports: dict[str, Transport], progress: Progress, request: Converge
+    deployment: Deployment, transports: dict[str, Transport], progress: Progress, request: Converge, history: EventLog
 ) -> ApplyOutcome:
-    context = ApplyContext(
-        deployment,
-        Facts(nodes={}),
-        transports,
-        progress,
-        smoke=smoke_after_start,
-        events=EventLog(history_path(deployment.state_dir)),
-    )
+    context = ApplyContext(deployment, Facts(nodes={}), transports, progress, smoke=smoke_after_start, events=history)
     if request.first is not None:
         request.first(context)
     progress.phase("gathering facts")

@@ -32,30 +32,40 @@ MAX_FIELD_CHARS = 2000
 
 
 class EventLog:
-    """Appends events to a history file, rotating it past `max_bytes`; `None` path: records nothing."""
+    """Appends events to a history file, rotating it past `max_bytes`; `None` path: records nothing.
+    `also`: a script's file (`apply --events FILE`) that gets the same lines, and the progress
+    within steps, appended and never rotated."""
 
-    def __init__(self, path: Path | None, *, max_bytes: int = MAX_BYTES, keep: int = KEEP) -> None:
+    def __init__(
+        self, path: Path | None, *, max_bytes: int = MAX_BYTES, keep: int = KEEP, also: Path | None = None
+    ) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self.keep = keep
+        self.also = also
 
     def emit(self, kind: str, **fields: Any) -> None:
-        path = self.path
-        if path is None:
-            return
-        event = {"at": utc_iso(), "kind": kind, **{key: _bounded(value) for key, value in fields.items()}}
-        line = redact(json.dumps(event, ensure_ascii=False, default=str)) + "\n"
-        with contextlib.suppress(OSError):
-            self._append(path, line.encode("utf-8", errors="replace"))
+        line = _line(kind, fields)
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self._append(self.path, line)
+        self.progress_only(line)
+
+    def progress(self, **fields: Any) -> None:
+        """Byte work within a step, for the script's file only (the history keeps the steps)."""
+        self.progress_only(_line("progress", fields))
+
+    def progress_only(self, line: bytes) -> None:
+        if self.also is not None:
+            with contextlib.suppress(OSError):
+                _append_to(self.also, line)
 
     def _append(self, path: Path, data: bytes) -> None:
         private_dir(str(path.parent))
         with contextlib.suppress(FileNotFoundError):
             if path.stat().st_size + len(data) > self.max_bytes:
                 self._rotate(path)
-        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(descriptor, "ab") as handle:
-            handle.write(data)
+        _append_to(path, data)
 
     def _rotate(self, path: Path) -> None:
         """events.jsonl -> .1 -> .2 ...; the oldest of `keep` files goes."""
@@ -66,6 +76,17 @@ class EventLog:
             newer = path if number == 1 else _rotated(path, number - 1)
             with contextlib.suppress(FileNotFoundError):
                 newer.rename(older)
+
+
+def _line(kind: str, fields: dict[str, Any]) -> bytes:
+    event = {"at": utc_iso(), "kind": kind, **{key: _bounded(value) for key, value in fields.items()}}
+    return (redact(json.dumps(event, ensure_ascii=False, default=str)) + "\n").encode("utf-8", errors="replace")
+
+
+def _append_to(path: Path, data: bytes) -> None:
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(descriptor, "ab") as handle:
+        handle.write(data)
 
 
 def _rotated(path: Path, number: int) -> Path:

@@ -118,6 +118,17 @@ def _plan_from(args: argparse.Namespace, loaded: LoadedSpec) -> tuple[Facts, Pla
         )
 
 
+def _check_writable(path: Path) -> None:
+    """`--events FILE` can be appended to (a script relies on it; the events are never worth a failed step)."""
+    try:
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise ReconcilerError(
+            f"cannot write the events to {path}: {exc.strerror or exc}", "give --events a writable file path"
+        ) from None
+
+
 def apply(args: argparse.Namespace) -> int:
     from reconciler import commands, savedplan
 
@@ -134,12 +145,15 @@ def apply(args: argparse.Namespace) -> int:
             )
         path = Path(args.plan_file)
         saved = (savedplan.read(path), path)
+    if args.events:
+        _check_writable(Path(args.events))
     request = commands.Converge(
         doing="reconciler apply",
         wait_s=args.wait,
         deep_verify=args.deep_verify,
         update_revision=args.update_revision,
         accept_memory_risk=args.accept_memory_risk,
+        events_file=Path(args.events) if args.events else None,
         saved=saved,
         show=(lambda _plan: None) if args.json else show_plan,
         confirm=(lambda _plan: True) if args.yes else confirm,

@@ -346,6 +346,12 @@ def _commands() -> list[Command]:
                 ACCEPT_MEMORY_RISK,
                 arg("-y", "--yes", action="store_true", help="do not ask before the disruptive or expensive"),
                 arg("--deep-verify", action="store_true", help="rehash every checkpoint file, ignoring the cache"),
+                arg(
+                    "--events",
+                    metavar="FILE",
+                    help="also append every event as a JSON line to FILE (passes, steps, restarts, incidents, and "
+                    "each step's progress: bytes, rate, ETA), for scripts",
+                ),
                 JSON,
             ),
         ),

@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -86,10 +87,19 @@ def test_converges_from_empty(tokened: Bed) -> None:
     assert "image on spark-worker: pull" in planned
     assert "image on spark-head" not in planned
     started = time.monotonic()
-    result = bed.reconciler("apply")
+    script = f"{bed.spec.parent}/apply-events.jsonl"
+    result = bed.reconciler("apply", "--events", script)
     print(f"converged from empty in {time.monotonic() - started:.1f} s")
     assert "Apply complete" in result.stdout
     assert "start dsv41-r1" in result.stdout
+    events = [json.loads(line) for line in Path(script).read_text(encoding="utf-8").splitlines()]
+    steps = {(e["step"], e["node"]) for e in events if e["kind"] == "step" and e["outcome"] == "done"}
+    assert {("checkpoint.download", HEAD), ("ranks.start", WORKER), ("ranks.start", HEAD)} <= steps, steps
+    (finished,) = [e for e in events if e["kind"] == "pass"]
+    assert (finished["doing"], finished["outcome"]) == ("reconciler apply", "converged"), finished
+    history = json.loads(bed.reconciler("events", "--json").stdout)["events"]
+    assert [e for e in history if e["kind"] == "pass"][-1]["outcome"] == "converged"
+    assert "progress" not in {e["kind"] for e in history}, "the history keeps the steps, not their progress"
     for node in (HEAD, WORKER):
         state = bed.docker_json(node, "inspect", "--format", "{{json .State}}", f"dsv41-r{0 if node == HEAD else 1}")
         assert isinstance(state, dict)

@@ -131,3 +131,36 @@ def test_since_refuses_anything_else(text: str) -> None:
 
     with pytest.raises(argparse.ArgumentTypeError):
         since(text)
+
+
+def test_a_scripts_events_file_gets_the_same_lines_and_the_progress(tmp_path: Path) -> None:
+    from reconciler.commands import _with_progress_events
+    from reconciler.progress import Counter, PassState, StepState
+
+    history, script = tmp_path / "events.jsonl", tmp_path / "script.jsonl"
+    log = EventLog(history, also=script)
+    published: list[object] = []
+    publish = _with_progress_events(published.append, log)
+    step = StepState(2, 5, "checkpoint.download-x@spark-head", "download", "spark-head", "2026-12-04T00:00:00Z")
+    step.count(0.0, Counter("download", 100, 1000))
+    step.count(1.0, Counter("download", 300, 1000))
+    publish(PassState(by="reconciler apply", pid=1, started_at="2026-12-04T00:00:00Z", active=[step]))
+    publish(None)
+    log.emit("pass", outcome="converged")
+    assert len(published) == 2, "the pass state still reaches its publisher"
+    shown = read_events(script)
+    assert [event["kind"] for event in shown] == ["progress", "pass"]
+    assert (shown[0]["what"], shown[0]["done"], shown[0]["total"], shown[0]["rate_bps"], shown[0]["eta_s"]) == (
+        "download",
+        300,
+        1000,
+        200,
+        4,
+    )
+    assert [event["kind"] for event in read_events(history)] == ["pass"], "the history keeps no progress"
+
+
+def test_apply_refuses_an_events_file_it_cannot_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocked = tmp_path / "no-such-dir" / "events.jsonl"
+    assert main(["apply", "--spec", str(SPEC_PATH), "--events", str(blocked), "--yes"]) == 1
+    assert f"cannot write the events to {blocked}" in capsys.readouterr().err
