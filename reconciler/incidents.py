@@ -50,8 +50,6 @@ DOCUMENT_BYTES = 4 * 1024 * 1024
 SUMMARY = "incident.json"
 MASK = REDACTED
 
-KINDS = ("rank exit", "reboot", "liveness", "guard trip", "failed start")
-
 
 @dataclass(frozen=True)
 class Found:

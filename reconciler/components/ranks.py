@@ -280,7 +280,7 @@ def unplanned_failure(deployment: Deployment, facts: Facts, states: list[RankSta
 def _rebooted(facts: Facts, node: str, observed: ContainerFacts) -> str | None:
     """A rank that stopped because its node rebooted: the reboot is the cause, not its exit code."""
     host = facts.nodes[node].host
-    if "the node rebooted (boot id changed)" not in host_changes(observed, host):
+    if not _booted_since(observed, host):
         return None
     booted = f"boot id {observed.labels[LABEL_BOOT_ID][:8]} -> {(host.boot_id or '?')[:8]}"
     return f"{node} {REBOOTED} ({booted})"
@@ -559,14 +559,18 @@ def host_labels(host: HostFacts) -> dict[str, str]:
 def host_changes(observed: ContainerFacts, host: HostFacts) -> list[str]:
     """What changed under a rank since it started: its node's boot, kernel or NVIDIA driver."""
     started = observed.labels
-    changes = []
-    if host.boot_id is not None and started.get(LABEL_BOOT_ID) not in (None, host.boot_id):
-        changes.append("the node rebooted (boot id changed)")
+    changes = ["the node rebooted (boot id changed)"] if _booted_since(observed, host) else []
     for label, what, now in ((LABEL_KERNEL, "kernel", host.kernel), (LABEL_DRIVER, "NVIDIA driver", host.driver)):
         before = started.get(label)
         if now is not None and before is not None and before != now:
             changes.append(f"{what} {before} -> {now}")
     return changes
+
+
+def _booted_since(observed: ContainerFacts, host: HostFacts) -> bool:
+    """The node's boot id is not the one the rank was started on (both known)."""
+    started = observed.labels.get(LABEL_BOOT_ID)
+    return host.boot_id is not None and started is not None and started != host.boot_id
 
 
 def create_container_args(api: Any, desired: RankContainer, started_on: dict[str, str] | None = None) -> dict[str, Any]:
