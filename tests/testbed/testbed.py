@@ -316,6 +316,9 @@ class Testbed:
             raise TestbedError(f"{target.name}: processes outlived their init")
         node_ops.start_init(self.layout, target)
         self._start_sshd(target)
+        # A real boot empties /run, where dockerd keeps its pid file; this one survives, and its
+        # pid now belongs to another process of the new namespace, so dockerd would refuse to start.
+        (self.layout.node_dir(target) / "docker.pid").unlink(missing_ok=True)
         node_ops.start_dockerd(self.layout, target)
         node_ops.wait_dockerd(self.layout, target)
 
