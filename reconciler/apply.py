@@ -179,7 +179,9 @@ def _run_one(ctx: ApplyContext, action: Action, number: int, total: int) -> Outc
             message = _execute(ctx, action)
     except ReconcilerError as exc:
         return "", time.monotonic() - started, exc
-    return message, time.monotonic() - started, None
+    ended = time.monotonic()
+    ctx.spans.append((action, started, ended))
+    return message, ended - started, None
 
 
 def _run_batch(ctx: ApplyContext, batch: list[Action], numbers: dict[str, int], total: int) -> list[Outcome]:

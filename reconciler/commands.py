@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reconciler import incidents, notify, savedplan
+from reconciler import incidents, notify, savedplan, starts
 from reconciler.actions import Action, Smoke, Step
 from reconciler.apply import ApplyResult, apply_plan
 from reconciler.clock import utc_iso
@@ -98,6 +98,8 @@ class Converge:
     # `apply` fails when nothing can be planned; the loop reports it as its condition instead.
     blocked_is_error: bool = True
     on_wait: Callable[[str], None] | None = None
+    # Sees every line of the event history as it is written (the loop's metrics).
+    on_event: Callable[[dict[str, Any]], None] | None = None
 
 
 @dataclass
@@ -116,7 +118,7 @@ def converge(
 ) -> ApplyOutcome:
     """The one way the deployment is changed; see the module's docstring."""
     lock = deployment_lock(deployment, request.doing, wait_s=request.wait_s, on_wait=request.on_wait or progress.line)
-    history = EventLog(history_path(deployment.state_dir), also=request.events_file)
+    history = EventLog(history_path(deployment.state_dir), also=request.events_file, listener=request.on_event)
     publisher = _with_progress_events(pass_publisher(deployment), history)
     with lock, progress.publishing(request.doing, publisher):
         started = time.monotonic()
@@ -207,7 +209,16 @@ def _converge_locked(
                 raise ApplyError(again.message, _hint_again(failed, again), cause=again.cause)
             after_facts = observe(deployment, transports, None)
             after = plan(deployment, after_facts)
+    _record_start(context)
     return ApplyOutcome(before, result, after, after_facts, replanned=replanned)
+
+
+def _record_start(context: ApplyContext) -> None:
+    """A group start that became ready in this converge: its phases, kept and in the history."""
+    record = starts.start_record(context.spans)
+    if record is not None:
+        starts.keep_start(starts.starts_path(context.deployment.state_dir), record)
+        context.events.emit("start", **record)
 
 
 class _Finding(Record):
@@ -443,6 +454,8 @@ def status(deployment: Deployment, transports: dict[str, Transport], *, probe: b
         "conditions": conditions,
         "summary": current.summary(),
         "last_incident": incidents.last_incident(deployment),
+        # The last two group starts that became ready, phase by phase (oldest first).
+        "starts": starts.read_starts(starts.starts_path(deployment.state_dir))[-2:],
     }
 
 

@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,26 +34,43 @@ MAX_FIELD_CHARS = 2000
 class EventLog:
     """Appends events to a history file, rotating it past `max_bytes`; `None` path: records nothing.
     `also`: a script's file (`apply --events FILE`) that gets the same lines, and the progress
-    within steps, appended and never rotated."""
+    within steps, appended and never rotated. `listener`: sees every event, progress included,
+    as it is written (the loop's metrics); whatever it raises is its own loss, not the pass's."""
 
     def __init__(
-        self, path: Path | None, *, max_bytes: int = MAX_BYTES, keep: int = KEEP, also: Path | None = None
+        self,
+        path: Path | None,
+        *,
+        max_bytes: int = MAX_BYTES,
+        keep: int = KEEP,
+        also: Path | None = None,
+        listener: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self.keep = keep
         self.also = also
+        self.listener = listener
 
     def emit(self, kind: str, **fields: Any) -> None:
-        line = _line(kind, fields)
+        event = _event(kind, fields)
+        line = _line(event)
         if self.path is not None:
             with contextlib.suppress(OSError):
                 self._append(self.path, line)
         self.progress_only(line)
+        self._tell(event)
 
     def progress(self, **fields: Any) -> None:
         """Byte work within a step, for the script's file only (the history keeps the steps)."""
-        self.progress_only(_line("progress", fields))
+        event = _event("progress", fields)
+        self.progress_only(_line(event))
+        self._tell(event)
+
+    def _tell(self, event: dict[str, Any]) -> None:
+        if self.listener is not None:
+            with contextlib.suppress(Exception):  # see the class's docstring
+                self.listener(event)
 
     def progress_only(self, line: bytes) -> None:
         if self.also is not None:
@@ -78,8 +95,11 @@ class EventLog:
                 newer.rename(older)
 
 
-def _line(kind: str, fields: dict[str, Any]) -> bytes:
-    event = {"at": utc_iso(), "kind": kind, **{key: _bounded(value) for key, value in fields.items()}}
+def _event(kind: str, fields: dict[str, Any]) -> dict[str, Any]:
+    return {"at": utc_iso(), "kind": kind, **{key: _bounded(value) for key, value in fields.items()}}
+
+
+def _line(event: dict[str, Any]) -> bytes:
     return (redact(json.dumps(event, ensure_ascii=False, default=str)) + "\n").encode("utf-8", errors="replace")
 
 

@@ -252,6 +252,8 @@ class ApplyContext:
     boards: Boards = field(default_factory=Boards)
     # The event history the steps, restarts, trips and drains are appended to (none: not kept).
     events: EventLog = field(default_factory=lambda: EventLog(None))
+    # (action, started, ended) in monotonic seconds of every step done, for the start's phases.
+    spans: list[tuple[Action, float, float]] = field(default_factory=list)
 
     def node(self, name: str) -> Node:
         return self.deployment.node(name)

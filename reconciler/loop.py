@@ -31,8 +31,10 @@ from reconciler.constants import EXIT_INTERRUPTED
 from reconciler.errors import ReconcilerError, SpecError
 from reconciler.execution import ApplyContext, Progress
 from reconciler.facts.node import Facts, Liveness
-from reconciler.health import probe_liveness
+from reconciler.health import probe_liveness, read_key
 from reconciler.loopstatus import LoopStatus, write_status
+from reconciler.metrics import LoopMetrics
+from reconciler.metricsserver import MetricsServer
 from reconciler.plan import Plan, summary_line
 from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, LoadedSpec, parse_spec, read_spec_text
@@ -48,6 +50,8 @@ WAKE_EVERY_S = 1.0
 BACKOFF_BASE_S = 15.0
 # The reason the spec watcher gives: a pass for it runs even during a backoff.
 SPEC_CHANGED = "spec file changed"
+# How long a key read for the metrics endpoint is trusted before it is read again.
+KEY_CACHE_S = 60.0
 
 
 class Clock(Protocol):
@@ -240,6 +244,9 @@ class Loop:
         self.transports: dict[str, Transport] = connect_all(self.deployment)
         self.last_facts: Facts | None = None
         self.threads: list[threading.Thread] = []
+        self.metrics = LoopMetrics(self.deployment)
+        self.metrics_server: MetricsServer | None = None
+        self._key_cache: tuple[float, str | None] = (0.0, None)
 
     @property
     def deployment(self) -> Deployment:
@@ -254,6 +261,7 @@ class Loop:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
         signal.signal(signal.SIGINT, lambda *_: self.stop(interrupted=True))
+        self._serve_metrics()
         self._start_threads()
         # Say "starting" at once: the first pass may download for hours before it says more.
         self._publish()
@@ -266,6 +274,8 @@ class Loop:
             if self.logic.admits(reasons):
                 self.pass_(reasons or ["resync"])
         notify.stopping()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         close_all(self.transports)
         # systemd's stop (SIGTERM) is a clean exit; a Ctrl-C in a terminal reports itself as one.
         return EXIT_INTERRUPTED if self.interrupted else 0
@@ -277,6 +287,7 @@ class Loop:
 
     def pass_(self, reasons: list[str]) -> None:
         self._log(f"pass: {', '.join(dict.fromkeys(reasons))}")
+        started = time.monotonic()
         try:
             clear_trips = self._reload_spec()
             request = commands.Converge(
@@ -289,14 +300,16 @@ class Loop:
                 liveness=self.logic.pass_started(),
                 blocked_is_error=False,
                 on_wait=self._log,
+                on_event=self.metrics.on_event,
             )
             outcome = commands.converge(self.deployment, self.transports, self.progress, request)
             self.last_facts = outcome.facts
             self.logic.pass_succeeded(outcome.before.has_changes, outcome.after)
+            self.metrics.pass_ended(reasons, time.monotonic() - started, outcome.after, outcome.facts, time.time())
         except ReconcilerError as exc:
-            self._failed(exc.message, exc.hint)
+            self._failed(exc.message, exc.hint, reasons, started)
         except Exception as exc:  # the loop must outlive any bug in a pass; the journal keeps the detail
-            self._failed(f"unexpected {type(exc).__name__}: {exc}", "please report this bug")
+            self._failed(f"unexpected {type(exc).__name__}: {exc}", "please report this bug", reasons, started)
         self.status.last_pass = utc_iso()
         self._publish()
 
@@ -313,8 +326,9 @@ class Loop:
         if cause is not None:
             self._log(f"cause: {cause}")
 
-    def _failed(self, message: str, hint: str) -> None:
+    def _failed(self, message: str, hint: str, reasons: list[str], started: float) -> None:
         self.logic.pass_failed(message)
+        self.metrics.pass_failed(reasons, time.monotonic() - started, time.time())
         self._log(f"{message}\n  hint: {hint}")
 
     # ---- spec reloads ----------------------------------------------------------------------
@@ -334,6 +348,8 @@ class Loop:
             return False
         self.status.spec_error = None
         self.logic.settings = self.deployment.loop  # unchanged unless the spec is new
+        self.metrics.deployment_changed(self.deployment)
+        self._metrics_follow_spec()
         if change.nodes_changed:
             close_all(self.transports)
             self.transports = connect_all(self.deployment)
@@ -342,6 +358,46 @@ class Loop:
             self._log("spec changed: converging to it")
             self.logic.backoff_until = 0.0
         return change.deployment_changed
+
+    # ---- metrics ---------------------------------------------------------------------------
+
+    def _serve_metrics(self) -> None:
+        """Serve the metrics where the spec says; a port that cannot be had is said, not fatal."""
+        listen = self.deployment.loop.metrics
+        if listen == "off":
+            return
+        try:
+            self.metrics_server = MetricsServer(listen, self.metrics.registry, self._api_key)
+        except OSError as exc:
+            self._log(f"cannot serve metrics on {listen}: {exc.strerror or exc}; running without them (loop.metrics)")
+            return
+        self._log(f"metrics on http://{self.metrics_server.address}/metrics")
+
+    def _metrics_follow_spec(self) -> None:
+        """A new loop.metrics moves the endpoint (or ends it: off)."""
+        serving = self.metrics_server.listen if self.metrics_server is not None else "off"
+        if serving == self.deployment.loop.metrics:
+            return
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+        self._serve_metrics()
+
+    def _api_key(self) -> str | None:
+        """The API key for a scrape of metrics served beyond loopback, read again once a minute
+        (a rotated key is taken up without a restart); None until a pass has seen the head."""
+        read_at, key = self._key_cache
+        if time.monotonic() - read_at < KEY_CACHE_S and key is not None:
+            return key
+        facts = self.last_facts
+        if facts is None:
+            return None
+        try:
+            key = read_key(ApplyContext(self.deployment, facts, self.transports, self.progress))
+        except ReconcilerError:
+            key = None
+        self._key_cache = (time.monotonic(), key)
+        return key
 
     # ---- status ----------------------------------------------------------------------------
 
@@ -419,11 +475,13 @@ class Loop:
         while not self.stopping.wait(self.logic.settings.liveness_s):
             if not self.logic.serving:
                 continue
+            started = time.monotonic()
             try:
                 problem = self._probe_once()
             except Exception as exc:  # see above: the thread must outlive any failure of a probe
                 problem = f"the probe itself failed: {type(exc).__name__}: {exc}"
             due = self.logic.probed(problem)
+            self.metrics.probed(problem is None, time.monotonic() - started, self.logic.liveness.failures)
             if problem is not None:
                 self._log(f"liveness probe failed ({self.logic.liveness.failures}x): {problem}")
             if due:

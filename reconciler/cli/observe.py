@@ -47,6 +47,8 @@ def _show(report: Report, *, as_json: bool, watching: bool) -> None:
 
 
 def render_status(report: Report) -> str:
+    from reconciler import starts
+
     pending = sum(sum(node.get("pending_steps", {}).values()) for node in report["nodes"].values())
     verdict = "converged" if report["converged"] else f"NOT converged ({pending} steps pending)"
     lines = [f"deployment {report['deployment']}: {verdict}"]
@@ -64,6 +66,9 @@ def render_status(report: Report) -> str:
         lines.append(f"liveness: {verdict}: {report['liveness']['detail']}")
     lines += [f"! {condition}" for condition in report["conditions"]]
     lines += _host_lines(report)
+    started = starts.summary(report.get("starts") or [])
+    if started:
+        lines.append(f"last start: {started}")
     last = report.get("last_incident")
     if last:
         lines.append(f"last incident: {last['id']} ({last['kind']}, {last['at']}): {last['cause'][:200]}")

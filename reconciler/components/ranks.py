@@ -488,6 +488,8 @@ def stop_container(ctx: ApplyContext, action: Action, stop: StopContainer) -> st
         record_intent(ctx, stop.intent)
     if isinstance(stop, StopRank) and stop.unplanned is not None:
         breaker.record_restart(ctx, stop.unplanned)
+    elif isinstance(stop, StopRank) and stop.intent is not None:
+        ctx.events.emit("restart", cause=stop.intent, planned=True)
     container = find_container(ctx.transport(action.node).docker(), stop.name)
     if container is None:
         return "already gone"

@@ -31,6 +31,7 @@ from reconciler.spec.values import (
     HostPath,
     IfName,
     ImageRef,
+    Listen,
     Name,
     Port,
     PositiveInt,
@@ -510,6 +511,13 @@ class Loop(StrictModel):
     )
     restart_window_s: Seconds = Field(
         default=21600, description="The window unplanned group restarts are counted in (6 h)."
+    )
+    metrics: Listen = Field(
+        default="127.0.0.1:9464",
+        description=(
+            "Where `reconciler run` serves Prometheus metrics: address:port (loopback: open to this machine; "
+            "any other address: the API key required, as a bearer token), or off."
+        ),
     )
 
 

@@ -130,6 +130,28 @@ def _check_bind_ip(value: str) -> str:
     return value
 
 
+def _check_listen(value: str) -> str:
+    """`off`, or an IP address and port to serve on (`127.0.0.1:9464`, `[::1]:9464`, `0.0.0.0:9464`)."""
+    if value == "off":
+        return value
+    host, _, port = value.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    try:
+        address = ipaddress.ip_address(host[1:-1] if bracketed else host)
+        number = int(port) if port.isdigit() else 0
+    except ValueError:
+        address, number = None, 0
+    if address is None or not 1 <= number <= 65535 or (address.version == 6) != bracketed:
+        raise _problem(
+            "listen",
+            "'{value}' is not an address:port to listen on",
+            "write e.g. 127.0.0.1:9464 (this machine only), [::1]:9464, 0.0.0.0:9464 (the API key then "
+            "required), or off",
+            value=value,
+        )
+    return value
+
+
 def _check_text(value: str) -> str:
     if len(value) > MAX_TEXT or any(not char.isprintable() for char in value):
         raise _problem(
@@ -266,6 +288,7 @@ HostPath = Annotated[str, AfterValidator(_check_host_path)]
 ArgValue = Annotated[str, AfterValidator(_check_arg_value)]
 FabricIPv4 = Annotated[str, AfterValidator(_check_fabric_ip)]
 BindIPv4 = Annotated[str, AfterValidator(_check_bind_ip)]
+Listen = Annotated[str, AfterValidator(_check_listen)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 PositiveInt = Annotated[int, Field(ge=1)]
 Seconds = Annotated[int, Field(ge=1, le=86_400)]

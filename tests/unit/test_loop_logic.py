@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,7 @@ class Jitter:
         return self.values.pop(0) if len(self.values) > 1 else self.values[0]
 
 
-def logic(clock: FakeClock, jitter: Jitter | None = None, **settings: int) -> LoopLogic:
+def logic(clock: FakeClock, jitter: Jitter | None = None, **settings: Any) -> LoopLogic:
     return LoopLogic(LoopSettings(**settings), clock=clock, jitter=jitter or Jitter())
 
 

@@ -1,0 +1,292 @@
+"""What `reconciler run` exports to Prometheus: its passes, the deployment's drift, the nodes.
+
+Names follow Prometheus's rules (one `spark_reconciler_` prefix, base units, `_total` on
+counters, `_seconds` and `_bytes` on units) and controller-runtime's vocabulary for what a
+controller does (`reconcile_total` by result, `reconcile_errors_total`, `reconcile_time_seconds`).
+Every label takes values from a fixed set or from the spec's node names, so the number of series
+is bounded whatever a node answers: free text (a cause, a trigger) is reduced to a kind first.
+
+The values come from three feeds: each pass's end (the plan and facts it ended on), the event
+history's lines as they are written (restarts, breaker trips, incidents, group starts, byte
+progress), and each liveness probe. A fresh registry per loop keeps tests independent.
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from reconciler import __version__
+from reconciler.actions import Component
+from reconciler.facts.node import Facts
+from reconciler.plan import Plan
+from reconciler.spec import Deployment
+from reconciler.starts import restart_cause
+
+PREFIX = "spark_reconciler"
+# A pass takes a second when nothing changed and hours when a checkpoint downloads.
+PASS_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, float("inf"))
+# A one-token completion: milliseconds when warm, up to loop.liveness_timeout_s when not.
+PROBE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, float("inf"))
+
+TRIGGERS = ("spec", "liveness", "container_event", "start", "resync", "other")
+RESULTS = ("converged", "not_converged", "held", "blocked", "declined", "failed")
+# Why a group restarted: the owner's change, or the failure an unplanned restart answers.
+RESTART_CAUSES = ("planned", "rank_exit", "liveness", "reboot", "unfinished_start")
+HOLD_REASONS = ("stopped", "crash_loop", "guard_trip")
+CHECKPOINT_PHASES = ("download", "copy", "verify")
+INCIDENT_KINDS = ("guard_trip", "rank_exit", "liveness", "reboot", "failed_start", "other")
+
+
+def trigger_kind(reasons: Iterable[str]) -> str:
+    """One bounded label for the reasons a pass ran, the most telling first: a spec edit, failed
+    probes, a container's event (`node: name die`), the loop's start, the resync timer."""
+    kinds = {_one_trigger(reason) for reason in reasons}
+    return next((kind for kind in TRIGGERS if kind in kinds), "other")
+
+
+def _one_trigger(reason: str) -> str:
+    fixed = {"spec file changed": "spec", "liveness probe failed": "liveness", "start": "start", "resync": "resync"}
+    if reason in fixed:
+        return fixed[reason]
+    return "container_event" if reason.endswith((" die", " oom")) else "other"
+
+
+def result_of(after: Plan) -> str:
+    """How a pass ended, as a label: the plan it left behind says."""
+    if after.held:
+        return "held"
+    if after.blockers:
+        return "blocked"
+    return "not_converged" if after.has_changes else "converged"
+
+
+def incident_kind(kind: str) -> str:
+    label = kind.replace(" ", "_")
+    return label if label in INCIDENT_KINDS else "other"
+
+
+class LoopMetrics:
+    """The loop's metrics in a registry of their own; every update is thread-safe (prometheus_client
+    locks each value), and the per-pass gauges are replaced whole under one lock."""
+
+    def __init__(self, deployment: Deployment, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.deployment = deployment
+        self._lock = threading.Lock()
+        self._trips_seen: dict[str, str] = {}
+        self._define()
+        self._zero_counters()
+
+    def _define(self) -> None:
+        r, p = self.registry, PREFIX
+        self.build = Info(f"{p}_build", "The reconciler's version and Python.", registry=r)
+        self.passes = Counter(
+            f"{p}_reconcile", "Passes by what set them off and how they ended.", ["trigger", "result"], registry=r
+        )
+        self.errors = Counter(f"{p}_reconcile_errors", "Passes that failed (backed off, retried).", registry=r)
+        self.pass_time = Histogram(
+            f"{p}_reconcile_time_seconds", "How long a pass took.", ["result"], buckets=PASS_BUCKETS, registry=r
+        )
+        self.last_converged = Gauge(
+            f"{p}_last_converged_timestamp_seconds", "When a pass last ended converged (Unix time).", registry=r
+        )
+        self.last_pass = Gauge(f"{p}_last_pass_timestamp_seconds", "When a pass last ended (Unix time).", registry=r)
+        self.converged = Gauge(f"{p}_converged", "1 when the last pass ended converged.", registry=r)
+        self.pending = Gauge(
+            f"{p}_pending_actions",
+            "Steps the last plan still had, per component and node.",
+            ["component", "node"],
+            registry=r,
+        )
+        self.drift = Gauge(
+            f"{p}_drift",
+            "1 where a component on a node differs from the spec (pending or blocked).",
+            ["component", "node"],
+            registry=r,
+        )
+        self.blocked = Gauge(
+            f"{p}_blocked",
+            "1 where a blocker keeps a component on a node from being planned.",
+            ["component", "node"],
+            registry=r,
+        )
+        self._define_group(r, p)
+        self._define_nodes(r, p)
+
+    def _define_group(self, r: CollectorRegistry, p: str) -> None:
+        self.restarts = Counter(f"{p}_group_restarts", "Group restarts begun, by cause.", ["cause"], registry=r)
+        self.held = Gauge(f"{p}_group_held", "1 while the group is held down, by reason.", ["reason"], registry=r)
+        self.breaker_trips = Counter(f"{p}_breaker_trips", "Crash-loop breaker trips (the group held).", registry=r)
+        self.incidents = Counter(f"{p}_incidents", "Incident records written, by kind.", ["kind"], registry=r)
+        self.probes = Counter(f"{p}_probe", "Liveness probes by result.", ["probe", "result"], registry=r)
+        self.probe_ok = Gauge(f"{p}_probe_success", "1 when the last probe answered.", ["probe"], registry=r)
+        self.probe_time = Histogram(
+            f"{p}_probe_duration_seconds", "How long a probe took.", ["probe"], buckets=PROBE_BUCKETS, registry=r
+        )
+        self.probe_failures = Gauge(
+            f"{p}_liveness_consecutive_failures", "Liveness probes failed in a row.", registry=r
+        )
+        self.starts = Counter(f"{p}_group_starts", "Group starts that became ready, by cause.", ["cause"], registry=r)
+        self.start_phase = Gauge(
+            f"{p}_start_phase_seconds", "How long each phase of the last group start took.", ["phase"], registry=r
+        )
+        self.start_ready = Gauge(
+            f"{p}_start_ready_seconds", "From the last group start's first rank start to ready.", registry=r
+        )
+
+    def _define_nodes(self, r: CollectorRegistry, p: str) -> None:
+        self.node_up = Gauge(f"{p}_node_up", "1 when the node answered the last pass.", ["node"], registry=r)
+        self.mem_available = Gauge(
+            f"{p}_node_memory_available_bytes", "MemAvailable at the last pass.", ["node"], registry=r
+        )
+        self.guard_trips = Counter(f"{p}_guard_trips", "Memory-guard trips seen, per node.", ["node"], registry=r)
+        self.guard_tripped = Gauge(f"{p}_guard_tripped", "1 while a guard trip holds the group.", ["node"], registry=r)
+        self.guard_running = Gauge(f"{p}_guard_running", "1 when the node's memory guard runs.", ["node"], registry=r)
+        self.checkpoint_done = Gauge(
+            f"{p}_checkpoint_done_bytes",
+            "Checkpoint bytes done by the step under way, per phase.",
+            ["node", "phase"],
+            registry=r,
+        )
+        self.checkpoint_size = Gauge(
+            f"{p}_checkpoint_size_bytes",
+            "Checkpoint bytes the step under way handles in all.",
+            ["node", "phase"],
+            registry=r,
+        )
+
+    def _zero_counters(self) -> None:
+        """Every bounded label's series exists from the start, so `increase()` sees the first one."""
+        self.build.info({"version": __version__, "python": platform.python_version()})
+        for cause in RESTART_CAUSES:
+            self.restarts.labels(cause=cause)
+        self.starts.labels(cause="start")
+        for kind in INCIDENT_KINDS:
+            self.incidents.labels(kind=kind)
+        for result in ("success", "failure"):
+            self.probes.labels(probe="liveness", result=result)
+        for reason in HOLD_REASONS:
+            self.held.labels(reason=reason).set(0)
+
+    # ---- a pass's end ------------------------------------------------------------------------
+
+    def pass_ended(self, reasons: list[str], seconds: float, after: Plan, facts: Facts, now: float) -> None:
+        result = result_of(after)
+        self.passes.labels(trigger=trigger_kind(reasons), result=result).inc()
+        self.pass_time.labels(result=result).observe(seconds)
+        self.last_pass.set(now)
+        self.converged.set(1 if result == "converged" else 0)
+        if result == "converged":
+            self.last_converged.set(now)
+        with self._lock:
+            self._drift(after)
+            self._nodes(facts)
+            self._holds(facts)
+
+    def pass_failed(self, reasons: list[str], seconds: float, now: float) -> None:
+        self.passes.labels(trigger=trigger_kind(reasons), result="failed").inc()
+        self.pass_time.labels(result="failed").observe(seconds)
+        self.errors.inc()
+        self.last_pass.set(now)
+        self.converged.set(0)
+
+    def deployment_changed(self, deployment: Deployment) -> None:
+        """A new spec: per-node series of nodes it no longer has go at the next pass."""
+        self.deployment = deployment
+
+    def _node_names(self) -> list[str]:
+        return [node.name for node in self.deployment.nodes]
+
+    def _drift(self, after: Plan) -> None:
+        pending: dict[tuple[str, str], int] = {}
+        for action in after.actions:
+            pending[(action.component, action.node)] = pending.get((action.component, action.node), 0) + 1
+        blocked = {(str(blocker.component), blocker.node) for blocker in after.blockers}
+        for gauge in (self.pending, self.drift, self.blocked):
+            gauge.clear()
+        for node in self._node_names():
+            for component in Component:
+                key = (component.value, node)
+                self.pending.labels(component=component.value, node=node).set(pending.get(key, 0))
+                self.blocked.labels(component=component.value, node=node).set(1 if key in blocked else 0)
+                self.drift.labels(component=component.value, node=node).set(
+                    1 if key in pending or key in blocked else 0
+                )
+
+    def _nodes(self, facts: Facts) -> None:
+        for gauge in (self.node_up, self.mem_available, self.guard_tripped, self.guard_running):
+            gauge.clear()
+        for node in self._node_names():
+            observed = facts.nodes.get(node)
+            reachable = observed is not None and observed.reachable
+            self.node_up.labels(node=node).set(1 if reachable else 0)
+            if observed is None or not reachable:
+                continue
+            if observed.memory is not None:
+                self.mem_available.labels(node=node).set(observed.memory.available_kib * 1024)
+            self.guard_running.labels(node=node).set(1 if observed.guard.running else 0)
+            trip = observed.guard.trip
+            self.guard_tripped.labels(node=node).set(1 if trip is not None else 0)
+            if trip is not None and self._trips_seen.get(node) != trip.at:
+                self._trips_seen[node] = trip.at
+                self.guard_trips.labels(node=node).inc()
+
+    def _holds(self, facts: Facts) -> None:
+        head = facts.nodes.get(self.deployment.head.name)
+        stopped = head is not None and head.reachable and head.hold is not None
+        crash_loop = head is not None and head.reachable and head.breaker is not None
+        guard = any(observed.reachable and observed.guard.trip is not None for observed in facts.nodes.values())
+        for reason, on in (("stopped", stopped), ("crash_loop", crash_loop), ("guard_trip", guard)):
+            self.held.labels(reason=reason).set(1 if on else 0)
+
+    # ---- the event history's lines -------------------------------------------------------------
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        """One line of the event history, as it is written."""
+        kind = event.get("kind")
+        if kind == "restart":
+            planned = bool(event.get("planned"))
+            self.restarts.labels(cause=restart_cause(str(event.get("cause", "")), planned=planned)).inc()
+        elif kind == "step" and event.get("step") == "ranks.hold-crash-loop" and event.get("outcome") == "done":
+            self.breaker_trips.inc()
+        elif kind == "incident":
+            self.incidents.labels(kind=incident_kind(str(event.get("incident", "")))).inc()
+        elif kind == "start":
+            self._group_start(event)
+        elif kind == "progress":
+            self._progress(event)
+
+    def _group_start(self, event: dict[str, Any]) -> None:
+        self.starts.labels(cause=str(event.get("cause_kind", "start"))).inc()
+        phases = event.get("phases")
+        if isinstance(phases, dict):
+            self.start_phase.clear()
+            for phase, seconds in phases.items():
+                if isinstance(seconds, int | float):
+                    self.start_phase.labels(phase=str(phase)).set(seconds)
+        ready = event.get("ready_s")
+        if isinstance(ready, int | float):
+            self.start_ready.set(ready)
+
+    def _progress(self, event: dict[str, Any]) -> None:
+        step, node = str(event.get("step", "")), str(event.get("node", ""))
+        phase = next((name for name in CHECKPOINT_PHASES if step.startswith(f"checkpoint.{name}")), None)
+        done, total = event.get("done"), event.get("total")
+        if phase is None or node not in self._node_names() or not isinstance(done, int):
+            return
+        self.checkpoint_done.labels(node=node, phase=phase).set(done)
+        if isinstance(total, int):
+            self.checkpoint_size.labels(node=node, phase=phase).set(total)
+
+    # ---- probes --------------------------------------------------------------------------------
+
+    def probed(self, ok: bool, seconds: float, consecutive_failures: int) -> None:
+        self.probes.labels(probe="liveness", result="success" if ok else "failure").inc()
+        self.probe_ok.labels(probe="liveness").set(1 if ok else 0)
+        self.probe_time.labels(probe="liveness").observe(seconds)
+        self.probe_failures.set(consecutive_failures)
