@@ -18,6 +18,8 @@ PACKAGES += ["haproxy"]  # the front image the testbed builds (tests/testbed/ima
 PACKAGES += ["python3"]
 # The quickstart test installs the reconciler as the README says (pipx); the completion test runs zsh.
 PACKAGES += ["pipx", "zsh"]
+# promtool checks and tests the alert rules; the loop's e2e scrapes it all with a real Prometheus.
+PACKAGES += ["prometheus"]
 POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
 
 
