@@ -67,14 +67,16 @@ typecheck: setup
 schema: setup
 	$(BIN)/reconciler schema
 
-# zsh for the completion tests (bash is always there) and Debian's haproxy for the front's tests
-# (a real HAProxy with the config the reconciler renders); installed when missing and root, the
-# haproxy service not started (policy-rc.d, as tests/testbed/install.py does).
+# zsh for the completion tests (bash is always there), Debian's haproxy for the front's tests
+# (a real HAProxy with the config the reconciler renders) and Debian's prometheus for promtool
+# (the alert rules' tests); installed when missing and root, their services not started
+# (policy-rc.d, as tests/testbed/install.py does).
 shell-tools:
 	@command -v zsh >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zsh >/dev/null; } || echo "no zsh: its completion tests are skipped"
-	@[ -x /usr/sbin/haproxy ] || { [ "$$(id -u)" = 0 ] && $(BIN)/python -m tests.testbed install; } || \
-	echo "no haproxy: the front's unit tests are skipped"
+	@{ [ -x /usr/sbin/haproxy ] && [ -x /usr/bin/promtool ]; } || \
+	{ [ "$$(id -u)" = 0 ] && $(BIN)/python -m tests.testbed install; } || \
+	echo "no haproxy or promtool: the front's and the alert rules' unit tests are skipped"
 
 unit: setup pi-test-install shell-tools
 	$(BIN)/pytest -m "not testbed and not system and not realengine"

@@ -144,6 +144,7 @@ def apply_plan(ctx: ApplyContext, plan: Plan, result: ApplyResult | None = None)
 def _record_step(ctx: ApplyContext, action: Action, seconds: float, error: str | None, result: str) -> None:
     """The step in the event history: what, where, why, how long, and how it ended."""
     outcome = {"outcome": "failed", "error": error} if error is not None else {"outcome": "done", "result": result}
+    moved = {"bytes": ctx.moved[action.id]} if action.id in ctx.moved else {}
     ctx.events.emit(
         "step",
         step=action.step.value,
@@ -152,6 +153,7 @@ def _record_step(ctx: ApplyContext, action: Action, seconds: float, error: str |
         cause=action.cause,
         seconds=round(seconds, 2),
         **outcome,
+        **moved,
     )
 
 
@@ -175,8 +177,12 @@ def _run_group(ctx: ApplyContext, group: list[Action], numbers: dict[str, int], 
 def _run_one(ctx: ApplyContext, action: Action, number: int, total: int) -> Outcome:
     started = time.monotonic()
     try:
-        with ctx.progress.step(number, total, action):
-            message = _execute(ctx, action)
+        with ctx.progress.step(number, total, action) as state:
+            try:
+                message = _execute(ctx, action)
+            finally:
+                if state.counter is not None:
+                    ctx.moved[action.id] = state.counter.done
     except ReconcilerError as exc:
         return "", time.monotonic() - started, exc
     ended = time.monotonic()

@@ -150,8 +150,9 @@ def _with_progress_events(publish: Publisher, history: EventLog) -> Publisher:
         publish(state)
         for step in state.active if state is not None else []:
             shown = step.to_dict()
-            if shown["bytes"] is not None:
-                history.progress(step=shown["action"], node=shown["node"], **shown["bytes"])
+            if shown["bytes"] is not None or shown["detail"] is not None:
+                said = {"quiet_s": shown["quiet_s"], "detail": shown["detail"]}
+                history.progress(step=shown["action"], node=shown["node"], **(shown["bytes"] or {}), **said)
 
     return both
 
@@ -179,6 +180,8 @@ def _converge_locked(
     request.observed(facts)
     before = _plan_to_run(deployment, facts, request)
     _record_incidents(context, facts, before)
+    if before.held and before.actions:  # the pass that begins a hold stops the ranks: one event
+        context.events.emit("hold", reason=before.held[0], steps=len(before.actions))
     request.show(before)
     if before.blockers and not before.actions and request.blocked_is_error:
         blocker = before.blockers[0]

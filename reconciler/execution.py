@@ -149,7 +149,7 @@ class Progress:
         if step is None:
             return
         with self._lock:
-            step.detail = printable(detail, _MAX_MESSAGE_LINE)
+            step.tell(printable(detail, _MAX_MESSAGE_LINE))
             if self._published.due("pass", self.clock()):
                 self._publish()
 
@@ -254,6 +254,8 @@ class ApplyContext:
     events: EventLog = field(default_factory=lambda: EventLog(None))
     # (action, started, ended) in monotonic seconds of every step done, for the start's phases.
     spans: list[tuple[Action, float, float]] = field(default_factory=list)
+    # Bytes each step moved (its progress counter at its end), by action id, for its event.
+    moved: dict[str, int] = field(default_factory=dict)
 
     def node(self, name: str) -> Node:
         return self.deployment.node(name)

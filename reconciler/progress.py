@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -236,12 +237,25 @@ class StepState:
     counter: Counter | None = None
     rate: Rate = field(default_factory=Rate)
     detail: str | None = None
+    # When the step last said anything (a counter that moved, a new detail): a step long quiet
+    # (an engine's load that stopped logging) shows it.
+    said_at: float = field(default_factory=time.monotonic)
 
     def count(self, now: float, counter: Counter) -> None:
         if self.counter is not None and counter.what != self.counter.what:
             self.rate = Rate(self.rate.window_s)
+        if self.counter is None or counter.done != self.counter.done:
+            self.said_at = time.monotonic()
         self.counter = counter
         self.rate.add(now, counter.done)
+
+    def tell(self, detail: str) -> None:
+        if detail != self.detail:
+            self.said_at = time.monotonic()
+        self.detail = detail
+
+    def quiet_s(self) -> float:
+        return round(time.monotonic() - self.said_at, 1)
 
     def progress_text(self) -> str:
         return describe(self.counter, self.rate.per_s()) if self.counter is not None else ""
@@ -278,6 +292,7 @@ class StepState:
             "started": self.started_at,
             "bytes": progress,
             "detail": self.detail,
+            "quiet_s": self.quiet_s(),
         }
 
 

@@ -26,6 +26,7 @@ from tests.scenarios import (
     empty_facts,
     reference_deployment,
     with_container,
+    with_node,
     with_serving,
     with_tree_files,
 )
@@ -320,3 +321,37 @@ def test_bytes_found_wrong_only_by_the_new_plan_say_so(deployment: Deployment, m
     with pytest.raises(ApplyError, match=f"spark-worker: sha256 differs: {other}") as failed:
         converge(deployment, commands.Converge(doing="test"))
     assert "found only now" in failed.value.hint
+
+
+@pytest.mark.usefixtures("nodes")
+def test_a_start_that_became_ready_is_recorded_phase_by_phase_and_fed_to_the_metrics(deployment: Deployment) -> None:
+    from reconciler.events import history_path, read_events
+    from reconciler.metrics import LoopMetrics
+    from reconciler.starts import read_starts, starts_path
+
+    metrics = LoopMetrics(deployment)
+    converge(deployment, commands.Converge(doing="test", on_event=metrics.on_event))
+    (record,) = read_starts(starts_path(deployment.state_dir))
+    assert record["cause_kind"] == "start"
+    assert {"image_pull", "checkpoint_download", "container_start", "engine_load", "smoke"} <= set(record["phases"])
+    assert record["ready_s"] >= record["phases"]["engine_load"] >= 0
+    history = read_events(history_path(deployment.state_dir))
+    assert [event["kind"] for event in history if event["kind"] in {"start", "pass"}] == ["start", "pass"]
+    assert metrics.registry.get_sample_value("spark_reconciler_group_starts_total", {"cause": "start"}) == 1
+    # A converge with nothing to do records no start.
+    converge(deployment, commands.Converge(doing="test"))
+    assert len(read_starts(starts_path(deployment.state_dir))) == 1
+
+
+def test_the_pass_that_begins_a_hold_is_one_hold_event(deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconciler.events import history_path, read_events
+    from reconciler.facts.node import Hold
+
+    held = with_node(converged_facts(deployment), "spark-head", hold=Hold(since="2026-12-04T00:00:00Z", reason="stop"))
+    fake = Nodes(held)
+    monkeypatch.setattr(commands, "observe", fake.observe)
+    monkeypatch.setattr(apply, "executor_for", fake.executor)
+    converge(deployment, commands.Converge(doing="test"))
+    holds = [event for event in read_events(history_path(deployment.state_dir)) if event["kind"] == "hold"]
+    assert len(holds) == 1, holds
+    assert "stop" in holds[0]["reason"]

@@ -164,3 +164,55 @@ def test_apply_refuses_an_events_file_it_cannot_write(tmp_path: Path, capsys: py
     blocked = tmp_path / "no-such-dir" / "events.jsonl"
     assert main(["apply", "--spec", str(SPEC_PATH), "--events", str(blocked), "--yes"]) == 1
     assert f"cannot write the events to {blocked}" in capsys.readouterr().err
+
+
+def test_a_step_s_event_carries_the_bytes_it_moved(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from reconciler.progress import Counter
+
+    def pull(ctx: ApplyContext, _act: Action) -> str:
+        ctx.progress.reporter()(Counter("pull", 5_000, 9_000))
+        ctx.progress.reporter()(Counter("pull", 9_000, 9_000))
+        return "pulled"
+
+    path = tmp_path / "events.jsonl"
+    ctx = ApplyContext(reference_deployment(), empty_facts(), {}, Progress(io.StringIO()), events=EventLog(path))
+    pulled = action(Pull(ref="img@sha256:1"), "a", "create", "pull on a", "the spec's image")
+    quiet = action(Pull(ref="img@sha256:2"), "b", "create", "pull on b", "the spec's image", (pulled.id,))
+    monkeypatch.setattr(apply, "executor_for", lambda act: pull if act.node == "a" else lambda _c, _a: "nothing")
+    apply.apply_plan(ctx, Plan("dsv41", [], [pulled, quiet]))
+    steps = [event for event in read_events(path) if event["kind"] == "step"]
+    assert steps[0]["bytes"] == 9_000
+    assert "bytes" not in steps[1], "a step that counted nothing claims no bytes"
+    assert [span[0].id for span in ctx.spans] == [pulled.id, quiet.id]
+
+
+def test_progress_events_say_how_long_a_step_has_been_quiet(tmp_path: Path) -> None:
+    from reconciler.commands import _with_progress_events
+    from reconciler.progress import PassState, StepState
+
+    script = tmp_path / "script.jsonl"
+    seen: list[dict[str, object]] = []
+    log = EventLog(None, also=script, listener=seen.append)
+    publish = _with_progress_events(lambda _state: None, log)
+    step = StepState(7, 9, "ranks.wait-ready@spark-head", "wait", "spark-head", "2026-12-04T00:00:00Z")
+    step.tell("r0| loading weights")
+    step.said_at -= 42  # the engine has said nothing for 42 s
+    publish(PassState(by="reconciler apply", pid=1, started_at="2026-12-04T00:00:00Z", active=[step]))
+    (shown,) = read_events(script)
+    assert shown["kind"] == "progress"
+    assert shown["detail"] == "r0| loading weights"
+    assert shown["quiet_s"] >= 42
+    assert seen == [shown], "the listener sees the same event"
+    step.tell("r0| loading weights")
+    assert step.quiet_s() >= 42, "the same line again is not news"
+    step.tell("r0| ready")
+    assert step.quiet_s() < 1
+
+
+def test_a_listener_that_fails_loses_nothing_of_the_history(tmp_path: Path) -> None:
+    def broken(_event: dict[str, object]) -> None:
+        raise RuntimeError("a bug in the metrics")
+
+    path = tmp_path / "events.jsonl"
+    EventLog(path, listener=broken).emit("pass", outcome="converged")
+    assert [event["outcome"] for event in read_events(path)] == ["converged"]
