@@ -82,82 +82,56 @@ class LoopMetrics:
         self._define()
         self._zero_counters()
 
+    def _gauge(self, name: str, text: str, *labels: str) -> Gauge:
+        return Gauge(f"{PREFIX}_{name}", text, list(labels), registry=self.registry)
+
+    def _counter(self, name: str, text: str, *labels: str) -> Counter:
+        return Counter(f"{PREFIX}_{name}", text, list(labels), registry=self.registry)
+
+    def _histogram(self, name: str, text: str, buckets: tuple[float, ...], *labels: str) -> Histogram:
+        return Histogram(f"{PREFIX}_{name}", text, list(labels), buckets=buckets, registry=self.registry)
+
     def _define(self) -> None:
-        r, p = self.registry, PREFIX
-        self.build = Info(f"{p}_build", "The reconciler's version and Python.", registry=r)
-        self.passes = Counter(
-            f"{p}_reconcile", "Passes by what set them off and how they ended.", ["trigger", "result"], registry=r
+        self.build = Info(f"{PREFIX}_build", "The reconciler's version and Python.", registry=self.registry)
+        self.passes = self._counter("reconcile", "Passes by what set them off and how they ended.", "trigger", "result")
+        self.errors = self._counter("reconcile_errors", "Passes that failed (backed off, retried).")
+        self.pass_time = self._histogram("reconcile_time_seconds", "How long a pass took.", PASS_BUCKETS, "result")
+        self.last_converged = self._gauge(
+            "last_converged_timestamp_seconds", "When a pass last ended converged (Unix time)."
         )
-        self.errors = Counter(f"{p}_reconcile_errors", "Passes that failed (backed off, retried).", registry=r)
-        self.pass_time = Histogram(
-            f"{p}_reconcile_time_seconds", "How long a pass took.", ["result"], buckets=PASS_BUCKETS, registry=r
-        )
-        self.last_converged = Gauge(
-            f"{p}_last_converged_timestamp_seconds", "When a pass last ended converged (Unix time).", registry=r
-        )
-        self.last_pass = Gauge(f"{p}_last_pass_timestamp_seconds", "When a pass last ended (Unix time).", registry=r)
-        self.converged = Gauge(f"{p}_converged", "1 when the last pass ended converged.", registry=r)
-        self.pending = Gauge(
-            f"{p}_pending_actions",
-            "Steps the last plan still had, per component and node.",
-            ["component", "node"],
-            registry=r,
-        )
-        self.drift = Gauge(
-            f"{p}_drift",
-            "1 where a component on a node differs from the spec (pending or blocked).",
-            ["component", "node"],
-            registry=r,
-        )
-        self.blocked = Gauge(
-            f"{p}_blocked",
-            "1 where a blocker keeps a component on a node from being planned.",
-            ["component", "node"],
-            registry=r,
-        )
-        self._define_group(r, p)
-        self._define_nodes(r, p)
+        self.last_pass = self._gauge("last_pass_timestamp_seconds", "When a pass last ended (Unix time).")
+        self.converged = self._gauge("converged", "1 when the last pass ended converged.")
+        where = ("component", "node")
+        self.pending = self._gauge("pending_actions", "Steps the last plan still had.", *where)
+        self.drift = self._gauge("drift", "1 where a component differs from the spec (pending or blocked).", *where)
+        self.blocked = self._gauge("blocked", "1 where a blocker keeps a component from being planned.", *where)
+        self._define_group()
+        self._define_nodes()
 
-    def _define_group(self, r: CollectorRegistry, p: str) -> None:
-        self.restarts = Counter(f"{p}_group_restarts", "Group restarts begun, by cause.", ["cause"], registry=r)
-        self.held = Gauge(f"{p}_group_held", "1 while the group is held down, by reason.", ["reason"], registry=r)
-        self.breaker_trips = Counter(f"{p}_breaker_trips", "Crash-loop breaker trips (the group held).", registry=r)
-        self.incidents = Counter(f"{p}_incidents", "Incident records written, by kind.", ["kind"], registry=r)
-        self.probes = Counter(f"{p}_probe", "Liveness probes by result.", ["probe", "result"], registry=r)
-        self.probe_ok = Gauge(f"{p}_probe_success", "1 when the last probe answered.", ["probe"], registry=r)
-        self.probe_time = Histogram(
-            f"{p}_probe_duration_seconds", "How long a probe took.", ["probe"], buckets=PROBE_BUCKETS, registry=r
-        )
-        self.probe_failures = Gauge(
-            f"{p}_liveness_consecutive_failures", "Liveness probes failed in a row.", registry=r
-        )
-        self.starts = Counter(f"{p}_group_starts", "Group starts that became ready, by cause.", ["cause"], registry=r)
-        self.start_phase = Gauge(
-            f"{p}_start_phase_seconds", "How long each phase of the last group start took.", ["phase"], registry=r
-        )
-        self.start_ready = Gauge(
-            f"{p}_start_ready_seconds", "From the last group start's first rank start to ready.", registry=r
-        )
+    def _define_group(self) -> None:
+        self.restarts = self._counter("group_restarts", "Group restarts begun, by cause.", "cause")
+        self.held = self._gauge("group_held", "1 while the group is held down, by reason.", "reason")
+        self.breaker_trips = self._counter("breaker_trips", "Crash-loop breaker trips (the group held).")
+        self.incidents = self._counter("incidents", "Incident records written, by kind.", "kind")
+        self.probes = self._counter("probe", "Liveness probes by result.", "probe", "result")
+        self.probe_ok = self._gauge("probe_success", "1 when the last probe answered.", "probe")
+        self.probe_time = self._histogram("probe_duration_seconds", "How long a probe took.", PROBE_BUCKETS, "probe")
+        self.probe_failures = self._gauge("liveness_consecutive_failures", "Liveness probes failed in a row.")
+        self.starts = self._counter("group_starts", "Group starts that became ready, by cause.", "cause")
+        self.start_phase = self._gauge("start_phase_seconds", "Each phase of the last group start.", "phase")
+        self.start_ready = self._gauge("start_ready_seconds", "The last start's first rank start to ready.")
 
-    def _define_nodes(self, r: CollectorRegistry, p: str) -> None:
-        self.node_up = Gauge(f"{p}_node_up", "1 when the node answered the last pass.", ["node"], registry=r)
-        self.mem_available = Gauge(
-            f"{p}_node_memory_available_bytes", "MemAvailable at the last pass.", ["node"], registry=r
+    def _define_nodes(self) -> None:
+        self.node_up = self._gauge("node_up", "1 when the node answered the last pass.", "node")
+        self.mem_available = self._gauge("node_memory_available_bytes", "MemAvailable at the last pass.", "node")
+        self.guard_trips = self._counter("guard_trips", "Memory-guard trips seen, per node.", "node")
+        self.guard_tripped = self._gauge("guard_tripped", "1 while a guard trip holds the group.", "node")
+        self.guard_running = self._gauge("guard_running", "1 when the node's memory guard runs.", "node")
+        self.checkpoint_done = self._gauge(
+            "checkpoint_done_bytes", "Checkpoint bytes the step under way has done.", "node", "phase"
         )
-        self.guard_trips = Counter(f"{p}_guard_trips", "Memory-guard trips seen, per node.", ["node"], registry=r)
-        self.guard_tripped = Gauge(f"{p}_guard_tripped", "1 while a guard trip holds the group.", ["node"], registry=r)
-        self.guard_running = Gauge(f"{p}_guard_running", "1 when the node's memory guard runs.", ["node"], registry=r)
-        self.checkpoint_done = Gauge(
-            f"{p}_checkpoint_done_bytes",
-            "Checkpoint bytes done by the step under way, per phase.",
-            ["node", "phase"],
-            registry=r,
-        )
-        self.checkpoint_size = Gauge(
-            f"{p}_checkpoint_size_bytes",
-            "Checkpoint bytes the step under way handles in all.",
-            ["node", "phase"],
-            registry=r,
+        self.checkpoint_size = self._gauge(
+            "checkpoint_size_bytes", "Checkpoint bytes the step under way handles in all.", "node", "phase"
         )
 
     def _zero_counters(self) -> None:
