@@ -52,6 +52,8 @@ BACKOFF_BASE_S = 15.0
 SPEC_CHANGED = "spec file changed"
 # How long a key read for the metrics endpoint is trusted before it is read again.
 KEY_CACHE_S = 60.0
+# How soon a key that could not be read is tried again (a first pass may be creating it).
+KEY_RETRY_S = 5.0
 
 
 class Clock(Protocol):
@@ -246,7 +248,9 @@ class Loop:
         self.threads: list[threading.Thread] = []
         self.metrics = LoopMetrics(self.deployment)
         self.metrics_server: MetricsServer | None = None
+        self.metrics_listen = "off"
         self._key_cache: tuple[float, str | None] = (0.0, None)
+        self._key_lock = threading.Lock()
 
     @property
     def deployment(self) -> Deployment:
@@ -306,6 +310,7 @@ class Loop:
             self.last_facts = outcome.facts
             self.logic.pass_succeeded(outcome.before.has_changes, outcome.after)
             self.metrics.pass_ended(reasons, time.monotonic() - started, outcome.after, outcome.facts, time.time())
+            self.metrics.liveness_now(self.logic.liveness.failures)
         except ReconcilerError as exc:
             self._failed(exc.message, exc.hint, reasons, started)
         except Exception as exc:  # the loop must outlive any bug in a pass; the journal keeps the detail
@@ -329,6 +334,7 @@ class Loop:
     def _failed(self, message: str, hint: str, reasons: list[str], started: float) -> None:
         self.logic.pass_failed(message)
         self.metrics.pass_failed(reasons, time.monotonic() - started, time.time())
+        self.metrics.liveness_now(self.logic.liveness.failures)
         self._log(f"{message}\n  hint: {hint}")
 
     # ---- spec reloads ----------------------------------------------------------------------
@@ -362,8 +368,10 @@ class Loop:
     # ---- metrics ---------------------------------------------------------------------------
 
     def _serve_metrics(self) -> None:
-        """Serve the metrics where the spec says; a port that cannot be had is said, not fatal."""
+        """Serve the metrics where the spec says; a port that cannot be had is said once, not
+        fatal (the next spec that names another address tries that one)."""
         listen = self.deployment.loop.metrics
+        self.metrics_listen = listen
         if listen == "off":
             return
         try:
@@ -371,12 +379,12 @@ class Loop:
         except OSError as exc:
             self._log(f"cannot serve metrics on {listen}: {exc.strerror or exc}; running without them (loop.metrics)")
             return
-        self._log(f"metrics on http://{self.metrics_server.address}/metrics")
+        keyed = " (the API key required)" if self.metrics_server.keyed else ""
+        self._log(f"metrics on {self.metrics_server.url}{keyed}")
 
     def _metrics_follow_spec(self) -> None:
         """A new loop.metrics moves the endpoint (or ends it: off)."""
-        serving = self.metrics_server.listen if self.metrics_server is not None else "off"
-        if serving == self.deployment.loop.metrics:
+        if self.metrics_listen == self.deployment.loop.metrics:
             return
         if self.metrics_server is not None:
             self.metrics_server.close()
@@ -384,20 +392,25 @@ class Loop:
         self._serve_metrics()
 
     def _api_key(self) -> str | None:
-        """The API key for a scrape of metrics served beyond loopback, read again once a minute
-        (a rotated key is taken up without a restart); None until a pass has seen the head."""
-        read_at, key = self._key_cache
-        if time.monotonic() - read_at < KEY_CACHE_S and key is not None:
-            return key
+        """The API key for a scrape of metrics served beyond loopback, read at most once in
+        KEY_CACHE_S whatever the scrapers send (a rotated key is taken up without a restart);
+        None until a pass has seen the head, or while the key cannot be read."""
+        with self._key_lock:
+            read_at, key = self._key_cache
+            trusted_s = KEY_CACHE_S if key is not None else KEY_RETRY_S
+            if read_at and time.monotonic() - read_at < trusted_s:
+                return key
+            self._key_cache = (time.monotonic(), self._read_key())
+            return self._key_cache[1]
+
+    def _read_key(self) -> str | None:
         facts = self.last_facts
         if facts is None:
             return None
         try:
-            key = read_key(ApplyContext(self.deployment, facts, self.transports, self.progress))
-        except ReconcilerError:
-            key = None
-        self._key_cache = (time.monotonic(), key)
-        return key
+            return read_key(ApplyContext(self.deployment, facts, self.transports, self.progress))
+        except Exception:  # a scrape must not see the head's trouble: no key, nobody let in
+            return None
 
     # ---- status ----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ progress), and each liveness probe. A fresh registry per loop keeps tests indepe
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import threading
 from collections.abc import Iterable
@@ -34,7 +35,7 @@ PASS_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200,
 PROBE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, float("inf"))
 
 TRIGGERS = ("spec", "liveness", "container_event", "start", "resync", "other")
-RESULTS = ("converged", "not_converged", "held", "blocked", "declined", "failed")
+RESULTS = ("converged", "not_converged", "held", "blocked", "failed")
 # Why a group restarted: the owner's change, or the failure an unplanned restart answers.
 RESTART_CAUSES = ("planned", "rank_exit", "liveness", "reboot", "unfinished_start")
 HOLD_REASONS = ("stopped", "crash_loop", "guard_trip")
@@ -79,6 +80,8 @@ class LoopMetrics:
         self.deployment = deployment
         self._lock = threading.Lock()
         self._trips_seen: dict[str, str] = {}
+        # The label sets each per-pass gauge was given last (see _replace).
+        self._series: dict[int, set[tuple[str, ...]]] = {}
         self._define()
         self._zero_counters()
 
@@ -137,6 +140,9 @@ class LoopMetrics:
     def _zero_counters(self) -> None:
         """Every bounded label's series exists from the start, so `increase()` sees the first one."""
         self.build.info({"version": __version__, "python": platform.python_version()})
+        for trigger in TRIGGERS:
+            for result in RESULTS:
+                self.passes.labels(trigger=trigger, result=result)
         for cause in RESTART_CAUSES:
             self.restarts.labels(cause=cause)
         self.starts.labels(cause="start")
@@ -154,13 +160,17 @@ class LoopMetrics:
         self.passes.labels(trigger=trigger_kind(reasons), result=result).inc()
         self.pass_time.labels(result=result).observe(seconds)
         self.last_pass.set(now)
-        self.converged.set(1 if result == "converged" else 0)
-        if result == "converged":
+        # As `status` says it: nothing left to do and nothing blocked (a held group is converged
+        # to its hold; the hold has its own series).
+        converged = not after.has_changes and not after.blockers
+        self.converged.set(1 if converged else 0)
+        if converged:
             self.last_converged.set(now)
         with self._lock:
             self._drift(after)
             self._nodes(facts)
             self._holds(facts)
+            self._step_done()
 
     def pass_failed(self, reasons: list[str], seconds: float, now: float) -> None:
         self.passes.labels(trigger=trigger_kind(reasons), result="failed").inc()
@@ -168,6 +178,13 @@ class LoopMetrics:
         self.errors.inc()
         self.last_pass.set(now)
         self.converged.set(0)
+        with self._lock:
+            self._step_done()
+
+    def liveness_now(self, failures: int) -> None:
+        """The loop's count of probes failed in a row, as a pass left it (a pass that acted on
+        them, or restarted the group, starts the count afresh; a held group is not probed)."""
+        self.probe_failures.set(failures)
 
     def deployment_changed(self, deployment: Deployment) -> None:
         """A new spec: per-node series of nodes it no longer has go at the next pass."""
@@ -176,39 +193,54 @@ class LoopMetrics:
     def _node_names(self) -> list[str]:
         return [node.name for node in self.deployment.nodes]
 
+    def _replace(self, gauge: Gauge, values: dict[tuple[str, ...], float]) -> None:
+        """The gauge's series become exactly `values`: each set first, then the ones the last
+        pass had and this one has not removed, so a scrape in between never misses a series."""
+        for labels, value in values.items():
+            gauge.labels(*labels).set(value)
+        for stale in self._series.get(id(gauge), set()) - set(values):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*stale)
+        self._series[id(gauge)] = set(values)
+
     def _drift(self, after: Plan) -> None:
         pending: dict[tuple[str, str], int] = {}
         for action in after.actions:
             pending[(action.component, action.node)] = pending.get((action.component, action.node), 0) + 1
         blocked = {(str(blocker.component), blocker.node) for blocker in after.blockers}
-        for gauge in (self.pending, self.drift, self.blocked):
-            gauge.clear()
-        for node in self._node_names():
-            for component in Component:
-                key = (component.value, node)
-                self.pending.labels(component=component.value, node=node).set(pending.get(key, 0))
-                self.blocked.labels(component=component.value, node=node).set(1 if key in blocked else 0)
-                self.drift.labels(component=component.value, node=node).set(
-                    1 if key in pending or key in blocked else 0
-                )
+        keys = [(component.value, node) for node in self._node_names() for component in Component]
+        self._replace(self.pending, {key: pending.get(key, 0) for key in keys})
+        self._replace(self.blocked, {key: 1 if key in blocked else 0 for key in keys})
+        self._replace(self.drift, {key: 1 if key in pending or key in blocked else 0 for key in keys})
 
     def _nodes(self, facts: Facts) -> None:
-        for gauge in (self.node_up, self.mem_available, self.guard_tripped, self.guard_running):
-            gauge.clear()
+        up: dict[tuple[str, ...], float] = {}
+        memory: dict[tuple[str, ...], float] = {}
+        tripped: dict[tuple[str, ...], float] = {}
+        running: dict[tuple[str, ...], float] = {}
         for node in self._node_names():
+            self.guard_trips.labels(node=node)  # from 0, so the first trip is an increase
             observed = facts.nodes.get(node)
-            reachable = observed is not None and observed.reachable
-            self.node_up.labels(node=node).set(1 if reachable else 0)
-            if observed is None or not reachable:
+            up[(node,)] = 1 if observed is not None and observed.reachable else 0
+            if observed is None or not observed.reachable:
                 continue
             if observed.memory is not None:
-                self.mem_available.labels(node=node).set(observed.memory.available_kib * 1024)
-            self.guard_running.labels(node=node).set(1 if observed.guard.running else 0)
+                memory[(node,)] = observed.memory.available_kib * 1024
+            running[(node,)] = 1 if observed.guard.running else 0
             trip = observed.guard.trip
-            self.guard_tripped.labels(node=node).set(1 if trip is not None else 0)
+            tripped[(node,)] = 1 if trip is not None else 0
             if trip is not None and self._trips_seen.get(node) != trip.at:
                 self._trips_seen[node] = trip.at
                 self.guard_trips.labels(node=node).inc()
+        for gauge, values in ((self.node_up, up), (self.mem_available, memory)):
+            self._replace(gauge, values)
+        for gauge, values in ((self.guard_tripped, tripped), (self.guard_running, running)):
+            self._replace(gauge, values)
+
+    def _step_done(self) -> None:
+        """The checkpoint's byte gauges describe the step under way: none is, once a pass ended."""
+        for gauge in (self.checkpoint_done, self.checkpoint_size):
+            self._replace(gauge, {})
 
     def _holds(self, facts: Facts) -> None:
         head = facts.nodes.get(self.deployment.head.name)
@@ -253,9 +285,15 @@ class LoopMetrics:
         done, total = event.get("done"), event.get("total")
         if phase is None or node not in self._node_names() or not isinstance(done, int):
             return
-        self.checkpoint_done.labels(node=node, phase=phase).set(done)
-        if isinstance(total, int):
-            self.checkpoint_size.labels(node=node, phase=phase).set(total)
+        with self._lock:
+            self._add(self.checkpoint_done, (node, phase), done)
+            if isinstance(total, int):
+                self._add(self.checkpoint_size, (node, phase), total)
+
+    def _add(self, gauge: Gauge, labels: tuple[str, ...], value: float) -> None:
+        """One series of a gauge `_replace` keeps, set between passes."""
+        gauge.labels(*labels).set(value)
+        self._series.setdefault(id(gauge), set()).add(labels)
 
     # ---- probes --------------------------------------------------------------------------------
 

@@ -64,7 +64,10 @@ class _IPv6Server(_Server):
 
 
 class _Quiet(WSGIRequestHandler):
-    """No line per scrape on stderr (the journal): Prometheus asks every few seconds."""
+    """No line per scrape on stderr (the journal): Prometheus asks every few seconds. A client
+    that sends nothing for `timeout` seconds is dropped, so idle connections hold no thread."""
+
+    timeout = 10
 
     def log_message(self, format: str, *args: Any) -> None:
         del format, args
@@ -80,7 +83,7 @@ class MetricsServer:
         self.keyed = not is_loopback(host)
         server_class = _IPv6Server if ":" in host else _Server
         self._server = make_server(host, port, keyed(app, key) if self.keyed else app, server_class, _Quiet)
-        self.address = f"{listen} ({'the API key required' if self.keyed else 'loopback'})"
+        self.url = f"http://{listen}/metrics"
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
         self._thread.start()
 

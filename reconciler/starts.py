@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from reconciler.actions import Action, StartRank, Step
-from reconciler.clock import utc_iso
+from reconciler.actions import Action, StartRank, Step, StopRank
+from reconciler.clock import parse_utc_iso, utc_iso
 from reconciler.components.ranks import REBOOTED, RESUMING
 from reconciler.errors import UntrustedFileError
 from reconciler.fsutil import read_bounded, write_private
@@ -26,6 +26,8 @@ from reconciler.nodeside.statedir import StateDir
 
 NAME = "starts.json"
 KEEP = 20
+# Longer than any start could take (a week): a larger figure is no duration we wrote.
+MAX_SECONDS = 7 * 86_400
 MAX_FILE_BYTES = 1024 * 1024
 
 # The phases in the order a first start runs them (a restart drains and stops first).
@@ -70,7 +72,8 @@ def start_record(spans: Sequence[Span]) -> dict[str, Any] | None:
 def _cause_kind(actions: list[Action]) -> str:
     """A start answering a failure, a restart the owner asked for, or a start of a group that ran not."""
     for action in actions:
-        if isinstance(action.payload, StartRank) and action.payload.unplanned is not None:
+        # The restart's first action carries the failure: a stop when a rank still ran, else a start.
+        if isinstance(action.payload, StartRank | StopRank) and action.payload.unplanned is not None:
             return restart_cause(action.payload.unplanned, planned=False)
     restarted = any(action.step is Step.STOP_RANK for action in actions)
     replaced = any(action.step is Step.START_RANK and action.verb == "replace" for action in actions)
@@ -83,10 +86,10 @@ def restart_cause(cause: str, *, planned: bool) -> str:
         return "planned"
     if cause.startswith("liveness:"):
         return "liveness"
+    if cause.startswith(RESUMING):  # its text may quote the failure it was resuming from
+        return "unfinished_start"
     if REBOOTED in cause:
         return "reboot"
-    if cause.startswith(RESUMING):
-        return "unfinished_start"
     return "rank_exit"
 
 
@@ -104,13 +107,21 @@ def read_starts(path: Path) -> list[dict[str, Any]]:
 
 
 def _is_record(item: object) -> bool:
+    """A record as keep_start writes it: anything else in the file (edited, or not ours) is left
+    out, so that nothing in it can reach a terminal or fail the arithmetic."""
+    if not isinstance(item, dict) or not isinstance(item.get("at"), str) or not isinstance(item.get("phases"), dict):
+        return False
+    known = set(PHASES.values())
     return (
-        isinstance(item, dict)
-        and isinstance(item.get("at"), str)
-        and isinstance(item.get("ready_s"), int | float)
-        and isinstance(item.get("phases"), dict)
-        and all(isinstance(seconds, int | float) for seconds in item["phases"].values())
+        parse_utc_iso(item["at"]) is not None
+        and _seconds(item.get("ready_s"))
+        and all(name in known and _seconds(value) for name, value in item["phases"].items())
     )
+
+
+def _seconds(value: object) -> bool:
+    """A duration as written: a finite number of seconds (no bool, NaN or Infinity)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < MAX_SECONDS
 
 
 def keep_start(path: Path, record: dict[str, Any]) -> None:

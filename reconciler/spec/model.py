@@ -516,7 +516,7 @@ class Loop(StrictModel):
         default="127.0.0.1:9464",
         description=(
             "Where `reconciler run` serves Prometheus metrics: address:port (loopback: open to this machine; "
-            "any other address: the API key required, as a bearer token), or off."
+            "any other address: the API key required, as a bearer token, over plain HTTP), or off."
         ),
     )
 

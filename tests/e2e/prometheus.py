@@ -41,6 +41,11 @@ class Prometheus:
         assert len(vector) <= 1, vector
         return float(vector[0]["value"][1]) if vector else None
 
+    def refused(self, expr: str) -> str | None:
+        """Why Prometheus refuses an expression (None: it evaluates)."""
+        result = self.bed.node("spark-head", "promtool", "query", "instant", SERVER, expr, check=False)
+        return None if result.returncode == 0 else (result.stderr or result.stdout).strip()
+
     def targets_up(self) -> dict[str, float | None]:
         return {job: self.value(f'up{{job="{job}"}}') for job in ("spark-reconciler", "spark-vllm")}
 
@@ -53,6 +58,13 @@ def scrape_config(directory: Path, api: str) -> str:
     config = yaml.safe_load(text)
     config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"}
     return yaml.safe_dump(config)
+
+
+def dashboard_expressions() -> list[str]:
+    """Every query of monitoring/grafana-dashboard.json, Grafana's interval variable filled in."""
+    dashboard = json.loads((ROOT / "monitoring/grafana-dashboard.json").read_text(encoding="utf-8"))
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    return [query.replace("$__rate_interval", "1m") for query in queries]
 
 
 def quick_rules() -> str:

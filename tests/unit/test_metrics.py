@@ -223,7 +223,7 @@ def test_names_follow_prometheus_rules_and_label_sets_stay_bounded(
         metrics.on_event({"kind": "restart", "cause": f"dsv41-r1 on spark-worker: exit {number}"})
         metrics.on_event({"kind": "incident", "incident": f"kind {number}"})
         metrics.pass_ended([f"spark-worker: container-{number} die", f"reason {number}"], 1.0, after, facts, NOW)
-    assert exposition(metrics).count("\n") == before + 2  # the first container_event series: _total, _created
+    assert exposition(metrics).count("\n") == before
     families = list(text_string_to_metric_families(exposition(metrics)))
     assert families
     build = next(family for family in families if family.name == "spark_reconciler_build_info")
@@ -310,3 +310,40 @@ def test_a_taken_port_is_an_os_error_the_loop_reports(metrics: LoopMetrics) -> N
 )
 def test_what_counts_as_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+def test_checkpoint_bytes_describe_the_step_under_way_and_end_with_the_pass(
+    metrics: LoopMetrics, deployment: Deployment
+) -> None:
+    metrics.on_event(
+        {"kind": "progress", "step": "checkpoint.download@spark-head", "node": HEAD, "done": 7, "total": 9}
+    )
+    assert value(metrics, "spark_reconciler_checkpoint_done_bytes", node=HEAD, phase="download") == 7
+    converged_pass(metrics, deployment, ["resync"])
+    assert value(metrics, "spark_reconciler_checkpoint_done_bytes", node=HEAD, phase="download") is None
+    assert value(metrics, "spark_reconciler_checkpoint_size_bytes", node=HEAD, phase="download") is None
+
+
+def test_a_node_the_spec_no_longer_has_loses_its_series(metrics: LoopMetrics, deployment: Deployment) -> None:
+    facts = converged_facts(deployment)
+    after = converged_pass(metrics, deployment, ["resync"], facts)
+    assert value(metrics, "spark_reconciler_guard_trips_total", node=WORKER) == 0, "from 0: a first trip increases"
+    renamed = deployment.nodes[1].model_copy(update={"name": "spark-other"})
+    metrics.deployment_changed(deployment.model_copy(update={"nodes": [deployment.head, renamed]}))
+    metrics.pass_ended(["spec file changed"], 1.0, after, facts, NOW)
+    assert value(metrics, "spark_reconciler_node_up", node=WORKER) is None
+    assert value(metrics, "spark_reconciler_drift", component="ranks", node=WORKER) is None
+    assert value(metrics, "spark_reconciler_node_up", node="spark-other") == 0
+    assert value(metrics, "spark_reconciler_node_up", node=HEAD) == 1
+
+
+def test_the_liveness_count_follows_the_loop_after_a_pass(metrics: LoopMetrics) -> None:
+    metrics.probed(False, 1.0, 2)
+    metrics.liveness_now(0)  # the pass that restarted the group starts the count afresh
+    assert value(metrics, "spark_reconciler_liveness_consecutive_failures") == 0
+
+
+def test_every_trigger_and_result_is_counted_from_zero(metrics: LoopMetrics) -> None:
+    for trigger in ("spec", "liveness", "container_event", "start", "resync", "other"):
+        for result in ("converged", "not_converged", "held", "blocked", "failed"):
+            assert value(metrics, "spark_reconciler_reconcile_total", trigger=trigger, result=result) == 0

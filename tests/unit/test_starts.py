@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from reconciler.actions import Action, StartRank, Step
 from reconciler.cli.observe import render_status
+from reconciler.components.ranks import REBOOTED, RESUMING
+from reconciler.facts.node import Facts
 from reconciler.plan import plan
 from reconciler.record import replace
-from reconciler.starts import KEEP, duration_text, keep_start, read_starts, start_record, summary
+from reconciler.starts import KEEP, duration_text, keep_start, read_starts, restart_cause, start_record, summary
 from tests.scenarios import empty_facts, reference_deployment
 
 
@@ -76,10 +80,11 @@ def test_a_start_answering_a_failure_is_recorded_with_that_failure_s_kind() -> N
 def test_records_are_kept_newest_last_and_bounded(tmp_path: Path) -> None:
     path = tmp_path / "starts.json"
     for number in range(KEEP + 5):
-        keep_start(path, {"at": f"t{number}", "cause_kind": "start", "ready_s": number, "phases": {"smoke": 1}})
+        at = f"2026-12-04T10:{number:02d}:00Z"
+        keep_start(path, {"at": at, "cause_kind": "start", "ready_s": number, "phases": {"smoke": 1}})
     kept = read_starts(path)
     assert len(kept) == KEEP
-    assert kept[-1]["at"] == f"t{KEEP + 4}"
+    assert kept[-1]["ready_s"] == KEEP + 4
 
 
 def test_a_damaged_or_foreign_file_reads_as_no_history(tmp_path: Path) -> None:
@@ -125,3 +130,60 @@ def test_durations_read_as_people_write_them() -> None:
         "1h00m",
         "1h05m",
     ]
+
+
+def test_a_restart_whose_first_action_is_a_stop_carries_the_failure_it_answers() -> None:
+    from reconciler.actions import StopRank
+
+    facts = converged_with_rank1_exited()
+    actions = list(plan(reference_deployment(), facts).actions)
+    stop = next(action for action in actions if action.step is Step.STOP_RANK)
+    assert isinstance(stop.payload, StopRank)
+    assert stop.payload.unplanned is not None
+    spans = timed(actions, {Step.STOP_RANK: (0, 10), Step.START_RANK: (10, 12), Step.WAIT_READY: (12, 80)})
+    record = start_record(spans)
+    assert record is not None
+    assert record["cause_kind"] == "rank_exit"
+    assert record["phases"]["stop"] == 10.0
+
+
+def converged_with_rank1_exited() -> Facts:
+    from tests.scenarios import converged_facts, with_container
+
+    return with_container(converged_facts(), "spark-worker", status="exited", exit_code=137)
+
+
+@pytest.mark.parametrize(
+    ("cause", "kind"),
+    [
+        (
+            f"{RESUMING} (dsv41-r1 on spark-worker: spark-worker {REBOOTED}): it did not finish",
+            "unfinished_start",
+        ),
+        ("dsv41-r1 on spark-worker: spark-worker rebooted since it started (boot id a -> b)", "reboot"),
+        ("liveness: 3 one-token completions failed in a row (timeout)", "liveness"),
+        ("dsv41-r0 on spark-head: exited with code 1", "rank_exit"),
+    ],
+)
+def test_the_kind_of_a_restart_s_cause(cause: str, kind: str) -> None:
+    assert restart_cause(cause, planned=False) == kind
+    assert restart_cause(cause, planned=True) == "planned"
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"at": "2026-12-04T10:00:00Z", "ready_s": "Infinity", "phases": {}},
+        {"at": "2026-12-04T10:00:00Z", "ready_s": True, "phases": {}},
+        {"at": "2026-12-04T10:00:00Z", "ready_s": 1e308, "phases": {}},
+        {"at": "2026-12-04T10:00:00Z", "ready_s": 5, "phases": {"\x1b[2Jwiped": 1}},
+        {"at": "\x1b[2J2026", "ready_s": 5, "phases": {"smoke": 1}},
+        {"at": "2026-12-04T10:00:00Z", "ready_s": 5, "phases": {"smoke": -1}},
+    ],
+)
+def test_a_hand_edited_record_is_left_out_not_shown(tmp_path: Path, record: dict[str, object]) -> None:
+    path = tmp_path / "starts.json"
+    good = {"at": "2026-12-04T09:00:00Z", "ready_s": 5, "phases": {"smoke": 1}}
+    text = json.dumps([good, record]).replace('"Infinity"', "Infinity")
+    path.write_text(text, encoding="utf-8")
+    assert read_starts(path) == [good]
