@@ -15,11 +15,48 @@ from reconciler.cli.common import EXIT_ERROR
 
 
 class CommandParser(argparse.ArgumentParser):
-    """A usage error exits 1 like any other error (argparse's 2 means "changes" here), with a hint."""
+    """A usage error exits 1 like any other error (argparse's 2 means "changes" here), with a hint:
+    the command meant, for a mistyped one. No command at all asks for the help, which is shown."""
 
     def error(self, message: str) -> NoReturn:
+        missing = message.removeprefix("the following arguments are required: ")
+        if missing != message and missing.split(",")[0] in {"COMMAND", "ACTION"} and self._commands() is not None:
+            self.print_help(sys.stdout)
+            self.exit(0)
         self.print_usage(sys.stderr)
-        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n  hint: `{self.prog} --help` lists the options\n")
+        hint = self._did_you_mean(message) or f"`{self.prog} --help` lists the options"
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {_plain(message)}\n  hint: {hint}\n")
+
+    def _commands(self) -> list[str] | None:
+        """The names of this parser's subcommands (None: it has none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return list(action.choices)
+        return None
+
+    def _did_you_mean(self, message: str) -> str | None:
+        import difflib
+        import re
+
+        typed = re.search(r"invalid choice: '([^']*)'", message)
+        commands = self._commands()
+        if typed is None or not commands:
+            return None
+        close = difflib.get_close_matches(typed.group(1), commands, n=3, cutoff=0.6)
+        if not close:
+            return f"`{self.prog} --help` lists the commands"
+        return "did you mean " + " or ".join(f"`{self.prog} {name}`" for name in close) + "?"
+
+
+def _plain(message: str) -> str:
+    """A mistyped command in a few words: not argparse's list of every command (the hint names
+    the one meant, `--help` lists them all)."""
+    import re
+
+    typed = re.match(r"argument (COMMAND|ACTION): invalid choice: '([^']*)'", message)
+    if typed is None:
+        return message
+    return f"unknown {'command' if typed.group(1) == 'COMMAND' else 'action'} '{typed.group(2)}'"
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

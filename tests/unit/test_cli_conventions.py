@@ -199,7 +199,6 @@ def test_plan_help_shows_the_wait_default_of_apply(capsys: pytest.CaptureFixture
         ["status", "--watch", "soon"],
         ["status", "--watch", "0"],
         ["bench", "--reps", "0", "--out", "x.json"],
-        [],
     ],
 )
 def test_a_usage_error_exits_1_not_2_which_means_changes(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -207,6 +206,37 @@ def test_a_usage_error_exits_1_not_2_which_means_changes(argv: list[str], capsys
         main(argv)
     assert exited.value.code == 1
     assert "--help" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "usage"), [([], "usage: reconciler [-h]"), (["pi"], "usage: reconciler pi ")])
+def test_no_command_shows_the_help(argv: list[str], usage: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(usage)
+    assert "examples:" in out or "ACTION" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "meant"),
+    [
+        (["aplly"], "did you mean `reconciler apply`?"),
+        (["staus"], "did you mean `reconciler status`"),
+        (["pi", "instal"], "did you mean `reconciler pi install`"),
+        (["xyzzy"], "`reconciler --help` lists the commands"),
+    ],
+)
+def test_a_mistyped_command_is_named_with_the_one_meant(
+    argv: list[str], meant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert f"unknown {'action' if len(argv) > 1 else 'command'} '{argv[-1]}'" in err
+    assert meant in err
+    assert "choose from" not in err, "one line, not the list of every command"
 
 
 def test_an_unknown_option_is_reported_by_its_command(capsys: pytest.CaptureFixture[str]) -> None:
