@@ -56,7 +56,7 @@ def main() -> None:
     spec.write_text(spec.read_text(encoding="utf-8") + f"loop:\n  resync_s: {RESYNC_S}\n  liveness_s: 60\n")
     process = None
     try:
-        testbed.exec("spark-head", [RECONCILER, "apply", "--spec", str(spec)], timeout=600)
+        testbed.exec("spark-head", [RECONCILER, "apply", "--yes", "--spec", str(spec)], timeout=600)
         python = str(ROOT / ".venv/bin/python")
         inner = json.loads(testbed.exec("spark-head", [python, "-c", IN_NODE, str(spec)]).stdout)
         with loop_log.open("w", encoding="utf-8") as log:

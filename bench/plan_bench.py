@@ -59,7 +59,7 @@ def main() -> None:
     try:
         engine = testbed.images()["engine"]
         spec = write_spec(ROOT / "specs/testbed.yaml", testbed.layout.specs / "bench-plan.yaml", engine)
-        testbed.exec("spark-head", [RECONCILER, "apply", "--spec", str(spec)], check=True, timeout=600)
+        testbed.exec("spark-head", [RECONCILER, "apply", "--yes", "--spec", str(spec)], check=True, timeout=600)
         python = str(ROOT / ".venv/bin/python")
         inner = json.loads(testbed.exec("spark-head", [python, "-c", IN_NODE, str(spec)], check=True).stdout)
         cli = statistics.median(timed(testbed, [RECONCILER, "plan", "--spec", str(spec)]) for _ in range(RUNS))

@@ -191,23 +191,30 @@ def show_plan(result: Plan) -> None:
 
 
 def confirm(result: Plan) -> bool:
-    """On a terminal, ask before the disruptive or the expensive; without one, go ahead (scripts,
-    CI and the boot service have nobody to ask: `--yes` is implied there)."""
+    """Ask before the disruptive or the expensive whenever someone can answer (stdin a terminal,
+    whatever stdout is: `apply | tee log` still asks, on stderr). With nobody to ask (a script,
+    a pipe, CI) such a plan needs `--yes`: automation is what the owner turns on (`--yes`, or
+    the loop), never what a pipe implies."""
     from reconciler.plan import needs_confirmation
 
     reasons = needs_confirmation(result)
-    if not reasons or not (sys.stdin.isatty() and sys.stdout.isatty()):
+    if not reasons:
         return True
-    sys.stdout.write(
+    if not sys.stdin.isatty():
+        raise ReconcilerError(
+            f"this plan {'; '.join(reasons)}, and there is nobody to ask (stdin is not a terminal)",
+            "run `reconciler apply --yes` to apply it without a question, or run apply in a terminal",
+        )
+    sys.stderr.write(
         f"\nThis plan {'; '.join(reasons)}.\nDo you want to perform these actions? Only 'yes' is accepted: "
     )
-    sys.stdout.flush()
+    sys.stderr.flush()
     try:
         answer = sys.stdin.readline().strip()
     except (OSError, UnicodeDecodeError):
         answer = ""
     if answer != "yes":
-        sys.stdout.write("Apply cancelled; nothing was changed.\n")
+        sys.stderr.write("Apply cancelled; nothing was changed.\n")
         return False
     return True
 

@@ -60,7 +60,7 @@ def test_parts_are_deleted_after_reassembly(converged: Bed) -> None:
 def test_second_apply_does_no_checkpoint_work(converged: Bed) -> None:
     bed = converged
     since = len(hub_log())
-    result = bed.reconciler("apply")
+    result = bed.reconciler("apply", "--yes")
     assert "No changes." in result.stdout
     assert fetched_files(since) == []
 
@@ -70,7 +70,7 @@ def test_a_flipped_byte_on_the_worker_is_found_by_deep_verify_and_only_that_file
     flip_byte_keep_mtime(bed, WORKER, SHARD)
     assert bed.plan_exit() == 0, "size, mtime and inode unchanged: the hash cache cannot see it"
     before = stat(bed, WORKER)
-    result = bed.reconciler("apply", "--deep-verify")
+    result = bed.reconciler("apply", "--yes", "--deep-verify")
     assert f"sha256 differs from the manifest's and the Hub's: {SHARD}: planned again" in result.stderr
     assert "copy 1 files" in result.stdout, "the new plan, shown like the first, copies that file alone"
     after = stat(bed, WORKER)
@@ -86,7 +86,7 @@ def test_a_changed_mtime_is_rehashed_by_the_normal_pass_and_nothing_fetched(conv
     assert "checkpoint on spark-head: verify" in planned
     assert SHARD in planned
     since = len(hub_log())
-    bed.reconciler("apply")
+    bed.reconciler("apply", "--yes")
     assert fetched_files(since) == []
     assert bed.plan_exit() == 0
 
@@ -96,7 +96,7 @@ def test_a_corrupted_shard_on_the_head_is_refetched_alone_from_the_hub(converged
     flip_byte_keep_mtime(bed, HEAD, SHARD)
     bed.node(HEAD, "touch", f"{MODEL}/{SHARD}")
     since = len(hub_log())
-    bed.reconciler("apply")
+    bed.reconciler("apply", "--yes")
     assert fetched_files(since) == [SHARD]
     assert bed.plan_exit() == 0
 
@@ -108,7 +108,7 @@ def test_a_missing_reassembled_shard_is_fetched_as_parts_and_reassembled(converg
     planned = bed.reconciler("plan").stdout
     assert "reassemble model-00006-of-00006.safetensors" in planned
     since = len(hub_log())
-    bed.reconciler("apply")
+    bed.reconciler("apply", "--yes")
     fetched = fetched_files(since)
     assert fetched
     assert all(name.startswith(f"{shard}.part") for name in fetched)
@@ -125,7 +125,7 @@ def test_a_hub_sourced_worker_fetches_its_own_missing_file(converged: Bed) -> No
         planned = bed.reconciler("plan").stdout
         assert "checkpoint on spark-worker: download 1 files" in planned
         since = len(hub_log())
-        result = bed.reconciler("apply")
+        result = bed.reconciler("apply", "--yes")
         assert "1 files fetched by spark-worker itself" in result.stderr
         assert fetched_files(since) == [SHARD]
         assert stat(bed, HEAD) == head_before

@@ -88,7 +88,7 @@ def test_converges_from_empty(tokened: Bed) -> None:
     assert "image on spark-head" not in planned
     started = time.monotonic()
     script = f"{bed.spec.parent}/apply-events.jsonl"
-    result = bed.reconciler("apply", "--events", script)
+    result = bed.reconciler("apply", "--yes", "--events", script)
     print(f"converged from empty in {time.monotonic() - started:.1f} s")
     assert "Apply complete" in result.stdout
     assert "start dsv41-r1" in result.stdout
@@ -124,7 +124,7 @@ def test_a_wrong_key_mode_is_fixed_and_the_key_kept(converged: Bed) -> None:
     planned = bed.reconciler("plan").stdout
     assert "apikey on spark-head: set mode 0600" in planned
     assert "0644" in planned
-    bed.reconciler("apply")
+    bed.reconciler("apply", "--yes")
     assert bed.node(HEAD, "stat", "-c", "%a", "/srv/spark/state/api_key").stdout.strip() == "600"
     assert bed.api_key() == key
     assert bed.plan_exit() == 0
@@ -223,7 +223,7 @@ def test_tls_replaces_the_front_alone_and_the_reconcilers_clients_follow(converg
         planned = bed.reconciler("plan").stdout
         assert "front on spark-head: create a self-signed TLS pair" in planned
         assert "HAProxy, HTTPS on 0.0.0.0:8000" in planned
-        bed.reconciler("apply")
+        bed.reconciler("apply", "--yes")
         assert bed.plan_exit() == 0
         assert {node: bed.container_id(node, f"dsv41-r{0 if node == HEAD else 1}") for node in (HEAD, WORKER)} == ranks
         assert bed.node(HEAD, "stat", "-c", "%a", f"{STATE_DIR}/tls.key").stdout.strip() == "600"
@@ -245,7 +245,7 @@ def test_tls_replaces_the_front_alone_and_the_reconcilers_clients_follow(converg
     finally:
         bed.spec.write_text(original, encoding="utf-8")
         bed.node(WORKER, "rm", "-f", CA_ON_WORKER)
-    bed.reconciler("apply")
+    bed.reconciler("apply", "--yes")
     assert bed.plan_exit() == 0
     assert {node: bed.container_id(node, f"dsv41-r{0 if node == HEAD else 1}") for node in (HEAD, WORKER)} == ranks
 
@@ -264,7 +264,13 @@ def test_a_rotated_key_replaces_the_front_and_leaves_the_ranks_running(converged
     assert "front on spark-head: start dsv41-front" in planned
     assert "the key file (or the TLS pair) changed since the front read it" in planned
     assert "Plan: 0 to add, 0 to change, 1 to replace, 0 to destroy, 0 to run." in planned
-    bed.reconciler("apply")
+    # A script's apply (no terminal to ask) does nothing disruptive unless told so with --yes.
+    piped = bed.reconciler("apply", check=False)
+    assert piped.returncode == 1, piped.stdout + piped.stderr
+    assert "nobody to ask (stdin is not a terminal)" in piped.stderr
+    assert "reconciler apply --yes" in piped.stderr
+    assert bed.container_id(HEAD, "dsv41-front") == front
+    bed.reconciler("apply", "--yes")
     assert bed.plan_exit() == 0
     assert {node: bed.container_id(node, f"dsv41-r{0 if node == HEAD else 1}") for node in (HEAD, WORKER)} == ranks
     assert bed.container_id(HEAD, "dsv41-front") not in {"", front}
@@ -381,7 +387,7 @@ def test_stop_holds_the_group_and_start_brings_it_back(converged: Bed) -> None:
 
 def test_a_second_apply_does_nothing(converged: Bed) -> None:
     bed = converged
-    result = bed.reconciler("apply")
+    result = bed.reconciler("apply", "--yes")
     assert "No changes." in result.stdout
     assert not re.search(r"Apply complete", result.stdout)
 
@@ -393,7 +399,7 @@ def test_a_rank_that_exits_fails_the_apply_fast_with_every_ranks_logs(converged:
     bed.spec.write_text(broken, encoding="utf-8")
     try:
         started = time.monotonic()
-        failed = bed.reconciler("apply", check=False)
+        failed = bed.reconciler("apply", "--yes", check=False)
         elapsed = time.monotonic() - started
         print(f"failed apply reported after {elapsed:.1f} s")
         assert failed.returncode == 1
@@ -404,5 +410,5 @@ def test_a_rank_that_exits_fails_the_apply_fast_with_every_ranks_logs(converged:
         assert elapsed < 120, "fail fast: far below the startup timeout"
     finally:
         bed.spec.write_text(original, encoding="utf-8")
-    bed.reconciler("apply")
+    bed.reconciler("apply", "--yes")
     assert bed.plan_exit() == 0

@@ -67,7 +67,7 @@ def kill_as_systemd_does(bed: Bed, process: subprocess.Popen[bytes]) -> None:
 
 
 def apply_until_the_worker_holds(bed: Bed, held: int, log: Path) -> subprocess.Popen[bytes]:
-    argv = bed.testbed.exec_argv(HEAD, [RECONCILER, "apply", "--spec", str(bed.spec)])
+    argv = bed.testbed.exec_argv(HEAD, [RECONCILER, "apply", "--yes", "--spec", str(bed.spec)])
     with log.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + COPY_TIMEOUT_S
@@ -94,13 +94,13 @@ def test_a_copy_killed_midway_resumes_without_resending_what_the_worker_holds(be
     # The revision directory: model_dir links to it only once the group serves it, after the copy.
     size = int(bed.node(HEAD, "sh", "-c", f"du -sb --exclude=.cache {MODEL}@*").stdout.split()[0])
     sent = fabric_tx_bytes(bed, HEAD)
-    bed.reconciler("apply")
+    bed.reconciler("apply", "--yes")
     uploaded = fabric_tx_bytes(bed, HEAD) - sent
     print(f"resumed: {uploaded} B uploaded for a {size} B checkpoint of which the worker held {held} B")
     assert uploaded < size - held // 2, "what the worker held was not sent again"
     assert copy_daemons(bed) == [], "the stale daemon and this copy's own are stopped"
     assert bed.plan_exit() == 0
-    deep = bed.reconciler("apply", "--deep-verify")
+    deep = bed.reconciler("apply", "--yes", "--deep-verify")
     said = deep.stdout + deep.stderr
     assert "sha256 mismatch" not in said, "every file on the worker is right"
     assert said.count("files match their sha256") == 2, said[-3000:]
@@ -118,7 +118,7 @@ def test_copy_transport_ssh_copies_over_ssh_from_the_head(converged: Bed) -> Non
         bed.node(WORKER, "rm", f"{revision}/{shard}")
         planned = bed.reconciler("plan").stdout
         assert "over SSH, as model.copy_transport says" in planned, planned
-        bed.reconciler("apply")
+        bed.reconciler("apply", "--yes")
         assert copy_daemons(bed) == []
         assert bed.plan_exit() == 0
     finally:

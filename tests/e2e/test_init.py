@@ -149,5 +149,5 @@ def test_the_edited_spec_passes_doctor_and_converges(
         assert checks[("all nodes", name)]["status"] == "PASS", checks[("all nodes", name)]
     failed = {check for (_, check), found in checks.items() if found["status"] == "FAIL"}
     assert failed <= HONEST_FAILURES, f"only what the testbed lacks may fail: {failed - HONEST_FAILURES}"
-    edited.reconciler("apply")
+    edited.reconciler("apply", "--yes")
     assert edited.plan_exit() == 0

@@ -29,7 +29,7 @@ def test_apply_ends_with_the_smoke_step(bed: Bed) -> None:
     bed.fresh()  # the group's start, which the smoke step follows
     planned = bed.reconciler("plan").stdout
     assert "ranks on spark-head: smoke-test the API: models, unauthorized, stream, text" in planned
-    result = bed.reconciler("apply")
+    result = bed.reconciler("apply", "--yes")
     assert "Apply complete" in result.stdout
     progress = result.stderr
     assert progress.index("wait until GET /v1/models") < progress.index("smoke-test the API")

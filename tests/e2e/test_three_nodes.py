@@ -30,7 +30,7 @@ def test_three_nodes_converge_and_stay_converged(bed3: Bed) -> None:
     assert "from spark-worker into" in third, "the third node copies from the second: the head uploads once"
     sent = fabric_tx_bytes(bed3, "spark-head")
     started = time.monotonic()
-    result = bed3.reconciler("apply")
+    result = bed3.reconciler("apply", "--yes")
     print(f"three nodes converged in {time.monotonic() - started:.1f} s")
     uploaded = fabric_tx_bytes(bed3, "spark-head") - sent
     size = int(bed3.node("spark-head", "du", "-sbL", "--exclude=.cache", MODEL).stdout.split()[0])

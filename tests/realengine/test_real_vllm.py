@@ -175,7 +175,7 @@ def test_rank1_killed_without_traffic_health_stays_200_until_a_request(serving: 
     assert "any exit fails the group, code 0 included" in planned
     assert planned.index("start dsv41-r1") < planned.index("start dsv41-r0")
     started = time.monotonic()
-    lane.reconciler("apply", timeout=900)
+    lane.reconciler("apply", "--yes", timeout=900)
     print(f"apply: group restarted in order and serving again in {time.monotonic() - started:.0f} s")
     assert answers(lane)
     assert lane.plan_exit() == 0

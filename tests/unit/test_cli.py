@@ -173,25 +173,36 @@ class Terminal(io.StringIO):
 
 
 @pytest.mark.parametrize(("answer", "goes_ahead"), [("yes\n", True), ("y\n", False), ("\n", False)])
-def test_apply_asks_on_a_terminal_before_a_group_restart(
+def test_apply_asks_on_a_terminal_before_a_group_restart_even_when_its_output_is_piped(
     monkeypatch: pytest.MonkeyPatch, answer: str, goes_ahead: bool
 ) -> None:
     restart = plan(with_serving(reference_deployment(), kv_bytes=2_000_000_000), load_facts(CONVERGED_FACTS))
-    out = Terminal()
+    asked, piped = io.StringIO(), io.StringIO()  # `reconciler apply | tee log`: stdout is no terminal
     monkeypatch.setattr(sys, "stdin", Terminal(answer))
-    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stdout", piped)
+    monkeypatch.setattr(sys, "stderr", asked)
     assert deploy.confirm(restart) is goes_ahead
-    assert "restarts or stops the rank group" in out.getvalue()
-    assert ("nothing was changed" in out.getvalue()) is not goes_ahead
+    assert "restarts or stops the rank group" in asked.getvalue()
+    assert ("nothing was changed" in asked.getvalue()) is not goes_ahead
+    assert piped.getvalue() == "", "the question goes where a person sees it"
 
 
-def test_apply_asks_nothing_without_a_terminal_or_for_a_harmless_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_terminal_a_disruptive_plan_needs_yes(monkeypatch: pytest.MonkeyPatch) -> None:
     restart = plan(with_serving(reference_deployment(), kv_bytes=2_000_000_000), load_facts(CONVERGED_FACTS))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("yes\n"))  # a pipe's "yes" is no answer
+    with pytest.raises(ReconcilerError) as refused:
+        deploy.confirm(restart)
+    assert "nobody to ask" in refused.value.message
+    assert "restarts or stops the rank group" in refused.value.message
+    assert "--yes" in refused.value.hint
+
+
+def test_a_harmless_plan_asks_nothing_anywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    harmless = plan(reference_deployment(), load_facts(CONVERGED_FACTS))
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
-    assert deploy.confirm(restart)
+    assert deploy.confirm(harmless)
     monkeypatch.setattr(sys, "stdin", Terminal(""))
-    monkeypatch.setattr(sys, "stdout", Terminal())
-    assert deploy.confirm(plan(reference_deployment(), load_facts(CONVERGED_FACTS)))
+    assert deploy.confirm(harmless)
 
 
 @pytest.mark.parametrize(
