@@ -22,7 +22,7 @@ from reconciler.redact import checked_secret
 from reconciler.serving import api_base, engine_base
 from reconciler.spec import Deployment
 from reconciler.transport.base import find_container
-from reconciler.verify.apiclient import CONNECT_TIMEOUT_S, ApiTarget, client
+from reconciler.verify.apiclient import CONNECT_TIMEOUT_S, ApiTarget, client, transport_problem
 
 LOG_TAIL = 40
 
@@ -68,7 +68,7 @@ def liveness_problem(deployment: Deployment, key: str, ca: str | None = None, ur
     except httpx.TimeoutException:
         return f"no completion within {timeout} s (engine hung?)"
     except httpx.HTTPError as exc:
-        return f"{type(exc).__name__}: {exc}"
+        return transport_problem(exc)
     return None if answer.status_code == 200 else f"POST /v1/completions answered {answer.status_code}"
 
 

@@ -246,15 +246,24 @@ def _render_action(action: Action, numbers: dict[str, int], nodes: dict[str, str
 
 
 def summary_line(result: Plan) -> str:
+    blocked = _blocked_text(result)
     if not result.has_changes:
-        suffix = " (blocked parts were not planned)" if result.blockers else ""
-        return f"No changes. The deployment matches the spec.{suffix}"
+        if blocked:
+            return f"Nothing could be planned for {blocked}: the deployment may still differ from the spec."
+        return "No changes. The deployment matches the spec."
     counts = result.summary()
     stops = f", {counts['stop']} to stop" if counts["stop"] else ""
-    return (
+    line = (
         f"Plan: {counts['add']} to add, {counts['change']} to change, {counts['replace']} to replace, "
         f"{counts['destroy']} to destroy{stops}, {counts['run']} to run."
     )
+    return f"{line} Not planned: {blocked}." if blocked else line
+
+
+def _blocked_text(result: Plan) -> str:
+    """The parts the blockers kept out of the plan: `checkpoint on spark-head, ranks on spark-worker`."""
+    parts = dict.fromkeys(f"{blocker.component} on {blocker.node}" for blocker in result.blockers)
+    return ", ".join(parts)
 
 
 # Moving more than this asks first on a terminal: 10 GB is minutes of a Spark's disk and link.

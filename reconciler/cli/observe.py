@@ -49,9 +49,7 @@ def _show(report: Report, *, as_json: bool, watching: bool) -> None:
 def render_status(report: Report) -> str:
     from reconciler import starts
 
-    pending = sum(sum(node.get("pending_steps", {}).values()) for node in report["nodes"].values())
-    verdict = "converged" if report["converged"] else f"NOT converged ({pending} steps pending)"
-    lines = [f"deployment {report['deployment']}: {verdict}"]
+    lines = [f"deployment {report['deployment']}: {_verdict(report)}"]
     lines += _loop_lines(report.get("loop"))
     lines += ["", *_table(report)]
     steps = _next_steps(report)
@@ -74,6 +72,20 @@ def render_status(report: Report) -> str:
         lines.append(f"last incident: {last['id']} ({last['kind']}, {last['at']}): {last['cause'][:200]}")
         lines.append(f"  `reconciler incidents show {last['id']}` for its logs, facts and plan")
     return "\n".join(lines) + "\n"
+
+
+def _verdict(report: Report) -> str:
+    """Converged, or what keeps it from saying so: nodes it cannot see, steps to run, blocked parts."""
+    if report["converged"]:
+        return "converged"
+    nodes = report["nodes"].values()
+    unknown = [name for name, node in report["nodes"].items() if not node["reachable"]]
+    if unknown:
+        return f"UNKNOWN: {', '.join(unknown)} not answering"
+    pending = sum(sum(node.get("pending_steps", {}).values()) for node in nodes)
+    if pending:
+        return f"NOT converged ({pending} step{'s' if pending != 1 else ''} pending)"
+    return "NOT converged (nothing can be planned: see the conditions below)"
 
 
 def _host_lines(report: Report) -> list[str]:
@@ -178,14 +190,14 @@ def _table(report: Report) -> list[str]:
 
 
 def _row(name: str, node: Report) -> tuple[str, str, str, str, str, str, str]:
+    if not node["reachable"]:  # nothing of it is known: no container, guard or sync to claim
+        return (name, f"r{node['rank']}", "?", "UNKNOWN", "-", "?", "? (see below)")
     containers = ", ".join(f"{c['name']} {c['status']}{_exit(c)}" for c in node["containers"]) or "none"
     memory = f"{node['mem_available_gib']:.1f} GiB free" if node["mem_available_gib"] is not None else "-"
     return (name, f"r{node['rank']}", containers, _state(node), memory, _guard(node["guard"]), _sync(node))
 
 
 def _state(node: Report) -> str:
-    if not node["reachable"]:
-        return f"UNREACHABLE: {node['error']}"
     return f"held since {node['hold']['since']}" if node["hold"] else "reachable"
 
 
@@ -208,10 +220,12 @@ def _exit(container: Report) -> str:
 
 
 def _next_steps(report: Report) -> list[str]:
-    """Only what is not in sync: the step each component waits on, on which node."""
+    """Only what is not in sync: the step each component waits on, on which node. A node that
+    does not answer has one line, among the conditions, not one per component."""
     return [
         f"  {component} on {name}: {state}"
         for name, node in report["nodes"].items()
+        if node["reachable"]
         for component, state in sorted(node["components"].items())
         if not state.startswith("in sync")
     ]

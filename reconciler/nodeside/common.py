@@ -97,17 +97,37 @@ def docker_request(method: str, path: str, timeout: float = 10.0) -> tuple[int, 
     import http.client
     import socket
 
-    host = os.environ.get("DOCKER_HOST", "")
     connection = http.client.HTTPConnection("localhost", timeout=timeout)
     connection.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.sock.settimeout(timeout)
-        connection.sock.connect(host[len("unix://") :] if host.startswith("unix://") else DOCKER_SOCKET)
+        connection.sock.connect(docker_socket())
         connection.request(method, path)
         response = connection.getresponse()
         return response.status, response.read()
     finally:
         connection.close()
+
+
+def docker_socket() -> str:
+    host = os.environ.get("DOCKER_HOST", "")
+    return host[len("unix://") :] if host.startswith("unix://") else DOCKER_SOCKET
+
+
+def docker_problem(exc: Exception) -> str:
+    """Why Docker could not be asked, in words an owner acts on (not an exception's name)."""
+    where = docker_socket()
+    if isinstance(exc, FileNotFoundError):
+        return f"no Docker socket at {where}: is Docker installed and running?"
+    if isinstance(exc, PermissionError):
+        return f"no permission to use {where}: add the user to the docker group and log in again"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"Docker does not answer on {where}: start it (systemctl start docker)"
+    if isinstance(exc, TimeoutError):
+        return f"Docker did not answer on {where} in time: it may be overloaded or hung"
+    if isinstance(exc, OSError):
+        return f"cannot ask Docker on {where}: {exc.strerror or exc}"
+    return f"Docker's answer on {where} cannot be read: {exc}"
 
 
 def child_environment() -> dict[str, str]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from reconciler.nodeside.common import (
     admin_command,
+    docker_problem,
     docker_request,
     free_bytes,
     is_commit,
@@ -135,7 +136,7 @@ def docker_state(label: str) -> dict[str, Any]:
         containers = [docker_get(f"/containers/{item['Id']}/json") for item in listed]
         images = docker_get("/images/json")
     except (OSError, ValueError) as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"error": docker_problem(exc)}
     refs = sorted({ref for image in images for ref in (image.get("RepoDigests") or []) + (image.get("RepoTags") or [])})
     return {"containers": containers, "images": refs}
 
@@ -237,7 +238,7 @@ def docker_info() -> dict[str, Any]:
     try:
         info = docker_get("/info")
     except (OSError, ValueError) as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"error": docker_problem(exc)}
     return {
         "runtimes": sorted(info.get("Runtimes") or {}),
         "default_runtime": info.get("DefaultRuntime"),

@@ -194,13 +194,44 @@ def listed_models(body: object) -> list[str]:
     return [str(card["id"]) for card in data if isinstance(card, dict) and "id" in card]
 
 
+def transport_problem(exc: httpx.HTTPError) -> str:
+    """Why a request got no answer, in an owner's words: refused, unresolved, TLS, timed out."""
+    if isinstance(exc, httpx.TimeoutException):
+        return "no answer in time (the engine may be busy or hung)"
+    if isinstance(exc, httpx.ConnectError):
+        return _connect_problem(exc)
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "the server closed the connection before it answered"
+    return " ".join(str(exc).split()) or "the request failed"
+
+
+def _connect_problem(exc: httpx.ConnectError) -> str:
+    cause = exc.__cause__ or exc.__context__
+    causes = [cause, getattr(cause, "__cause__", None), getattr(cause, "__context__", None)]
+    if any(isinstance(item, ConnectionRefusedError) for item in causes) or "refused" in str(exc).lower():
+        return "connection refused: nothing listens there (is the deployment up? `reconciler status`)"
+    if any(isinstance(item, ssl.SSLError) for item in causes) or "ssl" in str(exc).lower():
+        return f"the TLS handshake failed: {_last_words(exc)}"
+    if "name or service not known" in str(exc).lower() or "nodename nor servname" in str(exc).lower():
+        return "the host name does not resolve"
+    return f"cannot connect: {_last_words(exc)}"
+
+
+def _last_words(exc: Exception) -> str:
+    """An OS error's words without its number: `[Errno 113] No route to host` -> `no route to host`."""
+    text = " ".join(str(exc).split())
+    if text.startswith("[Errno") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return text[:1].lower() + text[1:] if text else "no reason given"
+
+
 def discover_model(http: httpx.Client) -> str:
     """The first model /v1/models lists: the served one, on a server that serves one model."""
     try:
         response = http.get("/v1/models")
     except httpx.HTTPError as exc:
         raise ReconcilerError(
-            f"no answer from {http.base_url}: {type(exc).__name__}: {exc}", "check the URL and `reconciler status`"
+            f"no answer from {http.base_url}: {transport_problem(exc)}", "check the URL and `reconciler status`"
         ) from None
     if response.status_code != 200:
         raise ReconcilerError(f"GET /v1/models: {error_text(response)}", _hint(response.status_code))

@@ -41,6 +41,7 @@ from reconciler.verify.apiclient import (
     client,
     discover_model,
     error_text,
+    transport_problem,
 )
 
 WARM_UP_PROMPT = "Say hello."
@@ -285,7 +286,7 @@ def _describe(exc: Exception) -> str:
     if isinstance(exc, ReconcilerError):
         return exc.message
     if isinstance(exc, httpx.HTTPError):
-        return f"no answer: {type(exc).__name__}: {exc}"
+        return f"no answer: {transport_problem(exc)}"
     return str(exc)
 
 

@@ -38,6 +38,7 @@ from reconciler.verify.apiclient import (
     listed_models,
     shorten,
     sse_payloads,
+    transport_problem,
 )
 from reconciler.verify.png import two_halves
 
@@ -275,6 +276,8 @@ class _Probe:
     max_tokens: int | None
     timeout_s: float
     _text: Any = None
+    # A check found nothing listening: the others are not tried.
+    unreachable: bool = False
 
     def body(self, content: object, max_tokens: int | None, **extra: object) -> JsonObject:
         body: JsonObject = {"messages": [{"role": "user", "content": content}], "temperature": 0, **extra}
@@ -373,13 +376,20 @@ def run_smoke(
 
 
 def _run_check(probe: _Probe, name: str) -> CheckResult:
+    """One check; once the API could not be reached at all, the rest are not tried (each would
+    only say the same, after its own timeout)."""
+    if probe.unreachable:
+        return CheckResult(name, False, "not run: the API could not be reached (see above)", 0.0)
     started = time.monotonic()
     try:
         ok, reason = True, CHECKS[name](probe)
     except CheckFailedError as failure:
         ok, reason = False, failure.reason
+    except httpx.ConnectError as exc:
+        probe.unreachable = True
+        ok, reason = False, f"no answer from {probe.target.url}: {transport_problem(exc)}"
     except httpx.HTTPError as exc:
-        ok, reason = False, f"no answer from {probe.target.url}: {type(exc).__name__}: {exc}"
+        ok, reason = False, f"no answer from {probe.target.url}: {transport_problem(exc)}"
     except ValueError as exc:  # a 200 whose body is not JSON
         ok, reason = False, f"the answer is not JSON: {exc}"
     return CheckResult(name, ok, probe.target.redact(reason), time.monotonic() - started)

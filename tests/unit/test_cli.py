@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,41 @@ def test_a_readers_error_that_reaches_the_cli_is_reported_as_a_bug(
     assert code == exit_code
     assert says in err
     assert ("internal error" in err) == isinstance(raised, ReadError)
+
+
+def status_report(**nodes: Mapping[str, object]) -> dict[str, object]:
+    base = {"rank": 0, "role": "head", "reachable": True, "error": None, "mem_available_gib": 10.0, "containers": []}
+    base |= {"guard": {"running": True, "trip": None}, "hold": None, "host": {}, "host_changes": []}
+    base |= {"components": {}, "pending_steps": {}}
+    return {
+        "deployment": "dsv41",
+        "converged": False,
+        "nodes": {name: {**base, **changes} for name, changes in nodes.items()},
+        "api": "http://x:8000",
+        "health": None,
+        "conditions": ["spark-worker: node unreachable: timed out"],
+    }
+
+
+def test_status_names_nodes_it_cannot_see_unknown_in_a_table_that_fits_100_columns() -> None:
+    from reconciler.cli.observe import render_status
+
+    long_error = "spark-worker: SSH to root@198.18.10.11:22: cannot connect: " + "x" * 80
+    report = status_report(
+        **{"spark-head": {}, "spark-worker": {"rank": 1, "reachable": False, "error": long_error}},
+    )
+    text = render_status(report)
+    assert text.startswith("deployment dsv41: UNKNOWN: spark-worker not answering\n")
+    table = text.split("\n\n")[1].splitlines()
+    assert all(len(line) <= 100 for line in table), table
+    assert "UNKNOWN" in table[2]
+    assert "0 steps pending" not in text
+    assert text.count("node unreachable") == 1, "the cause once, among the conditions"
+
+
+def test_status_with_nothing_pending_but_blocked_parts_says_so() -> None:
+    from reconciler.cli.observe import render_status
+
+    components = {"checkpoint": "blocked: the Hub has no commit 7a3f0c1e"}
+    text = render_status(status_report(**{"spark-head": {"components": components}}))
+    assert "NOT converged (nothing can be planned: see the conditions below)" in text

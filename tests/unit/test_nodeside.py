@@ -188,3 +188,29 @@ def test_the_probe_reads_this_machines_kernel_release_and_boot_id() -> None:
     found = host_from_probe(host_facts())
     assert found.kernel == os.uname().release
     assert found.boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+@pytest.mark.parametrize(
+    ("error", "words"),
+    [
+        (
+            FileNotFoundError(2, "No such file or directory"),
+            "no Docker socket at /var/run/docker.sock: is Docker installed",
+        ),
+        (PermissionError(13, "Permission denied"), "add the user to the docker group"),
+        (ConnectionRefusedError(111, "Connection refused"), "Docker does not answer on /var/run/docker.sock: start it"),
+        (TimeoutError(), "did not answer on /var/run/docker.sock in time"),
+        (OSError(113, "No route to host"), "cannot ask Docker on /var/run/docker.sock: No route to host"),
+        (ValueError("Expecting value"), "cannot be read: Expecting value"),
+    ],
+)
+def test_why_docker_could_not_be_asked_is_said_in_words(
+    error: Exception, words: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reconciler.nodeside.common import docker_problem
+
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    said = docker_problem(error)
+    assert words in said
+    assert "Error" not in said
+    assert "Errno" not in said

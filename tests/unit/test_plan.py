@@ -425,3 +425,16 @@ def test_stop_stops_the_running_ranks_even_when_something_else_blocks_them() -> 
         "ranks.halt-dsv41-r0@spark-head",
         "ranks.halt-dsv41-r1@spark-worker",
     }
+
+
+def test_a_plan_with_blocked_parts_never_says_the_deployment_matches() -> None:
+    from reconciler.actions import Blocker, Component
+
+    blocker = Blocker("spark-head", Component.CHECKPOINT, "the Hub was not asked", "check the network")
+    blocked_only = Plan("dsv41", [], [], blockers=[blocker])
+    text = render_text(blocked_only)
+    assert "matches the spec" not in text
+    assert "Nothing could be planned for checkpoint on spark-head: the deployment may still differ" in text
+    mixed = plan(reference_deployment(), empty_facts())
+    mixed.blockers.append(blocker)
+    assert render_text(mixed).rstrip().endswith("Not planned: checkpoint on spark-head.")
