@@ -83,7 +83,7 @@ def plan(args: argparse.Namespace) -> int:
         savedplan.write(Path(args.out), saved)
         sys.stderr.write(f"saved the plan to {args.out}; run it with `reconciler apply {args.out}`\n")
     if args.json:
-        emit_json(result.to_dict())
+        emit_json({**result.to_dict(), "warnings": [warning.to_dict() for warning in loaded.warnings]})
     else:
         warn(loaded)
         sys.stdout.write(render_text(result, verbose=args.verbose))
@@ -168,6 +168,7 @@ def apply(args: argparse.Namespace) -> int:
                 "replanned": outcome.replanned.to_dict() if outcome.replanned is not None else None,
                 "applied": outcome.result.to_dict(),
                 "remaining": outcome.after.to_dict(),
+                "warnings": [warning.to_dict() for warning in loaded.warnings],
             }
         )
     else:

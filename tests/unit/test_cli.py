@@ -267,3 +267,10 @@ def test_status_with_nothing_pending_but_blocked_parts_says_so() -> None:
     components = {"checkpoint": "blocked: the Hub has no commit 7a3f0c1e"}
     text = render_status(status_report(**{"spark-head": {"components": components}}))
     assert "NOT converged (nothing can be planned: see the conditions below)" in text
+
+
+def test_plan_json_carries_the_spec_s_warnings(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "--spec", str(SPEC_PATH), "--facts", str(CONVERGED_FACTS), "--json")
+    assert code == 0
+    warnings = json.loads(out)["warnings"]
+    assert [warning["path"] for warning in warnings] == ["model.revision"]
