@@ -53,6 +53,8 @@ class SavedPlan:
     update_revision: bool = False
     # `plan --accept-memory-risk --out`: likewise.
     accept_memory_risk: bool = False
+    # The spec file it was made from (absolute): `apply FILE` reads that one unless told another.
+    spec_path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,6 +63,7 @@ class SavedPlan:
             "created_at": self.created_at,
             "update_revision": self.update_revision,
             "accept_memory_risk": self.accept_memory_risk,
+            "spec_path": self.spec_path,
             "spec_fingerprint": self.spec,
             "facts_fingerprint": self.facts,
             "plan": self.plan.to_dict(),
@@ -98,6 +101,7 @@ def saved(
     *,
     update_revision: bool = False,
     accept_memory_risk: bool = False,
+    spec_path: str | None = None,
 ) -> SavedPlan:
     return SavedPlan(
         plan,
@@ -107,6 +111,7 @@ def saved(
         __version__,
         update_revision,
         accept_memory_risk,
+        spec_path,
     )
 
 
@@ -140,6 +145,7 @@ def read(path: Path) -> SavedPlan:
             made_by=str(data["made_by"]),
             update_revision=data.get("update_revision") is True,
             accept_memory_risk=data.get("accept_memory_risk") is True,
+            spec_path=data["spec_path"] if isinstance(data.get("spec_path"), str) else None,
         )
     except (KeyError, TypeError, ValueError, ValidationError) as exc:
         raise ReconcilerError(f"{path} is not a valid saved plan: {type(exc).__name__}", hint) from None
@@ -154,7 +160,8 @@ def check_current(plan: SavedPlan, deployment: Deployment, facts: Facts, path: P
     changed since (the fingerprint says which part) or the file was edited. Facts that changed
     without changing the plan (an unrelated image pulled, memory moving) do not make it stale.
     """
-    replan = f"run `reconciler plan --out {path}` again, review it, then `reconciler apply {path}`"
+    spec = f" --spec {plan.spec_path}" if plan.spec_path else ""
+    replan = f"run `reconciler plan{spec} --out {path}` again, review it, then `reconciler apply {path}`"
     if plan.made_by != __version__:
         raise StalePlanError(
             f"the saved plan {path} was made by reconciler {plan.made_by}, this is {__version__}", replan

@@ -79,6 +79,7 @@ def plan(args: argparse.Namespace) -> int:
             facts,
             update_revision=args.update_revision,
             accept_memory_risk=args.accept_memory_risk,
+            spec_path=str(Path(loaded.path).resolve()),
         )
         savedplan.write(Path(args.out), saved)
         sys.stderr.write(f"saved the plan to {args.out}; run it with `reconciler apply {args.out}`\n")
@@ -132,9 +133,6 @@ def _check_writable(path: Path) -> None:
 def apply(args: argparse.Namespace) -> int:
     from reconciler import commands, savedplan
 
-    loaded = load(args)
-    warn(loaded)
-    deployment = loaded.deployment
     saved = None
     if args.plan_file is not None:
         if args.deep_verify or args.update_revision or args.accept_memory_risk:
@@ -145,6 +143,12 @@ def apply(args: argparse.Namespace) -> int:
             )
         path = Path(args.plan_file)
         saved = (savedplan.read(path), path)
+        # The spec it was made from, unless --spec names another (which the check then refuses
+        # if it is not the same spec).
+        args.spec = args.spec or saved[0].spec_path
+    loaded = load(args)
+    warn(loaded)
+    deployment = loaded.deployment
     if args.events:
         _check_writable(Path(args.events))
     request = commands.Converge(

@@ -47,7 +47,7 @@ def test_a_saved_plan_is_refused_when_a_rank_died_in_between(converged: Bed, tmp
     assert refused.returncode == 1
     assert "is stale" in refused.stderr
     assert "spark-worker containers" in refused.stderr
-    assert f"reconciler plan --out {path}" in refused.stderr
+    assert f"reconciler plan --spec {bed.spec.resolve()} --out {path}" in refused.stderr, "the plan names its spec"
     guard = bed.node(WORKER, "sh", "-c", "kill -0 $(cat /srv/spark/state/memguard.pid) 2>/dev/null", check=False)
     assert guard.returncode != 0, "nothing may run from a stale plan: the worker's guard is still down"
     bed.reconciler("apply", "--yes")

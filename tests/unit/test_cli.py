@@ -274,3 +274,24 @@ def test_plan_json_carries_the_spec_s_warnings(capsys: pytest.CaptureFixture[str
     assert code == 0
     warnings = json.loads(out)["warnings"]
     assert [warning["path"] for warning in warnings] == ["model.revision"]
+
+
+def test_a_saved_plan_remembers_its_spec_and_apply_file_reads_that_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = tmp_path / "other.yaml"
+    other.write_text(SPEC_PATH.read_text(encoding="utf-8").replace("\nname: dsv41", "\nname: other"), encoding="utf-8")
+    saved = tmp_path / "tonight.plan"
+    code, _, err = run(capsys, "plan", "--spec", str(other), "--facts", str(EMPTY_FACTS), "--out", str(saved))
+    assert code == 0, err
+    assert json.loads(saved.read_text(encoding="utf-8"))["spec_path"] == str(other.resolve())
+    applied: list[str] = []
+
+    def converge(deployment: object, _request: object) -> object:
+        applied.append(getattr(deployment, "name", ""))
+        raise ReconcilerError("stop here", "the test ends the apply")
+
+    monkeypatch.setattr(deploy, "_converge", converge)
+    monkeypatch.delenv("RECONCILER_SPEC", raising=False)
+    assert run(capsys, "apply", str(saved), "--yes")[0] == 1
+    assert applied == ["other"], "the plan's own spec, not the default one"
