@@ -81,6 +81,9 @@ class Converge:
     update_revision: bool = False
     # Restart onto a serving edit the memory record predicts too tight.
     accept_memory_risk: bool = False
+    # Restart a serving group whose config only a reconciler upgrade changed (the loop: only
+    # when the spec opts in, loop.take_upgrades).
+    take_upgrade: bool = True
     # A saved plan to run instead of planning now (refused when the facts changed since).
     saved: tuple[savedplan.SavedPlan, Path] | None = None
     # Runs under the lock before anything is observed: `stop` holds, `start` releases.
@@ -198,7 +201,7 @@ def _converge_locked(
     after_facts = observe(deployment, transports, None)
     # After a finding, a deep verify the first round did not reach is still deep in the next plan.
     deep = _deep_left(request, before, result, failed) if failed is not None else False
-    after = plan(deployment, after_facts, deep_verify=deep)
+    after = plan(deployment, after_facts, deep_verify=deep, take_upgrade=request.take_upgrade)
     replanned = None
     if failed is not None and after.has_changes:
         # An executor found the world other than the facts (a file whose bytes differ): a plan
@@ -211,7 +214,7 @@ def _converge_locked(
             if again is not None:
                 raise ApplyError(again.message, _hint_again(failed, again), cause=again.cause)
             after_facts = observe(deployment, transports, None)
-            after = plan(deployment, after_facts)
+            after = plan(deployment, after_facts, take_upgrade=request.take_upgrade)
     _record_start(context)
     return ApplyOutcome(before, result, after, after_facts, replanned=replanned)
 
@@ -346,6 +349,7 @@ def _plan_to_run(deployment: Deployment, facts: Facts, request: Converge) -> Pla
             deep_verify=request.deep_verify,
             update_revision=request.update_revision,
             accept_memory_risk=request.accept_memory_risk,
+            take_upgrade=request.take_upgrade,
         )
     saved, path = request.saved
     fresh = plan(deployment, facts, update_revision=saved.update_revision, accept_memory_risk=saved.accept_memory_risk)

@@ -305,6 +305,7 @@ class Loop:
                 blocked_is_error=False,
                 on_wait=self._log,
                 on_event=self.metrics.on_event,
+                take_upgrade=self.deployment.loop.take_upgrades,
             )
             outcome = commands.converge(self.deployment, self.transports, self.progress, request)
             self.last_facts = outcome.facts

@@ -98,8 +98,10 @@ def plan(
     deep_verify: DeepVerify = False,
     update_revision: bool = False,
     accept_memory_risk: bool = False,
+    take_upgrade: bool = True,
 ) -> Plan:
-    """Compose every component's conclusion into one ordered plan.
+    """Compose every component's conclusion into one ordered plan. `take_upgrade` False (the
+    loop's default) leaves a serving group whose config only a reconciler upgrade changed.
 
     Ranks never start while anything else is blocked (a checkpoint that cannot fit, a node
     that does not answer): the rank blocker names what they wait for. A new revision is staged
@@ -131,6 +133,7 @@ def plan(
             after=[action.id for action in staging.actions],
             restart=staging.restart,
             accept_memory_risk=accept_memory_risk,
+            take_upgrade=take_upgrade,
         )
         outcome.extend(ranks)
         outcome.actions += _after_ready(staging.after_ready, ranks)

@@ -27,6 +27,12 @@ LABEL_COMMIT = "io.spark-reconciler.commit"
 LABEL_BOOT_ID = "io.spark-reconciler.boot-id"
 LABEL_KERNEL = "io.spark-reconciler.kernel"
 LABEL_DRIVER = "io.spark-reconciler.driver"
+# What a rank was rendered from (the spec's serving parts and the node's facts), digested: a
+# rank whose config hash differs while these are the same was changed by the reconciler's own
+# rendering (an upgrade), not by the owner or the nodes.
+LABEL_INPUTS = "io.spark-reconciler.inputs"
+# The spec's sections a rank's rendering reads.
+RENDERED_SECTIONS = {"name", "state_dir", "nodes", "model", "image", "serving", "api"}
 # What a container of ours is when it is not a rank (no label: a rank, as every container was
 # before the front).
 LABEL_ROLE = "io.spark-reconciler.role"
@@ -297,8 +303,19 @@ def render_rank(deployment: Deployment, rank: int, contexts: dict[str, NodeConte
         LABEL_NODE: node.name,
         LABEL_CONFIG_HASH: container.config_hash(),
         LABEL_COMMIT: context.commit or "",
+        LABEL_INPUTS: inputs_digest(deployment, rank, contexts),
     }
     return replace(container, labels=labels)
+
+
+def inputs_digest(deployment: Deployment, rank: int, contexts: dict[str, NodeContext]) -> str:
+    """The digest of everything a rank is rendered from (see LABEL_INPUTS)."""
+    inputs = {
+        "spec": deployment.model_dump(mode="json", include=RENDERED_SECTIONS),
+        "rank": rank,
+        "contexts": [repr(contexts[name]) for name in sorted(contexts)],
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def render_group(deployment: Deployment, contexts: dict[str, NodeContext]) -> list[RankContainer]:

@@ -512,6 +512,13 @@ class Loop(StrictModel):
     restart_window_s: Seconds = Field(
         default=21600, description="The window unplanned group restarts are counted in (6 h)."
     )
+    take_upgrades: bool = Field(
+        default=False,
+        description=(
+            "Restart a serving group by itself when only a reconciler upgrade changed how its ranks are "
+            "rendered (11-13 min without the API); false: held as pending until `reconciler apply`."
+        ),
+    )
     metrics: Listen = Field(
         default="127.0.0.1:9464",
         description=(

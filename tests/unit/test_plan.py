@@ -438,3 +438,46 @@ def test_a_plan_with_blocked_parts_never_says_the_deployment_matches() -> None:
     mixed = plan(reference_deployment(), empty_facts())
     mixed.blockers.append(blocker)
     assert render_text(mixed).rstrip().endswith("Not planned: checkpoint on spark-head.")
+
+
+def rendered_by_an_earlier_reconciler(facts: Facts, *, inputs_changed: bool = False) -> Facts:
+    """The ranks as an earlier version rendered them: another config hash, and (unless
+    `inputs_changed`, the owner's edit) the same spec and node inputs."""
+    nodes = dict(facts.nodes)
+    for name, observed in facts.nodes.items():
+        containers = []
+        for container in observed.containers:
+            labels = dict(container.labels)
+            if labels.get("io.spark-reconciler.role", "") == "":  # a rank
+                labels["io.spark-reconciler.config-hash"] = "v2:rendered-by-0.0.9"
+                if inputs_changed:
+                    labels["io.spark-reconciler.inputs"] = "another spec"
+            containers.append(container.model_copy(update={"labels": labels}))
+        nodes[name] = observed.model_copy(update={"containers": containers})
+    return facts.model_copy(update={"nodes": nodes})
+
+
+def rank_steps(result: Plan) -> list[str]:
+    return [action.id for action in result.actions if action.component == "ranks"]
+
+
+def test_a_reconciler_upgrade_alone_is_held_for_the_owner_and_taken_by_apply() -> None:
+    deployment = reference_deployment()
+    upgraded = rendered_by_an_earlier_reconciler(load_facts(CONVERGED_FACTS))
+    held = plan(deployment, upgraded, take_upgrade=False)
+    assert rank_steps(held) == []
+    assert any("this reconciler renders the ranks differently" in note for note in held.notes), held.notes
+    assert any("`reconciler apply` restarts it onto this version" in note for note in held.notes)
+    taken = plan(deployment, upgraded)
+    assert [step for step in rank_steps(taken) if step.startswith("ranks.start-")], rank_steps(taken)
+    assert any("reconciler upgrade" in action.cause for action in taken.actions if action.component == "ranks")
+
+
+def test_an_owner_s_edit_or_a_failure_restarts_with_the_upgrade_even_under_the_loop() -> None:
+    deployment = reference_deployment()
+    edited = rendered_by_an_earlier_reconciler(load_facts(CONVERGED_FACTS), inputs_changed=True)
+    assert rank_steps(plan(deployment, edited, take_upgrade=False))
+    failed = with_container(
+        rendered_by_an_earlier_reconciler(load_facts(CONVERGED_FACTS)), "spark-worker", status="exited", exit_code=1
+    )
+    assert rank_steps(plan(deployment, failed, take_upgrade=False))
