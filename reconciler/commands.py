@@ -65,9 +65,16 @@ def live_plan(
     *,
     update_revision: bool = False,
     accept_memory_risk: bool = False,
+    take_upgrade: bool = True,
 ) -> tuple[Facts, Plan]:
     facts = gather(deployment, transports, update_revision=update_revision)
-    return facts, plan(deployment, facts, update_revision=update_revision, accept_memory_risk=accept_memory_risk)
+    return facts, plan(
+        deployment,
+        facts,
+        update_revision=update_revision,
+        accept_memory_risk=accept_memory_risk,
+        take_upgrade=take_upgrade,
+    )
 
 
 @dataclass
@@ -424,8 +431,10 @@ def _remove_if_present(ops: NodeOps, path: str) -> bool:
 
 
 def status(deployment: Deployment, transports: dict[str, Transport], *, probe: bool = False) -> dict[str, Any]:
-    """Observed state per node, the keyless /health, and with `probe` the liveness probe too."""
-    facts, current = live_plan(deployment, transports)
+    """Observed state per node, the keyless /health, and with `probe` the liveness probe too.
+    Converged as the loop judges it: a restart only a reconciler upgrade asks for, which the loop
+    holds for the owner, is a condition, not a pending step (`plan` shows what apply would do)."""
+    facts, current = live_plan(deployment, transports, take_upgrade=deployment.loop.take_upgrades)
     nodes: dict[str, Any] = {}
     for rank, node in deployment.ranked_nodes:
         observed = facts.nodes[node.name]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from reconciler.nodeside.statedir import StateDir
 from reconciler.record import Record, field, replace
@@ -31,8 +32,17 @@ LABEL_DRIVER = "io.spark-reconciler.driver"
 # rank whose config hash differs while these are the same was changed by the reconciler's own
 # rendering (an upgrade), not by the owner or the nodes.
 LABEL_INPUTS = "io.spark-reconciler.inputs"
-# The spec's sections a rank's rendering reads.
-RENDERED_SECTIONS = {"name", "state_dir", "nodes", "model", "image", "serving", "api"}
+# The spec's parts a rank's rendering reads (what the owner set of them: a default an upgrade
+# changes is the upgrade's change, not the owner's).
+RENDERED_PARTS: dict[str, Any] = {
+    "name": True,
+    "state_dir": True,
+    "nodes": True,
+    "model": True,
+    "image": True,
+    "serving": True,
+    "api": {"engine_port"},
+}
 # What a container of ours is when it is not a rank (no label: a rank, as every container was
 # before the front).
 LABEL_ROLE = "io.spark-reconciler.role"
@@ -308,12 +318,24 @@ def render_rank(deployment: Deployment, rank: int, contexts: dict[str, NodeConte
     return replace(container, labels=labels)
 
 
+def _context_values(context: NodeContext) -> list[object]:
+    """A node's context as plain values: a renamed field in a later version is no new input."""
+    fabric = context.fabric
+    return [
+        context.home,
+        [fabric.ifname, fabric.ip, list(fabric.hcas), fabric.gid_index],
+        context.model_path,
+        context.plans_path,
+        context.commit,
+    ]
+
+
 def inputs_digest(deployment: Deployment, rank: int, contexts: dict[str, NodeContext]) -> str:
     """The digest of everything a rank is rendered from (see LABEL_INPUTS)."""
     inputs = {
-        "spec": deployment.model_dump(mode="json", include=RENDERED_SECTIONS),
+        "spec": deployment.model_dump(mode="json", include=RENDERED_PARTS, exclude_unset=True),
         "rank": rank,
-        "contexts": [repr(contexts[name]) for name in sorted(contexts)],
+        "contexts": {name: _context_values(contexts[name]) for name in sorted(contexts)},
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 

@@ -145,7 +145,13 @@ def apply(args: argparse.Namespace) -> int:
         saved = (savedplan.read(path), path)
         # The spec it was made from, unless --spec names another (which the check then refuses
         # if it is not the same spec).
-        args.spec = args.spec or saved[0].spec_path
+        made_from = saved[0].spec_path
+        if args.spec is None and made_from is not None and not Path(made_from).is_file():
+            raise ReconcilerError(
+                f"the saved plan {path} was made from {made_from}, which is not there (any more)",
+                "name the spec it was made from with --spec",
+            )
+        args.spec = args.spec or made_from
     loaded = load(args)
     warn(loaded)
     deployment = loaded.deployment
@@ -206,10 +212,12 @@ def confirm(result: Plan) -> bool:
     if not reasons:
         return True
     if not sys.stdin.isatty():
-        raise ReconcilerError(
-            f"this plan {'; '.join(reasons)}, and there is nobody to ask (stdin is not a terminal)",
-            "run `reconciler apply --yes` to apply it without a question, or run apply in a terminal",
+        # Declined, not failed: what an earlier round did stays reported, and nothing more runs.
+        sys.stderr.write(
+            f"error: this plan {'; '.join(reasons)}, and there is nobody to ask (stdin is not a terminal)\n"
+            "  hint: add --yes to the same command to apply it without a question, or run it in a terminal\n"
         )
+        return False
     sys.stderr.write(
         f"\nThis plan {'; '.join(reasons)}.\nDo you want to perform these actions? Only 'yes' is accepted: "
     )

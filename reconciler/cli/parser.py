@@ -18,9 +18,13 @@ class CommandParser(argparse.ArgumentParser):
     """A usage error exits 1 like any other error (argparse's 2 means "changes" here), with a hint:
     the command meant, for a mistyped one. No command at all asks for the help, which is shown."""
 
+    # Whether the command line named commands only, no option: set by `parse`.
+    words_only = False
+
     def error(self, message: str) -> NoReturn:
         missing = message.removeprefix("the following arguments are required: ")
-        if missing != message and missing.split(",")[0] in {"COMMAND", "ACTION"} and self._commands() is not None:
+        asked = missing != message and missing.split(",")[0] in {"COMMAND", "ACTION"}
+        if asked and CommandParser.words_only and self._commands() is not None:
             self.print_help(sys.stdout)
             self.exit(0)
         self.print_usage(sys.stderr)
@@ -80,6 +84,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """parse_args, except that an unknown option is reported by the command it was given to
     (`reconciler plan --bogus` shows plan's usage and points at `reconciler plan --help`)."""
+    # `reconciler` or `reconciler pi` alone asks for the help; a mistyped option does not.
+    CommandParser.words_only = not any(word.startswith("-") for word in argv or [])
     args, extra = parser.parse_known_args(argv)
     if extra:
         innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")

@@ -196,7 +196,8 @@ def plan_ranks(
     states, strays = _match(deployment, facts, desired)
     states = _with_group_signals(deployment, facts, states, restart or [])
     removals = [_remove_stray(container, node, deployment) for node, container in strays]
-    pending_upgrade = [] if take_upgrade else _upgrade_only(states)
+    signals = _group_signal(deployment, facts, restart or [])
+    pending_upgrade = [] if take_upgrade or signals is not None else _upgrade_only(states)
     if pending_upgrade:
         return Outcome(actions=removals, notes=pending_upgrade)
     if all(state.healthy for state in states):
@@ -335,20 +336,24 @@ def _names_taken(deployment: Deployment, facts: Facts) -> list[Blocker]:
 def _with_group_signals(
     deployment: Deployment, facts: Facts, states: list[RankState], restart: list[str]
 ) -> list[RankState]:
-    """Failures no container state shows: a restart cut short, a dead engine behind a live API,
-    a corrupt file the engine may have read."""
-    intent, liveness = facts.nodes[deployment.head.name].restart_intent, facts.liveness
+    """Failures no container state shows, as rank 0's problem (see _group_signal)."""
     if not all(state.healthy for state in states):
         return states
-    if intent is not None:
-        problem = f"{RESUMING} recorded at {intent.since} ({intent.cause})"
-    elif liveness is not None and liveness.failures >= deployment.loop.failure_threshold:
-        problem = f"liveness: {liveness.failures} one-token completions failed in a row ({liveness.detail})"
-    elif restart:
-        problem = restart[0]
-    else:
+    problem = _group_signal(deployment, facts, restart)
+    if problem is None:
         return states
     return [replace(state, problem=problem) if state.desired.rank == 0 else state for state in states]
+
+
+def _group_signal(deployment: Deployment, facts: Facts, restart: list[str]) -> str | None:
+    """What calls for a group restart though every container runs as rendered: a restart cut
+    short, a dead engine behind a live API, a corrupt file the engine may have read."""
+    intent, liveness = facts.nodes[deployment.head.name].restart_intent, facts.liveness
+    if intent is not None:
+        return f"{RESUMING} recorded at {intent.since} ({intent.cause})"
+    if liveness is not None and liveness.failures >= deployment.loop.failure_threshold:
+        return f"liveness: {liveness.failures} one-token completions failed in a row ({liveness.detail})"
+    return restart[0] if restart else None
 
 
 def hold_reasons(deployment: Deployment, facts: Facts) -> list[str]:

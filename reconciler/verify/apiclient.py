@@ -196,13 +196,15 @@ def listed_models(body: object) -> list[str]:
 
 def transport_problem(exc: httpx.HTTPError) -> str:
     """Why a request got no answer, in an owner's words: refused, unresolved, TLS, timed out."""
+    if isinstance(exc, httpx.ConnectTimeout):
+        return "no connection in time (the host may be down or unreachable)"
     if isinstance(exc, httpx.TimeoutException):
         return "no answer in time (the engine may be busy or hung)"
     if isinstance(exc, httpx.ConnectError):
         return _connect_problem(exc)
     if isinstance(exc, httpx.RemoteProtocolError):
-        return "the server closed the connection before it answered"
-    return " ".join(str(exc).split()) or "the request failed"
+        return f"the server broke off the answer: {_last_words(exc)}"
+    return _last_words(exc)
 
 
 def _connect_problem(exc: httpx.ConnectError) -> str:

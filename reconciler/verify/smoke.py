@@ -385,7 +385,7 @@ def _run_check(probe: _Probe, name: str) -> CheckResult:
         ok, reason = True, CHECKS[name](probe)
     except CheckFailedError as failure:
         ok, reason = False, failure.reason
-    except httpx.ConnectError as exc:
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         probe.unreachable = True
         ok, reason = False, f"no answer from {probe.target.url}: {transport_problem(exc)}"
     except httpx.HTTPError as exc:

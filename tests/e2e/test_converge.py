@@ -268,7 +268,7 @@ def test_a_rotated_key_replaces_the_front_and_leaves_the_ranks_running(converged
     piped = bed.reconciler("apply", check=False)
     assert piped.returncode == 1, piped.stdout + piped.stderr
     assert "nobody to ask (stdin is not a terminal)" in piped.stderr
-    assert "reconciler apply --yes" in piped.stderr
+    assert "add --yes to the same command" in piped.stderr
     assert bed.container_id(HEAD, "dsv41-front") == front
     bed.reconciler("apply", "--yes")
     assert bed.plan_exit() == 0

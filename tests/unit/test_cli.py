@@ -190,12 +190,13 @@ def test_apply_asks_on_a_terminal_before_a_group_restart_even_when_its_output_is
 
 def test_without_a_terminal_a_disruptive_plan_needs_yes(monkeypatch: pytest.MonkeyPatch) -> None:
     restart = plan(with_serving(reference_deployment(), kv_bytes=2_000_000_000), load_facts(CONVERGED_FACTS))
+    said = io.StringIO()
     monkeypatch.setattr(sys, "stdin", io.StringIO("yes\n"))  # a pipe's "yes" is no answer
-    with pytest.raises(ReconcilerError) as refused:
-        deploy.confirm(restart)
-    assert "nobody to ask" in refused.value.message
-    assert "restarts or stops the rank group" in refused.value.message
-    assert "--yes" in refused.value.hint
+    monkeypatch.setattr(sys, "stderr", said)
+    assert deploy.confirm(restart) is False
+    assert "this plan restarts or stops the rank group" in said.getvalue()
+    assert "nobody to ask (stdin is not a terminal)" in said.getvalue()
+    assert "add --yes to the same command" in said.getvalue()
 
 
 def test_a_harmless_plan_asks_nothing_anywhere(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -252,13 +253,14 @@ def test_status_names_nodes_it_cannot_see_unknown_in_a_table_that_fits_100_colum
     report = status_report(
         **{"spark-head": {}, "spark-worker": {"rank": 1, "reachable": False, "error": long_error}},
     )
+    report["conditions"] = [f"spark-worker: node unreachable: {long_error}"]
     text = render_status(report)
     assert text.startswith("deployment dsv41: UNKNOWN: spark-worker not answering\n")
     table = text.split("\n\n")[1].splitlines()
     assert all(len(line) <= 100 for line in table), table
     assert "UNKNOWN" in table[2]
     assert "0 steps pending" not in text
-    assert text.count("node unreachable") == 1, "the cause once, among the conditions"
+    assert text.count(long_error) == 1, "the cause once, among the conditions"
 
 
 def test_status_with_nothing_pending_but_blocked_parts_says_so() -> None:
@@ -295,3 +297,15 @@ def test_a_saved_plan_remembers_its_spec_and_apply_file_reads_that_one(
     monkeypatch.delenv("RECONCILER_SPEC", raising=False)
     assert run(capsys, "apply", str(saved), "--yes")[0] == 1
     assert applied == ["other"], "the plan's own spec, not the default one"
+
+
+def test_a_saved_plan_whose_spec_is_gone_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    moved = tmp_path / "moved.yaml"
+    moved.write_text(SPEC_PATH.read_text(encoding="utf-8"), encoding="utf-8")
+    saved = tmp_path / "p.plan"
+    assert run(capsys, "plan", "--spec", str(moved), "--facts", str(EMPTY_FACTS), "--out", str(saved))[0] == 0
+    moved.unlink()
+    code, _, err = run(capsys, "apply", str(saved), "--yes")
+    assert code == 1
+    assert f"was made from {moved.resolve()}, which is not there" in err
+    assert "--spec" in err

@@ -586,3 +586,10 @@ def test_zsh_script_parses() -> None:
     )
     checked = subprocess.run([ZSH, "-n"], input=result.stdout, capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.parametrize("argv", [["--verison"], ["pi", "--bogus"]])
+def test_an_option_without_a_command_is_an_error_not_the_help(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 1

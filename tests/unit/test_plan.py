@@ -481,3 +481,34 @@ def test_an_owner_s_edit_or_a_failure_restarts_with_the_upgrade_even_under_the_l
         rendered_by_an_earlier_reconciler(load_facts(CONVERGED_FACTS)), "spark-worker", status="exited", exit_code=1
     )
     assert rank_steps(plan(deployment, failed, take_upgrade=False))
+
+
+def test_an_upgrade_does_not_hide_a_dead_engine_or_a_restart_cut_short() -> None:
+    from reconciler.facts.node import Liveness
+
+    deployment = reference_deployment()
+    upgraded = rendered_by_an_earlier_reconciler(load_facts(CONVERGED_FACTS))
+    dead = upgraded.model_copy(update={"liveness": Liveness(failures=3, detail="POST answered 500")})
+    assert rank_steps(plan(deployment, dead, take_upgrade=False)), "a dead engine is restarted, upgrade and all"
+
+
+def started_inputs(result: Plan) -> dict[str, str]:
+    """Each started rank's name and the digest of what it is rendered from."""
+    from reconciler.actions import StartRank
+    from reconciler.serving import LABEL_INPUTS
+
+    starts = [a.payload for a in result.actions if isinstance(a.payload, StartRank)]
+    return {start.container.name: start.container.labels[LABEL_INPUTS] for start in starts}
+
+
+def test_the_rendering_s_inputs_change_with_the_owner_s_edit_only() -> None:
+    from reconciler.serving import LABEL_INPUTS
+
+    deployment = reference_deployment()
+    facts = load_facts(CONVERGED_FACTS)
+    containers = [c for node in facts.nodes.values() for c in node.containers if c.name.startswith("dsv41-r")]
+    running = {c.name: c.labels[LABEL_INPUTS] for c in containers}
+    assert started_inputs(plan(deployment, rendered_by_an_earlier_reconciler(facts))) == running
+    edited = started_inputs(plan(with_serving(deployment, kv_bytes=2_000_000_000), facts))
+    assert edited
+    assert not set(edited.values()) & set(running.values())
