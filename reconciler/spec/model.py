@@ -21,6 +21,7 @@ from reconciler.spec.values import (
     MAX_NODES,
     ArgValue,
     BindIPv4,
+    Bytes,
     EnvName,
     EnvValue,
     ExtraArg,
@@ -323,11 +324,14 @@ class Serving(StrictModel):
     kv_cache_dtype: ArgValue = "fp8"
     block_size: int = Field(default=256, ge=1, le=4096)
     swa_block_size: int = Field(default=128, ge=1, le=4096)
-    kv_bytes: int = Field(
+    kv_bytes: Bytes = Field(
         default=2_700_000_000,
         ge=1,
         le=128 * GIB,
-        description="--kv-cache-memory-bytes per rank (the default holds 2,023,717 tokens).",
+        description=(
+            "--kv-cache-memory-bytes per rank (the default, 2.7GB, holds 2,023,717 tokens); bytes, or with a "
+            "unit: 2.7GB (1000s) or 2.5GiB (1024s). A change restarts the group."
+        ),
     )
     gpu_util: float = Field(
         default=0.88, gt=0, le=1, description="--gpu-memory-utilization: the share of memory a rank may take."

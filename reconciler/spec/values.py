@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from typing import Annotated
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 # Pattern strings, not compiled objects: `re` compiles each on first use (and caches it), so a
@@ -152,6 +152,29 @@ def _check_listen(value: str) -> str:
     return value
 
 
+# A byte count as people write it: 2700000000, "2.7GB" or "2.7G" (powers of 1000, as disks and
+# vLLM's own figures are given), "2.5GiB" (powers of 1024).
+_BYTES_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?)?b?\s*$", re.IGNORECASE)
+_BYTE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
+_BYTE_UNITS |= {"ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
+
+
+def _parse_bytes(value: object) -> object:
+    """A string with a unit as a whole number of bytes; anything else is left to the int check."""
+    if not isinstance(value, str):
+        return value
+    match = _BYTES_RE.match(value)
+    if match is None:
+        raise _problem(
+            "bytes",
+            "'{value}' is not a byte count",
+            "write bytes (2700000000) or a size with a unit: 2.7GB or 2.7G (powers of 1000), 2.5GiB (1024)",
+            value=value,
+        )
+    number, unit = match.group(1), (match.group(2) or "").lower()
+    return round(float(number) * _BYTE_UNITS[unit])
+
+
 def _check_text(value: str) -> str:
     if len(value) > MAX_TEXT or any(not char.isprintable() for char in value):
         raise _problem(
@@ -289,6 +312,19 @@ ArgValue = Annotated[str, AfterValidator(_check_arg_value)]
 FabricIPv4 = Annotated[str, AfterValidator(_check_fabric_ip)]
 BindIPv4 = Annotated[str, AfterValidator(_check_bind_ip)]
 Listen = Annotated[str, AfterValidator(_check_listen)]
+# An int in the model; the spec may write it with a unit (see _parse_bytes).
+Bytes = Annotated[
+    int,
+    BeforeValidator(_parse_bytes),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 1},
+                {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*([kKmMgGtT][iI]?)?[bB]?\s*$"},
+            ]
+        }
+    ),
+]
 Port = Annotated[int, Field(ge=1, le=65535)]
 PositiveInt = Annotated[int, Field(ge=1)]
 Seconds = Annotated[int, Field(ge=1, le=86_400)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -248,3 +249,23 @@ def test_upstream_profile_warns_about_reference_only_fields_it_never_renders() -
     assert {"serving.kv_bytes", "serving.block_size"} <= set(warned)
     assert warned["serving.kv_bytes"].line == 11
     assert "no effect" in warned["serving.kv_bytes"].message
+
+
+@pytest.mark.parametrize(
+    ("written", "value"),
+    [("2.7GB", 2_700_000_000), ("2.7G", 2_700_000_000), ("2.5GiB", 2_684_354_560), ("'2700000000'", 2_700_000_000)],
+)
+def test_kv_bytes_takes_a_unit(written: str, value: int) -> None:
+    text = SPEC_PATH.read_text(encoding="utf-8")
+    assert "  kv_bytes: " in text
+    edited = re.sub(r"(?m)^  kv_bytes: .*$", f"  kv_bytes: {written}", text)
+    assert parse_spec(edited, "spec.yaml").deployment.serving.kv_bytes == value
+
+
+def test_a_byte_count_that_is_none_says_how_to_write_one() -> None:
+    text = re.sub(r"(?m)^  kv_bytes: .*$", "  kv_bytes: lots", SPEC_PATH.read_text(encoding="utf-8"))
+    with pytest.raises(SpecError) as refused:
+        parse_spec(text, "spec.yaml")
+    rendered = refused.value.problems[0].render()
+    assert "'lots' is not a byte count" in rendered
+    assert "2.7GB" in rendered
