@@ -86,10 +86,32 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
     (`reconciler plan --bogus` shows plan's usage and points at `reconciler plan --help`)."""
     # `reconciler` or `reconciler pi` alone asks for the help; a mistyped option does not.
     CommandParser.words_only = not any(word.startswith("-") for word in argv or [])
+    if (argv or [])[:2] == ["bench", "compare"] and {"-h", "--help"} & set(argv or []):
+        bench_compare_parser().print_help(sys.stdout)
+        raise SystemExit(0)
     args, extra = parser.parse_known_args(argv)
     if extra:
         innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     return args
+
+
+def bench_compare_parser() -> argparse.ArgumentParser:
+    """`bench compare`'s own help: it is a mode of `bench` (whose first word may be a URL), so
+    argparse would show bench's."""
+    parser = CommandParser(
+        prog="reconciler bench compare",
+        description="Compare two bench reports (ours, or `vllm bench serve --save-result` JSON): each "
+        "figure of A beside B, with the change, and a plot of both when both are ours.",
+        epilog=_examples(
+            "reconciler bench compare before.json after.json", "reconciler bench compare a.json b.json --json"
+        ),
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("A", help="the baseline report")
+    parser.add_argument("B", help="the report compared with it")
+    parser.add_argument("--plot", metavar="FILE", help="PNG plot (default: B-vs-A.png beside B; needs matplotlib)")
+    parser.add_argument("--json", action="store_true", help="the rows as JSON")
+    return parser
 
 
 def innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:

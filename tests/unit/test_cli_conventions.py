@@ -593,3 +593,12 @@ def test_an_option_without_a_command_is_an_error_not_the_help(argv: list[str]) -
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 1
+
+
+def test_bench_compare_has_help_of_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "compare", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: reconciler bench compare ")
+    assert "--prefill" not in out, "not bench's options"
