@@ -9,7 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler.actions import VERBS, Action, Blocker, Component, Copy, Download, InSync, Outcome, Step, behind
+from reconciler.actions import (
+    VERBS,
+    Action,
+    Blocker,
+    Component,
+    Copy,
+    Download,
+    InSync,
+    Outcome,
+    Reassemble,
+    Step,
+    behind,
+)
 from reconciler.components.apikey import plan_apikey
 from reconciler.components.checkpoint import DeepVerify, placements, plan_checkpoint
 from reconciler.components.front import plan_front
@@ -20,6 +32,7 @@ from reconciler.components.ranks import hold_reasons, plan_ranks
 from reconciler.errors import FactsError
 from reconciler.facts.node import Facts
 from reconciler.facts.revisions import desired_commit
+from reconciler.fsutil import human_bytes
 from reconciler.record import MutableRecord, field, replace
 from reconciler.spec import Deployment
 
@@ -45,13 +58,40 @@ class Plan(MutableRecord):
         return any(blocker.holds_ranks for blocker in self.blockers)
 
     def summary(self) -> dict[str, int]:
-        """Terraform-style counts; a stop that precedes a replacement is part of that replace."""
+        """Terraform-style counts; a stop that precedes a replacement is part of that replace, and
+        deleting a shard's parts once it is reassembled and verified is housekeeping, run, not
+        destruction (nothing is lost)."""
         counts = dict.fromkeys((kind for _, kind in VERBS.values()), 0)
         replaced = {(a.node, a.target) for a in self.actions if a.verb in {"replace", "create"}}
         for action in self.actions:
-            if action.verb != "stop" or (action.node, action.target) not in replaced:
+            if action.step is Step.PRUNE:
+                counts["run"] += 1
+            elif action.verb != "stop" or (action.node, action.target) not in replaced:
                 counts[VERBS[action.verb][1]] += 1
         return counts
+
+    def totals(self) -> dict[str, Any]:
+        """What the plan moves, in bytes: fetched from the Hub, copied over the fabric, and the
+        disk each node needs for it at most (split shards are whole beside their parts until
+        the parts are deleted)."""
+        disk: dict[str, int] = {}
+        download = copy = 0
+        sizes = {
+            (action.node, item.path): item.size
+            for action in self.actions
+            if isinstance(action.payload, Download)
+            for item in action.payload.files
+        }
+        for action in self.actions:
+            size = _bytes_of(action)
+            download += size if isinstance(action.payload, Download) else 0
+            copy += size if isinstance(action.payload, Copy) else 0
+            if isinstance(action.payload, Reassemble):
+                parts = [part for shard in action.payload.shards for part in shard.parts]
+                size = sum(sizes.get((action.node, part), 0) for part in parts)
+            if size:
+                disk[action.node] = disk.get(action.node, 0) + size
+        return {"download_bytes": download, "copy_bytes": copy, "disk_bytes": disk}
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -59,6 +99,7 @@ class Plan(MutableRecord):
             "nodes": [{"rank": rank, "name": name, "role": role} for rank, name, role in self.nodes],
             "changes": self.has_changes,
             "summary": self.summary(),
+            "totals": self.totals(),
             "actions": [action.to_dict() for action in self.actions],
             "blockers": [blocker.to_dict() for blocker in self.blockers],
             "notes": self.notes,
@@ -82,13 +123,16 @@ class Plan(MutableRecord):
     @property
     def bytes_moved(self) -> int:
         """Bytes the plan downloads or copies."""
-        total = 0
-        for action in self.actions:
-            if isinstance(action.payload, Download):
-                total += sum(item.size for item in action.payload.files)
-            elif isinstance(action.payload, Copy):
-                total += action.payload.bytes
-        return total
+        return sum(_bytes_of(action) for action in self.actions)
+
+
+def _bytes_of(action: Action) -> int:
+    """The bytes an action fetches or copies (0: it moves none)."""
+    if isinstance(action.payload, Download):
+        return sum(item.size for item in action.payload.files)
+    if isinstance(action.payload, Copy):
+        return action.payload.bytes
+    return 0
 
 
 def plan(
@@ -229,7 +273,22 @@ def render_text(result: Plan, verbose: bool = False) -> str:
         lines += [f"    = {item.component} on {item.node}: {item.reason}" for item in result.in_sync]
         lines.append("")
     lines.append(summary_line(result))
+    lines += totals_lines(result)
     return "\n".join(lines) + "\n"
+
+
+def totals_lines(result: Plan) -> list[str]:
+    """The bytes a plan moves and writes, when it moves any."""
+    totals = result.totals()
+    if not totals["disk_bytes"]:
+        return []
+    moved = [
+        f"{label} {human_bytes(totals[key])}"
+        for key, label in (("download_bytes", "download"), ("copy_bytes", "copy over the fabric"))
+        if totals[key]
+    ]
+    disk = ", ".join(f"{node} {human_bytes(count)}" for node, count in totals["disk_bytes"].items())
+    return [f"Moves: {', '.join(moved) or 'nothing'}; disk needed at most: {disk}."]
 
 
 def _render_action(action: Action, numbers: dict[str, int], nodes: dict[str, str]) -> list[str]:

@@ -151,3 +151,15 @@ def summary(records: list[dict[str, Any]]) -> str | None:
     if len(records) > 1:
         line += f"; previous {duration_text(records[-2]['ready_s'])}"
     return line
+
+
+# A first start of the group on Sparks: 11-13 minutes from container start to ready.
+REFERENCE_READY = "11-13 minutes (a first start on Sparks; none recorded here yet)"
+
+
+def downtime(restarting: bool, records: list[dict[str, Any]]) -> str:
+    """What a plan that starts the group means for the API, from the last start recorded here."""
+    expected = (
+        f"about {duration_text(records[-1]['ready_s'])} (the last start recorded here)" if records else REFERENCE_READY
+    )
+    return f"The API is down for {expected}." if restarting else f"The API answers {expected} after the ranks start."

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,11 +84,13 @@ def plan(args: argparse.Namespace) -> int:
         )
         savedplan.write(Path(args.out), saved)
         sys.stderr.write(f"saved the plan to {args.out}; run it with `reconciler apply {args.out}`\n")
+    outage = api_outage(loaded.deployment, result)
     if args.json:
-        emit_json({**result.to_dict(), "warnings": [warning.to_dict() for warning in loaded.warnings]})
+        warnings = [warning.to_dict() for warning in loaded.warnings]
+        emit_json({**result.to_dict(), "api_outage": outage, "warnings": warnings})
     else:
         warn(loaded)
-        sys.stdout.write(render_text(result, verbose=args.verbose))
+        sys.stdout.write(render_text(result, verbose=args.verbose) + (f"{outage}\n" if outage else ""))
     if result.blockers and args.detailed_exitcode:
         return EXIT_ERROR
     if args.detailed_exitcode and result.has_changes:
@@ -165,7 +168,7 @@ def apply(args: argparse.Namespace) -> int:
         accept_memory_risk=args.accept_memory_risk,
         events_file=Path(args.events) if args.events else None,
         saved=saved,
-        show=(lambda _plan: None) if args.json else show_plan,
+        show=(lambda _plan: None) if args.json else show_plan_of(deployment),
         confirm=(lambda _plan: True) if args.yes else confirm,
     )
     outcome = _converge(deployment, request)
@@ -194,11 +197,28 @@ def _converge(deployment: Deployment, request: commands.Converge) -> commands.Ap
         return commands.converge(deployment, transports, Progress(), request)
 
 
-def show_plan(result: Plan) -> None:
-    from reconciler.plan import render_text
+def api_outage(deployment: Deployment, result: Plan) -> str | None:
+    """What the plan means for the API when it starts the group: from the starts recorded on this
+    machine, else the reference's first start."""
+    from reconciler import starts
+    from reconciler.actions import Step
 
-    sys.stdout.write(render_text(result))
-    sys.stdout.flush()
+    started = [action for action in result.actions if action.step is Step.START_RANK]
+    if not started:
+        return None
+    restarting = any(action.verb == "replace" or action.step is Step.STOP_RANK for action in result.actions)
+    return starts.downtime(restarting, starts.read_starts(starts.starts_path(deployment.state_dir)))
+
+
+def show_plan_of(deployment: Deployment) -> Callable[[Plan], None]:
+    def show(result: Plan) -> None:
+        from reconciler.plan import render_text
+
+        outage = api_outage(deployment, result)
+        sys.stdout.write(render_text(result) + (f"{outage}\n" if outage else ""))
+        sys.stdout.flush()
+
+    return show
 
 
 def confirm(result: Plan) -> bool:

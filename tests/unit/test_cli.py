@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -83,7 +84,16 @@ def test_malformed_yaml_never_prints_a_traceback(tmp_path: Path) -> None:
 def test_plan_from_empty_facts_prints_a_bring_up_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "plan", "--spec", str(SPEC_PATH), "--facts", str(EMPTY_FACTS), "--detailed-exitcode")
     assert code == 2
-    assert out.rstrip().endswith("Plan: 15 to add, 2 to change, 0 to replace, 1 to destroy, 4 to run.")
+    tail = out.rstrip().splitlines()[-3:]
+    assert tail[0] == "Plan: 15 to add, 2 to change, 0 to replace, 0 to destroy, 5 to run.", "pruning parts is no loss"
+    assert tail[1] == (
+        "Moves: download 460.0 GB, copy over the fabric 460.0 GB; disk needed at most: spark-head 600.0 GB, "
+        "spark-worker 460.0 GB."
+    )
+    assert (
+        tail[2]
+        == "The API answers 11-13 minutes (a first start on Sparks; none recorded here yet) after the ranks start."
+    )
     assert out.index("start dsv41-r1") < out.index("start dsv41-r0") < out.index("wait until GET /v1/models")
 
 
@@ -309,3 +319,22 @@ def test_a_saved_plan_whose_spec_is_gone_says_so(capsys: pytest.CaptureFixture[s
     assert code == 1
     assert f"was made from {moved.resolve()}, which is not there" in err
     assert "--spec" in err
+
+
+def test_a_restart_s_outage_comes_from_the_last_start_recorded_here(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from reconciler.starts import keep_start
+
+    state = tmp_path / "state"
+    text = SPEC_PATH.read_text(encoding="utf-8").replace("\nstate_dir: ", f"\nstate_dir: {state}  # ", 1)
+    text = re.sub(r"(?m)^  kv_bytes: .*$", "  kv_bytes: 2.0GB", text)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text, encoding="utf-8")
+    code, out, _ = run(capsys, "plan", "--spec", str(spec), "--facts", str(CONVERGED_FACTS))
+    assert code == 0
+    assert out.rstrip().endswith("The API is down for 11-13 minutes (a first start on Sparks; none recorded here yet).")
+    record = {"at": "2026-12-04T10:00:00Z", "cause_kind": "planned", "ready_s": 662.0, "phases": {"engine_load": 650}}
+    keep_start(state / "starts.json", record)
+    code, out, _ = run(capsys, "plan", "--spec", str(spec), "--facts", str(CONVERGED_FACTS), "--json")
+    assert json.loads(out)["api_outage"] == "The API is down for about 11m02s (the last start recorded here)."

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from reconciler.actions import Action, StopRank
+from reconciler.actions import Action, Download, StopRank
 from reconciler.components.memguard import guard_config_hash
 from reconciler.facts.containers import ContainerFacts
 from reconciler.facts.fabric import FabricFacts
@@ -18,6 +18,7 @@ from reconciler.spec import Deployment
 from tests.scenarios import (
     COMMIT,
     CONVERGED_FACTS,
+    EMPTY_FACTS,
     GOLDEN_DIR,
     converged_facts,
     empty_facts,
@@ -107,7 +108,7 @@ def test_bring_up_from_empty_is_complete_and_ordered() -> None:
     copy = by_id(result, "checkpoint.copy@spark-worker")
     assert copy.depends_on == ("checkpoint.verify@spark-head",)
     assert position(result, "memguard.start@spark-worker") < position(result, "memguard.start@spark-head")
-    assert result.summary() == {"add": 15, "change": 2, "replace": 0, "destroy": 1, "stop": 0, "run": 4}
+    assert result.summary() == {"add": 15, "change": 2, "replace": 0, "destroy": 0, "stop": 0, "run": 5}
 
 
 def test_every_action_has_node_component_verb_and_cause() -> None:
@@ -437,7 +438,7 @@ def test_a_plan_with_blocked_parts_never_says_the_deployment_matches() -> None:
     assert "Nothing could be planned for checkpoint on spark-head: the deployment may still differ" in text
     mixed = plan(reference_deployment(), empty_facts())
     mixed.blockers.append(blocker)
-    assert render_text(mixed).rstrip().endswith("Not planned: checkpoint on spark-head.")
+    assert "to run. Not planned: checkpoint on spark-head.\n" in render_text(mixed)
 
 
 def rendered_by_an_earlier_reconciler(facts: Facts, *, inputs_changed: bool = False) -> Facts:
@@ -512,3 +513,15 @@ def test_the_rendering_s_inputs_change_with_the_owner_s_edit_only() -> None:
     edited = started_inputs(plan(with_serving(deployment, kv_bytes=2_000_000_000), facts))
     assert edited
     assert not set(edited.values()) & set(running.values())
+
+
+def test_a_bring_up_s_totals_say_what_it_fetches_copies_and_needs_on_disk() -> None:
+    result = plan(reference_deployment(), load_facts(EMPTY_FACTS))
+    totals = result.totals()
+    downloaded = sum(item.size for a in result.actions if isinstance(a.payload, Download) for item in a.payload.files)
+    assert totals["download_bytes"] == downloaded > 400 * 1000**3
+    assert totals["copy_bytes"] == downloaded, "the worker gets every byte over the fabric"
+    # The head holds the split shards whole beside their parts until the parts are deleted.
+    assert totals["disk_bytes"]["spark-head"] > downloaded
+    assert totals["disk_bytes"]["spark-worker"] == downloaded
+    assert plan(reference_deployment(), load_facts(CONVERGED_FACTS)).totals()["disk_bytes"] == {}
