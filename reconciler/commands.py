@@ -38,7 +38,7 @@ from reconciler.lock import deployment_lock
 from reconciler.loopstatus import read_status, write_pass
 from reconciler.nodeops import NodeOps
 from reconciler.nodeside.statedir import StateDir
-from reconciler.plan import Plan, plan
+from reconciler.plan import Plan, condition, plan
 from reconciler.progress import PassState
 from reconciler.record import Record
 from reconciler.serving import api_base, container_name
@@ -132,23 +132,17 @@ def converge(
     publisher = _with_progress_events(pass_publisher(deployment), history)
     with lock, progress.publishing(request.doing, publisher):
         started = time.monotonic()
+
+        def record(outcome: str, **more: str) -> None:
+            seconds = round(time.monotonic() - started, 2)
+            history.emit("pass", doing=request.doing, trigger=request.trigger, seconds=seconds, outcome=outcome, **more)
+
         try:
             outcome = _converge_locked(deployment, transports, progress, request, history)
         except ReconcilerError as exc:
-            seconds = round(time.monotonic() - started, 2)
-            history.emit(
-                "pass",
-                doing=request.doing,
-                trigger=request.trigger,
-                seconds=seconds,
-                outcome="failed",
-                error=exc.message,
-            )
+            record("failed", error=exc.message)
             raise
-        seconds = round(time.monotonic() - started, 2)
-        history.emit(
-            "pass", doing=request.doing, trigger=request.trigger, seconds=seconds, outcome=_pass_outcome(outcome)
-        )
+        record("declined" if outcome.declined else condition(outcome.after))
         return outcome
 
 
@@ -165,18 +159,6 @@ def _with_progress_events(publish: Publisher, history: EventLog) -> Publisher:
                 history.progress(step=shown["action"], node=shown["node"], **(shown["bytes"] or {}), **said)
 
     return both
-
-
-def _pass_outcome(outcome: ApplyOutcome) -> str:
-    """How a converge ended, in the words of the loop's condition."""
-    after = outcome.after
-    if outcome.declined:
-        return "declined"
-    if after.held:
-        return "held: " + after.held[0]
-    if after.blockers:
-        return f"blocked: {after.blockers[0].node}: {after.blockers[0].message}"
-    return "converged" if not after.has_changes else "not converged"
 
 
 def _converge_locked(

@@ -35,7 +35,7 @@ from reconciler.health import probe_liveness, read_key
 from reconciler.loopstatus import LoopStatus, write_status
 from reconciler.metrics import LoopMetrics
 from reconciler.metricsserver import MetricsServer
-from reconciler.plan import Plan, summary_line
+from reconciler.plan import Plan, condition, summary_line
 from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, LoadedSpec, parse_spec, read_spec_text
 from reconciler.spec import Loop as LoopSettings
@@ -137,7 +137,7 @@ class LoopLogic:
         # A blocker that leaves the ranks alone (the Hub down under a complete checkpoint) does
         # not stop the probes: the group still serves and must still be healed.
         self.serving = not after.has_changes and not after.ranks_blocked and not after.held
-        self.status.condition = condition_of(after)
+        self.status.condition = condition(after)
 
     def pass_failed(self, message: str) -> float:
         """Back off exponentially with jitter, up to the cap; returns the delay."""
@@ -177,14 +177,6 @@ def rebooted_nodes(last: Facts | None, now: Facts) -> list[str]:
         if before is not None and after is not None and before != after:
             lines.append(f"{name} rebooted since the last pass (boot id {before[:8]} -> {after[:8]})")
     return lines
-
-
-def condition_of(after: Plan) -> str:
-    if after.held:
-        return "held: " + after.held[0]
-    if after.blockers:
-        return f"blocked: {after.blockers[0].node}: {after.blockers[0].message}"
-    return "converged" if not after.has_changes else "converging: " + summary_line(after)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from reconciler import __version__
 from reconciler.actions import Component
 from reconciler.facts.node import Facts
-from reconciler.plan import Plan
+from reconciler.plan import Plan, ending
 from reconciler.spec import Deployment
 from reconciler.starts import restart_cause
 
@@ -55,15 +55,6 @@ def _one_trigger(reason: str) -> str:
     if reason in fixed:
         return fixed[reason]
     return "container_event" if reason.endswith((" die", " oom")) else "other"
-
-
-def result_of(after: Plan) -> str:
-    """How a pass ended, as a label: the plan it left behind says."""
-    if after.held:
-        return "held"
-    if after.blockers:
-        return "blocked"
-    return "not_converged" if after.has_changes else "converged"
 
 
 def incident_kind(kind: str) -> str:
@@ -156,7 +147,7 @@ class LoopMetrics:
     # ---- a pass's end ------------------------------------------------------------------------
 
     def pass_ended(self, reasons: list[str], seconds: float, after: Plan, facts: Facts, now: float) -> None:
-        result = result_of(after)
+        result = ending(after)
         self.passes.labels(trigger=trigger_kind(reasons), result=result).inc()
         self.pass_time.labels(result=result).observe(seconds)
         self.last_pass.set(now)

@@ -307,6 +307,25 @@ def _render_action(action: Action, numbers: dict[str, int], nodes: dict[str, str
     return [*lines, ""]
 
 
+def ending(result: Plan) -> str:
+    """How a plan left after a pass stands, in one word: held, blocked, not_converged, converged."""
+    if result.held:
+        return "held"
+    if result.blockers:
+        return "blocked"
+    return "not_converged" if result.has_changes else "converged"
+
+
+def condition(result: Plan) -> str:
+    """The same in a line for people (the loop's condition, the event history's pass outcome)."""
+    kind = ending(result)
+    if kind == "held":
+        return "held: " + result.held[0]
+    if kind == "blocked":
+        return f"blocked: {result.blockers[0].node}: {result.blockers[0].message}"
+    return "converging: " + summary_line(result) if kind == "not_converged" else "converged"
+
+
 def summary_line(result: Plan) -> str:
     blocked = _blocked_text(result)
     if not result.has_changes:

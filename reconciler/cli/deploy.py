@@ -67,7 +67,6 @@ def schema(args: argparse.Namespace) -> int:
 
 
 def plan(args: argparse.Namespace) -> int:
-    from reconciler.plan import render_text
 
     loaded = load(args)
     facts, result = _plan_from(args, loaded)
@@ -84,13 +83,12 @@ def plan(args: argparse.Namespace) -> int:
         )
         savedplan.write(Path(args.out), saved)
         sys.stderr.write(f"saved the plan to {args.out}; run it with `reconciler apply {args.out}`\n")
-    outage = api_outage(loaded.deployment, result)
     if args.json:
         warnings = [warning.to_dict() for warning in loaded.warnings]
-        emit_json({**result.to_dict(), "api_outage": outage, "warnings": warnings})
+        emit_json({**result.to_dict(), "api_outage": api_outage(loaded.deployment, result), "warnings": warnings})
     else:
         warn(loaded)
-        sys.stdout.write(render_text(result, verbose=args.verbose) + (f"{outage}\n" if outage else ""))
+        sys.stdout.write(plan_text(loaded.deployment, result, verbose=args.verbose))
     if result.blockers and args.detailed_exitcode:
         return EXIT_ERROR
     if args.detailed_exitcode and result.has_changes:
@@ -203,19 +201,23 @@ def api_outage(deployment: Deployment, result: Plan) -> str | None:
     from reconciler import starts
     from reconciler.actions import Step
 
-    started = [action for action in result.actions if action.step is Step.START_RANK]
-    if not started:
+    if not any(action.step is Step.START_RANK for action in result.actions):
         return None
     restarting = any(action.verb == "replace" or action.step is Step.STOP_RANK for action in result.actions)
     return starts.downtime(restarting, starts.read_starts(starts.starts_path(deployment.state_dir)))
 
 
+def plan_text(deployment: Deployment, result: Plan, *, verbose: bool = False) -> str:
+    """The plan as `plan` and `apply` show it: its actions, counts, totals and what it means for the API."""
+    from reconciler.plan import render_text
+
+    outage = api_outage(deployment, result)
+    return render_text(result, verbose=verbose) + (f"{outage}\n" if outage else "")
+
+
 def show_plan_of(deployment: Deployment) -> Callable[[Plan], None]:
     def show(result: Plan) -> None:
-        from reconciler.plan import render_text
-
-        outage = api_outage(deployment, result)
-        sys.stdout.write(render_text(result) + (f"{outage}\n" if outage else ""))
+        sys.stdout.write(plan_text(deployment, result))
         sys.stdout.flush()
 
     return show
