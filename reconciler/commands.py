@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler import incidents, notify, savedplan, starts
-from reconciler.actions import Action, Smoke, Step
+from reconciler.actions import Action, Component, Smoke, Step
 from reconciler.apply import ApplyResult, apply_plan
 from reconciler.clock import utc_iso
 from reconciler.components import breaker, ranks
@@ -40,7 +40,7 @@ from reconciler.nodeops import NodeOps
 from reconciler.nodeside.statedir import StateDir
 from reconciler.plan import Plan, condition, plan
 from reconciler.progress import PassState
-from reconciler.record import Record
+from reconciler.record import Record, replace
 from reconciler.serving import api_base, container_name
 from reconciler.spec import Deployment
 from reconciler.transport.base import Transport, find_container
@@ -110,6 +110,8 @@ class Converge:
     on_wait: Callable[[str], None] | None = None
     # Sees every line of the event history as it is written (the loop's metrics).
     on_event: Callable[[dict[str, Any]], None] | None = None
+    # Run only these components' steps (`rotate-key`: the front, never the ranks); None: all.
+    only: frozenset[Component] | None = None
 
 
 @dataclass
@@ -332,7 +334,7 @@ def observe(
 
 def _plan_to_run(deployment: Deployment, facts: Facts, request: Converge) -> Plan:
     if request.saved is None:
-        return plan(
+        made = plan(
             deployment,
             facts,
             deep_verify=request.deep_verify,
@@ -340,10 +342,19 @@ def _plan_to_run(deployment: Deployment, facts: Facts, request: Converge) -> Pla
             accept_memory_risk=request.accept_memory_risk,
             take_upgrade=request.take_upgrade,
         )
+        return made if request.only is None else only_components(made, request.only)
     saved, path = request.saved
     fresh = plan(deployment, facts, update_revision=saved.update_revision, accept_memory_risk=saved.accept_memory_risk)
     savedplan.check_current(saved, deployment, facts, path, fresh)
     return saved.plan
+
+
+def only_components(made: Plan, components: frozenset[Component]) -> Plan:
+    """The plan's steps of these components alone; an order on a step left out is dropped with it."""
+    kept = [action for action in made.actions if action.component in components]
+    ids = {action.id for action in kept}
+    made.actions = [replace(action, depends_on=tuple(d for d in action.depends_on if d in ids)) for action in kept]
+    return made
 
 
 def smoke_after_start(ctx: ApplyContext, payload: Smoke) -> str:

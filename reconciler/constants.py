@@ -10,6 +10,8 @@ import os
 DEFAULT_SPEC_PATH = "specs/deployment.yaml"
 SPEC_PATH_ENV = "RECONCILER_SPEC"
 SCHEMA_PATH = "schemas/deployment.schema.json"
+# The spec's reference for people, written from the model by `reconciler schema --markdown`.
+SPEC_DOC_PATH = "docs/spec.md"
 
 
 def default_spec_path() -> str:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import watchfiles
 
@@ -35,6 +35,7 @@ from reconciler.health import probe_liveness, read_key
 from reconciler.loopstatus import LoopStatus, write_status
 from reconciler.metrics import LoopMetrics
 from reconciler.metricsserver import MetricsServer
+from reconciler.notifier import Notifications, Notifier
 from reconciler.plan import Plan, condition, summary_line
 from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, LoadedSpec, parse_spec, read_spec_text
@@ -54,6 +55,8 @@ SPEC_CHANGED = "spec file changed"
 KEY_CACHE_S = 60.0
 # How soon a key that could not be read is tried again (a first pass may be creating it).
 KEY_RETRY_S = 5.0
+# How long a stopping loop waits for the notify command to take the events still queued.
+NOTIFY_DRAIN_S = 35.0
 
 
 class Clock(Protocol):
@@ -241,6 +244,8 @@ class Loop:
         self.metrics = LoopMetrics(self.deployment)
         self.metrics_server: MetricsServer | None = None
         self.metrics_listen = "off"
+        self.notifications = Notifications(self.deployment)
+        self.notifier = Notifier(lambda: self.deployment.loop.notify, self._log)
         self._key_cache: tuple[float, str | None] = (0.0, None)
         self._key_lock = threading.Lock()
 
@@ -270,6 +275,8 @@ class Loop:
             if self.logic.admits(reasons):
                 self.pass_(reasons or ["resync"])
         notify.stopping()
+        # The last pass's news goes out before the loop does (a stuck command costs its timeout).
+        self.notifier.drain(NOTIFY_DRAIN_S)
         if self.metrics_server is not None:
             self.metrics_server.close()
         close_all(self.transports)
@@ -296,7 +303,7 @@ class Loop:
                 liveness=self.logic.pass_started(),
                 blocked_is_error=False,
                 on_wait=self._log,
-                on_event=self.metrics.on_event,
+                on_event=self._on_event,
                 take_upgrade=self.deployment.loop.take_upgrades,
             )
             outcome = commands.converge(self.deployment, self.transports, self.progress, request)
@@ -304,12 +311,23 @@ class Loop:
             self.logic.pass_succeeded(outcome.before.has_changes, outcome.after)
             self.metrics.pass_ended(reasons, time.monotonic() - started, outcome.after, outcome.facts, time.time())
             self.metrics.liveness_now(self.logic.liveness.failures)
+            for event in self.notifications.from_pass(outcome.after, outcome.facts):
+                self.notifier.send(event)
         except ReconcilerError as exc:
             self._failed(exc.message, exc.hint, reasons, started)
         except Exception as exc:  # the loop must outlive any bug in a pass; the journal keeps the detail
             self._failed(f"unexpected {type(exc).__name__}: {exc}", "please report this bug", reasons, started)
         self.status.last_pass = utc_iso()
         self._publish()
+
+    def _on_event(self, line: dict[str, Any]) -> None:
+        """Each line of the event history as it is written: counted, and told to the owner's
+        notify command when it is news."""
+        self.metrics.on_event(line)
+        self.notifications.deployment = self.deployment
+        event = self.notifications.from_history(line)
+        if event is not None:
+            self.notifier.send(event)
 
     def _observed(self, facts: Facts) -> None:
         """A node whose boot id changed since the last pass rebooted: say so first, as the

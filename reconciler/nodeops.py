@@ -24,6 +24,8 @@ Result = TypeVar("Result")
 # The longest a single operation may run: hashing or reassembling a 462 GB checkpoint.
 LONGEST_S = 6 * 3600.0
 DEFAULT_S = 3600.0
+# Walking a 462 GB checkpoint of some hundred files takes seconds; a slow disk, minutes.
+FOOTPRINT_S = 1800.0
 
 
 class NodeOps:
@@ -109,6 +111,14 @@ class NodeOps:
 
     def remove_revisions(self, args: ops.RemoveRevisionsArgs) -> ops.RevisionsRemoved:
         return self._call(ops.remove_revisions, args)
+
+    def footprint(self, state_dir: str, model_dir: str) -> ops.Footprint:
+        """What of ours is on the node (measured: it walks the checkpoint, so it may take a while)."""
+        args = ops.FootprintArgs(state_dir=state_dir, model_dir=model_dir)
+        return self._call(ops.footprint, args, timeout=FOOTPRINT_S)
+
+    def remove_trees(self, args: ops.RemoveTreesArgs) -> list[str]:
+        return self._call(ops.remove_trees, args, timeout=FOOTPRINT_S)["removed"]
 
     def _call(
         self, operation: Callable[[Arguments], Result], args: Arguments, *, timeout: float | None = None

@@ -318,6 +318,24 @@ def install(
     return report
 
 
+def uninstall(unit_path: Path, *, systemd_running: bool | None = None, run: Runner | None = None) -> list[str]:
+    """Stop and disable the service, remove its unit; the commands run (none without systemd)."""
+    running = SYSTEMD_RUNTIME_DIR.is_dir() if systemd_running is None else systemd_running
+    ran = []
+    if running:
+        command = ["systemctl", "disable", "--now", UNIT_NAME]
+        _systemctl(command, run or _run)
+        ran.append(" ".join(command))
+    try:
+        unit_path.unlink(missing_ok=True)
+    except PermissionError:
+        raise ReconcilerError(f"cannot remove {unit_path}: permission denied", "run it with sudo") from None
+    if running:
+        _systemctl(["systemctl", "daemon-reload"], run or _run)
+        ran.append("systemctl daemon-reload")
+    return ran
+
+
 def activation_commands(changed: bool) -> list[list[str]]:
     """`enable --now`, except that a changed unit is reloaded and restarted, not just started.
 

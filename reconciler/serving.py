@@ -1,7 +1,7 @@
 """From spec and per-node facts to each rank's exact container: argv, environment, mounts.
 
 Pure: no I/O. The default spec renders the `vllm serve` arguments and environment the default
-image is tuned with, flag for flag (a golden test holds it to that), except where README's
+image is tuned with, flag for flag (a golden test holds it to that), except where docs/internals.md's
 "Deliberate differences" says otherwise — chiefly the API: rank 0 listens on 127.0.0.1 only,
 behind the front (reconciler/front.py), which holds the key; the engine never sees it.
 """

@@ -35,13 +35,14 @@ def validate(args: argparse.Namespace) -> int:
 
 def schema(args: argparse.Namespace) -> int:
     from reconciler.fsutil import atomic_write
-    from reconciler.spec import schema_text
 
-    text = schema_text()
+    text, default_out, command = _schema_document(args.markdown)
     if args.out == "-":
         sys.stdout.write(text)
         return EXIT_OK
-    target = Path(args.out)
+    target = Path(args.out or default_out)
+    if args.out:
+        command += f" --out {args.out}"
     try:
         current = target.read_text(encoding="utf-8") if target.exists() else None
     except (OSError, UnicodeDecodeError) as exc:
@@ -51,7 +52,7 @@ def schema(args: argparse.Namespace) -> int:
         if args.json:
             emit_json({"ok": fresh, "path": str(target)})
         elif not fresh:
-            sys.stderr.write(f"error: {target} is stale\n  hint: run `reconciler schema` and commit the result\n")
+            sys.stderr.write(f"error: {target} is stale\n  hint: run `{command}` and commit the result\n")
         return EXIT_OK if fresh else EXIT_ERROR
     try:
         atomic_write(str(target), text.encode("utf-8"), 0o644)
@@ -64,6 +65,19 @@ def schema(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(f"wrote {target}{'' if current != text else ' (unchanged)'}\n")
     return EXIT_OK
+
+
+def _schema_document(markdown: bool) -> tuple[str, str, str]:
+    """The text `schema` writes, where it goes by default, and the command that writes it."""
+    from reconciler.constants import SCHEMA_PATH, SPEC_DOC_PATH
+
+    if markdown:
+        from reconciler.spec.reference import reference_markdown
+
+        return reference_markdown(), SPEC_DOC_PATH, "reconciler schema --markdown"
+    from reconciler.spec import schema_text
+
+    return schema_text(), SCHEMA_PATH, "reconciler schema"
 
 
 def plan(args: argparse.Namespace) -> int:

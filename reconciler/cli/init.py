@@ -116,11 +116,25 @@ def _absolute(path: str | None) -> str | None:
 
 
 def _schema_ref(out: Path) -> str | None:
-    """The editor modeline's schema path, relative to the spec, when this checkout has the schema."""
-    schema = Path(SCHEMA_PATH)
-    if not schema.is_file():
+    """The editor modeline's schema: the one this reconciler ships, wherever it is installed.
+
+    A spec written inside the checkout the reconciler runs from points at the checkout's
+    schemas/ by a relative path, as the committed specs do: it stays right when the checkout is
+    moved or cloned, and a committed spec must not carry one machine's absolute path. Anywhere
+    else (a pip or pipx install, a spec outside the checkout) it is the package's own copy as a
+    file:// URI, which the YAML language server reads as it is; a bare path with a space in it
+    would be cut there, a URI has none. None when the package carries no readable schema."""
+    from reconciler.spec.schema import shipped_schema
+
+    shipped = shipped_schema()
+    if shipped is None:
         return None
-    return os.path.relpath(schema.resolve(), out.parent.resolve())
+    shipped = shipped.resolve()
+    checkout = shipped.parents[2]  # <checkout>/reconciler/data/deployment.schema.json
+    directory = out.absolute().parent.resolve()
+    if (checkout / SCHEMA_PATH).is_file() and directory.is_relative_to(checkout):
+        return os.path.relpath(checkout / SCHEMA_PATH, directory)
+    return shipped.as_uri()
 
 
 def _report(out: Path, drafted: Draft, probed: list[Probed], steps: list[str]) -> dict[str, object]:

@@ -180,30 +180,35 @@ def _loop_lines(loop: Report | None) -> list[str]:
     return [line.strip() for line in loopstatus.render(loop)]
 
 
-TABLE_HEADER = ("NODE", "RANK", "CONTAINER", "STATE", "MEMORY", "GUARD", "SYNC")
+# The table fits 100 columns: containers without the deployment's prefix (the first line names
+# it), memory as the free amount, a hold and a trip without their times (the conditions and the
+# incident line below have them).
+TABLE_HEADER = ("NODE", "RANK", "CONTAINERS", "STATE", "MEM FREE", "GUARD", "SYNC")
 
 
 def _table(report: Report) -> list[str]:
-    rows = [TABLE_HEADER, *(_row(name, node) for name, node in report["nodes"].items())]
+    prefix = f"{report['deployment']}-"
+    rows = [TABLE_HEADER, *(_row(name, node, prefix) for name, node in report["nodes"].items())]
     widths = [max(len(row[column]) for row in rows) for column in range(len(TABLE_HEADER))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
-def _row(name: str, node: Report) -> tuple[str, str, str, str, str, str, str]:
+def _row(name: str, node: Report, prefix: str) -> tuple[str, str, str, str, str, str, str]:
     if not node["reachable"]:  # nothing of it is known: no container, guard or sync to claim
         return (name, f"r{node['rank']}", "?", "UNKNOWN", "-", "?", "? (see below)")
-    containers = ", ".join(f"{c['name']} {c['status']}{_exit(c)}" for c in node["containers"]) or "none"
-    memory = f"{node['mem_available_gib']:.1f} GiB free" if node["mem_available_gib"] is not None else "-"
+    shown = (f"{c['name'].removeprefix(prefix)} {c['status']}{_exit(c)}" for c in node["containers"])
+    containers = ", ".join(shown) or "none"
+    memory = f"{node['mem_available_gib']:.1f} GiB" if node["mem_available_gib"] is not None else "-"
     return (name, f"r{node['rank']}", containers, _state(node), memory, _guard(node["guard"]), _sync(node))
 
 
 def _state(node: Report) -> str:
-    return f"held since {node['hold']['since']}" if node["hold"] else "reachable"
+    return "held" if node["hold"] else "reachable"
 
 
 def _guard(guard: Report) -> str:
     if guard["trip"]:
-        return f"TRIPPED at {guard['trip']['at']}"
+        return "TRIPPED"
     return "running" if guard["running"] else "not running"
 
 

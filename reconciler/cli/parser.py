@@ -318,6 +318,7 @@ ACCEPT_MEMORY_RISK = arg(
         "plus a margin (the guard still stops the ranks if it does)"
     ),
 )
+YES = arg("-y", "--yes", action="store_true", help="do it without asking (for scripts: there is no terminal to ask)")
 WAIT = arg(
     "--wait", type=seconds, default=600, metavar="SECONDS", help="how long to wait for a running loop's pass to finish"
 )
@@ -347,12 +348,24 @@ def _commands() -> list[Command]:
         ),
         Command(
             "schema",
-            f"write {constants.SCHEMA_PATH} from the spec model",
-            "Write the spec's JSON Schema (for editors and CI), or check that the committed one is current.",
-            ["reconciler schema", "reconciler schema --check", "reconciler schema --out -"],
+            f"write {constants.SCHEMA_PATH} (or {constants.SPEC_DOC_PATH}) from the spec model",
+            "Write the spec's JSON Schema (for editors and CI) or, with --markdown, its reference for people: "
+            "every section and field with its type, default and what a change does. --check tells whether the "
+            "committed file is current instead.",
+            [
+                "reconciler schema",
+                "reconciler schema --check",
+                "reconciler schema --markdown",
+                "reconciler schema --out -",
+            ],
             "deploy:schema",
             (
-                arg("--out", default=constants.SCHEMA_PATH, help="where to write; - for stdout"),
+                arg(
+                    "--out",
+                    help=f"where to write (default: {constants.SCHEMA_PATH}, with --markdown "
+                    f"{constants.SPEC_DOC_PATH}); - for stdout",
+                ),
+                arg("--markdown", action="store_true", help="the spec reference in Markdown instead of the schema"),
                 arg("--check", action="store_true", help="exit 1 if the file differs instead of writing it"),
                 JSON,
             ),
@@ -551,6 +564,58 @@ def _commands() -> list[Command]:
             "deploy:start",
             (SPEC, WAIT, JSON),
         ),
+        # --- the lifecycle: the key, the disks, the way out -------------------------------------
+        Command(
+            "rotate-key",
+            "a new API key: the front takes it in seconds, the ranks keep serving",
+            "Write a new random key into api.key_file on the head (the old one stops working at once) and "
+            "replace the front so it reads it; the ranks are not touched. Clients need the new key: the "
+            "command prints how to give it to Pi. Asks first on a terminal; without one it needs --yes.",
+            ["reconciler rotate-key", "reconciler rotate-key --yes --json"],
+            "lifecycle:rotate_key",
+            (SPEC, YES, JSON),
+        ),
+        Command(
+            "storage",
+            "what fills each node's disk, and what is safe to release",
+            "Per node: the served checkpoint, older revisions beyond model.keep_revisions, unfinished "
+            "downloads and split parts, images (ours in use, ours no longer used, others'), the state dir. "
+            "--release removes what is safe to release (never the served revision, a kept one or an image "
+            "we did not pull), after showing it.",
+            ["reconciler storage", "reconciler storage --release", "reconciler storage --json"],
+            "lifecycle:storage",
+            (
+                SPEC,
+                arg("--release", action="store_true", help="remove what is safe to release, after showing it"),
+                YES,
+                JSON,
+            ),
+        ),
+        Command(
+            "uninstall",
+            "remove everything the reconciler made, on every node (a plan first)",
+            "Show, then remove: the boot service on this machine, the ranks, the front and the memory guards, "
+            "the images the reconciler pulled, its state dir on every node and Pi's provider. The checkpoint "
+            "stays unless --checkpoint is given. Asks first on a terminal; without one it needs --yes. "
+            "Run again, it finds nothing to do.",
+            [
+                "reconciler uninstall --dry-run",
+                "sudo reconciler uninstall",
+                "sudo reconciler uninstall --checkpoint --yes",
+            ],
+            "lifecycle:uninstall",
+            (
+                SPEC,
+                arg(
+                    "--checkpoint",
+                    action="store_true",
+                    help="also delete the checkpoint (every revision) on every node",
+                ),
+                arg("--dry-run", action="store_true", help="show what would be removed; remove nothing"),
+                YES,
+                JSON,
+            ),
+        ),
         # --- smoke and bench --------------------------------------------------------------------
         Command(
             "smoke",
@@ -579,7 +644,7 @@ def _commands() -> list[Command]:
         Command(
             "bench",
             "how fast is it? prefill, decode, TTFT/TPOT/ITL, long-context recall; `bench compare A B`",
-            "Measure the API (definitions in the README, section Smoke and bench), writing a JSON report after "
+            "Measure the API (definitions in docs/bench.md), writing a JSON report after "
             "every step and a plot; or compare two reports.",
             [
                 "reconciler bench --out bench.json --label tp2",

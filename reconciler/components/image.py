@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from reconciler.actions import Action, Component, InSync, Outcome, Pull, action, runs
 from reconciler.errors import NodeCommandError
 from reconciler.facts.node import Facts
+from reconciler.nodeside.statedir import StateDir
 from reconciler.spec import Deployment
 
 if TYPE_CHECKING:
@@ -62,7 +63,26 @@ def _pull(ctx: ApplyContext, action: Action, pull: Pull) -> str:
         raise NodeCommandError(f"{failed}: {exc.explanation}", _PULL_HINT) from None
     if not _present(client, ref):
         raise NodeCommandError(f"{action.node}: {short_ref(ref)} still missing after the pull", _PULL_HINT)
+    record_pull(ctx, action.node, ref)
     return f"pulled {short_ref(ref)}"
+
+
+def pull_record(state_dir: str, ref: str) -> str:
+    """Where the record of our pull of `ref` lives on a node: one file a ref, so pulls side by
+    side never rewrite one file."""
+    import hashlib
+
+    return f"{StateDir(state_dir).pulled_images}/{hashlib.sha256(ref.encode()).hexdigest()[:32]}.json"
+
+
+def record_pull(ctx: ApplyContext, node: str, ref: str) -> None:
+    """Remember that we pulled `ref` here: what uninstall and storage may remove is what we pulled."""
+    import json
+
+    from reconciler.clock import utc_iso
+
+    record = json.dumps({"ref": ref, "at": utc_iso()}) + "\n"
+    ctx.ops(node).write_file(pull_record(ctx.deployment.state_dir, ref), record)
 
 
 class Layers:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -22,9 +23,11 @@ from reconciler.facts.node import NodeFacts
 from reconciler.fsutil import human_bytes
 from reconciler.init.probe import leads_to
 from reconciler.init.request import DEFAULT_STATE_DIR, REVIEW, InitRequest, Probed
-from reconciler.init.yamltext import Lines, Note, flow_scalar, scalar, single_line
+from reconciler.init.yamltext import Lines, Note, flow_scalar, flow_value, scalar, single_line
 from reconciler.spec import (
+    GROUP_RESTART,
     REFERENCE_IMAGE,
+    REFERENCE_RESTART,
     Deployment,
     Fabric,
     LoadedSpec,
@@ -72,7 +75,8 @@ def _header(out: Lines, schema_ref: str | None, count: int) -> None:
         f"Written by `reconciler init` from what it found on the {count} nodes. Each value says why it was "
         f"chosen; lines marked {REVIEW} are what init could not decide: settle them, then run "
         "`reconciler doctor`, `reconciler plan` and `reconciler apply`. Every key left out takes its "
-        "default (schemas/deployment.schema.json describes each). No secret is written here: the API key is "
+        "default: the serving section at the end lists its fields, commented out, and `reconciler schema "
+        "--markdown --out -` prints what every key means. No secret is written here: the API key is "
         "created on the head (api.key_file), the Hub token comes from $HF_TOKEN or model.token_file.",
     )
 
@@ -353,6 +357,61 @@ def _rest(out: Lines) -> None:
     out.key(0, "image")
     out.comment(2, "the default serving image, pinned by digest so every rank runs the same bytes")
     out.key(2, "ref", REFERENCE_IMAGE)
+    out.raw("")
+    _serving(out)
+
+
+# The one serving key written as a value: a section needs one (with comments alone it is null).
+# The profile states what the drafted image.ref serves with, so it is the one to spell out.
+SERVING_KEY = "profile"
+# A default whose one-line form is longer than this is described instead of offered as a line.
+LONGEST_LINE = 100
+
+
+def _serving(out: Lines) -> None:
+    """`serving:` with every field at its default under its description, commented out, so that
+    uncommenting one line changes that field alone. Read off the model (its fields, defaults and
+    the schema's descriptions), so the list never drifts from what the spec accepts."""
+    schema = Serving.model_json_schema()
+    defaults = Serving().model_dump(mode="json")
+    restarts = GROUP_RESTART.removesuffix(".")
+    out.comment(
+        0,
+        "How the ranks are started, each field at its default: uncomment a line to change that field. "
+        f"{restarts}, unless the field's comment says otherwise.",
+    )
+    out.key(0, "serving")
+    for name in Serving.model_fields:
+        prop = schema["properties"][name]
+        ref = prop.get("$ref")
+        if isinstance(ref, str):
+            _serving_section(out, name, schema["$defs"][ref.rsplit("/", 1)[-1]], defaults[name])
+        else:
+            _serving_field(out, name, prop["description"], defaults[name])
+
+
+def _serving_field(out: Lines, name: str, description: str, default: object) -> None:
+    out.comment(2, _without_restart(description))
+    line = f"{name}: {flow_value(default)}"
+    if name == SERVING_KEY:
+        out.raw(f"  {line}")
+    elif len(line) <= LONGEST_LINE:
+        out.raw(f"  # {line}")
+    else:
+        what = f"{len(default)} entries" if isinstance(default, dict | list) else "a long value"
+        out.comment(2, f"{name} is not listed here: {what} by default, which the schema lists; setting it replaces it.")
+
+
+def _without_restart(description: str) -> str:
+    """A serving field's description without the group restart most of them share, which the
+    section's comment says once; a field only the reference profile renders says so instead."""
+    return description.replace(f" {REFERENCE_RESTART}", " Profile reference only.").replace(f" {GROUP_RESTART}", "")
+
+
+def _serving_section(out: Lines, name: str, section: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """A nested section: its description, then its fields commented below `name:` (uncomment both)."""
+    out.comment(2, f"{section['description']} Uncomment `{name}:` with the lines you change.")
+    out.raw(f"  # {name}:", *(f"  #   {field}: {flow_value(value)}" for field, value in defaults.items()))
 
 
 def validated(text: str, path: str) -> LoadedSpec:

@@ -59,6 +59,27 @@ def flow_scalar(value: str) -> str:
     return value if re.fullmatch(r"[A-Za-z0-9_.-]+", value) and scalar(value) == value else quoted(value)
 
 
+def flow_value(value: object) -> str:
+    """A JSON-shaped value (a default) as one line of YAML: scalars as a block value reads them,
+    lists and mappings in flow style."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return scalar(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_flow_item(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{flow_scalar(str(key))}: {_flow_item(item)}" for key, item in value.items()) + "}"
+    raise TypeError(f"no YAML form for {type(value).__name__}")
+
+
+def _flow_item(value: object) -> str:
+    """An item inside [..] or {..}: there a string needs flow_scalar's stricter quoting."""
+    return flow_scalar(value) if isinstance(value, str) else flow_value(value)
+
+
 def quoted(value: str) -> str:
     """A YAML double-quoted string holding exactly `value`, on one line of printable ASCII:
     everything else is escaped (a raw line break would be folded into a space, and U+2028 or NEL

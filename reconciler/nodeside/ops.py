@@ -31,7 +31,9 @@ from reconciler.nodeside.common import (
     free_bytes,
     is_commit,
     key_file_state,
+    pid_of,
     reply,
+    runs_command,
     stop_pid,
 )
 from reconciler.nodeside.statedir import StateDir
@@ -176,6 +178,44 @@ class KeyFileState(TypedDict, total=False):
 
 class RevisionsRemoved(Removed):
     kept: list[str]
+
+
+class FootprintArgs(StateDirArgs):
+    model_dir: str
+
+
+class TreeUsage(TypedDict):
+    path: str
+    # Every file under it, each inode once; what removing it frees (files with no link outside
+    # it: a revision staged beside another shares its unchanged files by hard links).
+    bytes: int
+    freed: int
+
+
+class RevisionUsage(TreeUsage):
+    serving: bool
+    # Unfinished downloads (`<file>.<etag>.partial`) and split parts (`.partNN`) in it.
+    partial_bytes: int
+
+
+class Footprint(TypedDict):
+    """What the reconciler left on a node: its state dir, the guard, the checkpoint, its pulls."""
+
+    state_dir: TreeUsage | None
+    engine_cache_bytes: int
+    guard_running: bool
+    model_dir: str
+    # "link" (to a revision dir), "dir" (from before revisions), "absent"
+    model_dir_kind: str
+    revisions: list[RevisionUsage]
+    pulled: list[str]
+
+
+class RemoveTreesArgs(TypedDict):
+    state_dir: str
+    model_dir: str
+    # What to remove: "state" (the state dir), "checkpoint" (model_dir and every revision dir).
+    remove: list[str]
 
 
 def _token(size: int) -> str:
@@ -577,6 +617,125 @@ def remove_revisions(args: RemoveRevisionsArgs) -> RevisionsRemoved:
     return {"removed": removed, "kept": kept}
 
 
+def _usage(root: str) -> tuple[int, int]:
+    """Bytes under `root` (each inode once) and the bytes removing it frees."""
+    sizes: dict[tuple[int, int], int] = {}
+    links_inside: dict[tuple[int, int], int] = {}
+    links_total: dict[tuple[int, int], int] = {}
+    for directory, _, names in os.walk(root):
+        for name in names:
+            with contextlib.suppress(OSError):
+                info = os.lstat(os.path.join(directory, name))
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                inode = (info.st_dev, info.st_ino)
+                sizes[inode] = info.st_blocks * 512 if info.st_blocks else info.st_size
+                links_inside[inode] = links_inside.get(inode, 0) + 1
+                links_total[inode] = info.st_nlink
+    freed = sum(size for inode, size in sizes.items() if links_inside[inode] >= links_total[inode])
+    return sum(sizes.values()), freed
+
+
+def _partial_bytes(root: str) -> int:
+    total = 0
+    for directory, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".partial") or PART_RE.match(name):
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(directory, name)).st_size
+    return total
+
+
+def _revision_dirs(model_dir: str) -> list[str]:
+    parent = os.path.dirname(model_dir) or "."
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return []
+    found = [os.path.join(parent, name) for name in names]
+    return [path for path in found if _is_revision_of(model_dir, path) and os.path.isdir(path)]
+
+
+def _pulled(layout: StateDir) -> list[str]:
+    """The image refs this node's pull records name (one small JSON file a pull)."""
+    refs = []
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(layout.pulled_images)):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                with open(os.path.join(layout.pulled_images, name), encoding="utf-8") as handle:
+                    ref = json.loads(handle.read(4096)).get("ref")
+                if isinstance(ref, str) and ref not in refs:
+                    refs.append(ref)
+    return refs
+
+
+def footprint(args: FootprintArgs) -> Footprint:
+    """Everything of ours on this node, measured; nothing is created or changed (no state dir
+    is made for it: an uninstalled node stays clean)."""
+    layout = StateDir(os.path.expanduser(args["state_dir"]))
+    model_dir = os.path.expanduser(args["model_dir"]).rstrip("/")
+    state: TreeUsage | None = None
+    if os.path.isdir(layout.root):
+        size, freed = _usage(layout.root)
+        state = {"path": layout.root, "bytes": size, "freed": freed}
+    kind = "link" if os.path.islink(model_dir) else "dir" if os.path.isdir(model_dir) else "absent"
+    serving = os.path.realpath(model_dir) if kind == "link" else model_dir
+    revisions: list[RevisionUsage] = []
+    for path in _revision_dirs(model_dir) + ([model_dir] if kind == "dir" else []):
+        size, freed = _usage(path)
+        revisions.append(
+            {
+                "path": path,
+                "bytes": size,
+                "freed": freed,
+                "serving": path == serving,
+                "partial_bytes": _partial_bytes(path),
+            }
+        )
+    return {
+        "state_dir": state,
+        "engine_cache_bytes": _usage(layout.engine_cache)[0] if os.path.isdir(layout.engine_cache) else 0,
+        "guard_running": _guard_running(layout),
+        "model_dir": model_dir,
+        "model_dir_kind": kind,
+        "revisions": revisions,
+        "pulled": _pulled(layout),
+    }
+
+
+def _guard_running(layout: StateDir) -> bool:
+    pid = pid_of(layout.guard_pid)
+    return pid is not None and runs_command(pid, _guard_command(layout))
+
+
+def remove_trees(args: RemoveTreesArgs) -> Removed:
+    """Uninstall's last step on a node: its state dir, and with "checkpoint" the model dir link
+    and every revision dir beside it. Nothing else: a path that is the home, the root or not
+    ours by name is refused."""
+    import shutil
+
+    home = os.path.realpath(os.path.expanduser("~"))
+    removed = []
+    targets = []
+    model_dir = os.path.expanduser(args["model_dir"]).rstrip("/")
+    if "checkpoint" in args["remove"]:
+        targets += _revision_dirs(model_dir)
+        if os.path.isdir(model_dir) and not os.path.islink(model_dir):
+            targets.append(model_dir)
+    if "state" in args["remove"]:
+        targets.append(os.path.expanduser(args["state_dir"]).rstrip("/"))
+    for path in targets:
+        real = os.path.realpath(path)
+        if real in ("/", home) or home.startswith(real + "/") or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        shutil.rmtree(path)
+        removed.append(path)
+    if "checkpoint" in args["remove"] and os.path.islink(model_dir):
+        os.unlink(model_dir)
+        removed.append(model_dir)
+    return {"removed": removed}
+
+
 class FrontCommandArgs(TypedDict):
     socket: str
     command: str
@@ -652,6 +811,8 @@ OPERATIONS: dict[str, Callable[[Any], object]] = {
         link_files,
         switch_model_dir,
         remove_revisions,
+        footprint,
+        remove_trees,
         front_command,
         engine_load,
     )

@@ -64,6 +64,9 @@ class StateDir:
         self.guard_pid = self._at("memguard.pid")
         self.guard_log = self._at("memguard.log")
         self.guard_trip = self._at("memguard.trip.json")
+        # A record per image the reconciler pulled on this node (uninstall and storage remove
+        # only those: an image the owner pulled is never ours to delete).
+        self.pulled_images = self._at("pulled")
         # Each window's lowest MemAvailable and the rank configs that ran through it.
         self.guard_record = self._at("memguard.record.json")
 

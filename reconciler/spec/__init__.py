@@ -3,15 +3,18 @@
 values.py    each constrained value a field may hold, checked with a located problem
 model.py     the deployment as pydantic models, with every default
 loading.py   reading YAML: problems at file:line:column with a hint, cross-field checks, warnings
-schema.py    the JSON schema `reconciler schema` writes
+schema.py    the JSON schema `reconciler schema` writes, and the copy the package ships
+reference.py docs/spec.md, the spec's reference for people, from the schema
 """
 
 from reconciler.spec.loading import LoadedSpec as LoadedSpec
 from reconciler.spec.loading import load_spec as load_spec
 from reconciler.spec.loading import parse_spec as parse_spec
 from reconciler.spec.loading import read_spec_text as read_spec_text
+from reconciler.spec.model import GROUP_RESTART as GROUP_RESTART
 from reconciler.spec.model import REFERENCE_ENV as REFERENCE_ENV
 from reconciler.spec.model import REFERENCE_IMAGE as REFERENCE_IMAGE
+from reconciler.spec.model import REFERENCE_RESTART as REFERENCE_RESTART
 from reconciler.spec.model import Deployment as Deployment
 from reconciler.spec.model import Fabric as Fabric
 from reconciler.spec.model import Loop as Loop

@@ -307,6 +307,8 @@ Url = Annotated[
 Size = Annotated[str, AfterValidator(_check_size)]
 EnvValue = Annotated[str, AfterValidator(_check_text)]
 ExtraArg = Annotated[str, Field(min_length=1), AfterValidator(_check_text)]
+# One word of a command's argv (loop.notify): printable, no line breaks.
+NotifyWord = Annotated[str, Field(min_length=1), AfterValidator(_check_text)]
 HostPath = Annotated[str, AfterValidator(_check_host_path)]
 ArgValue = Annotated[str, AfterValidator(_check_arg_value)]
 FabricIPv4 = Annotated[str, AfterValidator(_check_fabric_ip)]

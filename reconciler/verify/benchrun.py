@@ -8,8 +8,8 @@ arithmetic lives in reconciler/verify/benchmark/; this module only sends request
 
 How streams are read decides what the numbers mean: as `vllm bench serve` reads them, one
 event loop, one connection per stream opened before the clock starts, every network read timed
-the moment it returns and parsed only after the step (README.md, Bench, says why; the streams
-no timing can vindicate are flagged and counted: docs/bench-metrics.md).
+the moment it returns and parsed only after the step (docs/bench.md, "How streams are read", says
+why; the streams no timing can vindicate are flagged and counted: docs/bench-metrics.md).
 """
 
 from __future__ import annotations

@@ -37,6 +37,8 @@ loop:
 """
 
 GUARD_RECORD = "  interval_s: 0.2\n  record_s: 24\n"
+# The owner's notify command: it appends each event it is given to a file beside the spec.
+NOTIFY_SCRIPT = '#!/bin/sh\ncat >> "$(dirname "$0")/notified.jsonl"\n'
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,11 @@ def looping(bed: Bed) -> Iterator[Bed]:
     )
     # The guard's memory record in 12 s windows (60 samples), trusted after two of them.
     text = text.replace("memguard:\n  floor_gib: 0.5\n", "memguard:\n  floor_gib: 0.5\n" + GUARD_RECORD)
-    bed.spec.write_text(text + LOOP_SETTINGS, encoding="utf-8")
+    notify = bed.spec.parent / "notify.sh"
+    notify.write_text(NOTIFY_SCRIPT, encoding="utf-8")
+    notify.chmod(0o755)
+    (bed.spec.parent / "notified.jsonl").unlink(missing_ok=True)
+    bed.spec.write_text(text + LOOP_SETTINGS + f"  notify: [{notify}]\n", encoding="utf-8")
     with running_loop(bed):
         wait_for(bed, lambda s: s["converged"] and s["health"] == 200, 180, "first convergence")
         yield bed
@@ -293,8 +299,17 @@ def client(bed: Bed, *args: str) -> dict[str, Any]:
     return answer
 
 
+def notified(bed: Bed, after: int = 0) -> list[dict[str, Any]]:
+    """The events the notify command was given, from the `after`-th on."""
+    path = bed.spec.parent / "notified.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines[after:]]
+
+
 def test_guard_trip_holds_the_group_instead_of_restarting_it(settled: Bed) -> None:
+    """...and the owner's notify command is told: the trip, then the recovery."""
     looping = settled
+    told_before = len(notified(looping))
     good = looping.spec.read_text(encoding="utf-8")
     available = status(looping)["nodes"][HEAD]["mem_available_gib"]
     floor = max(available - 1.5, 0.5)
@@ -317,6 +332,16 @@ def test_guard_trip_holds_the_group_instead_of_restarting_it(settled: Bed) -> No
         looping.spec.write_text(good, encoding="utf-8")
     wait_for(looping, lambda s: s["converged"] and s["health"] == 200, 180, "spec change clears the trip")
     assert looping.plan_exit() == 0
+    wait_until(lambda: "recovery" in [e["event"] for e in notified(looping, told_before)], 60, "recovery told")
+    told = notified(looping, told_before)
+    # The testbed's nodes share one machine's memory: the worker's guard may trip as well.
+    trips = {e["node"]: e for e in told if e["event"] == "trip"}
+    assert HEAD in trips, told
+    assert {(e["what"], e["deployment"]) for e in trips.values()} == {("memguard", "dsv41")}
+    assert "the memory guard on spark-head stopped the ranks" in trips[HEAD]["summary"]
+    events_in_order = [e["event"] for e in told]
+    assert events_in_order.index("trip") < events_in_order.index("recovery"), events_in_order
+    assert looping.api_key() not in (looping.spec.parent / "notified.jsonl").read_text(encoding="utf-8")
 
 
 def test_restart_of_the_workers_dockerd(settled: Bed) -> None:
@@ -333,8 +358,18 @@ def test_fabric_link_down_then_up(settled: Bed) -> None:
             # With the cable out the worker cannot even be reached over SSH (its fabric address):
             # the loop must notice (liveness), say so, and not tear anything down half-way.
             wait_for(looping, lambda s: not s["converged"], 90, "link down noticed")
+            shown = looping.reconciler("status", check=False)
+            assert shown.returncode == 2
+            assert "UNKNOWN: spark-worker not answering" in shown.stdout, shown.stdout
+            table = shown.stdout.split("\n\n")[1].splitlines()
+            assert table[0].startswith("NODE")
+            assert "UNKNOWN" in table[2]
+            assert max(map(len, table)) <= 100, shown.stdout
         finally:
             looping.testbed.link(WORKER, up=True)
+        # Long enough for the loop's probes to see what the outage did (liveness every 2 s, two
+        # failures of 3 s each call for a pass): "healthy" before that would be the old status.
+        time.sleep(12)
 
     # A short outage may heal without a restart (the ranks' connection survives); a long one
     # ends in rank 0 exiting, which restarts the group. Either way the loop must get back to

@@ -338,3 +338,25 @@ def test_a_restart_s_outage_comes_from_the_last_start_recorded_here(
     keep_start(state / "starts.json", record)
     code, out, _ = run(capsys, "plan", "--spec", str(spec), "--facts", str(CONVERGED_FACTS), "--json")
     assert json.loads(out)["api_outage"] == "The API is down for about 11m02s (the last start recorded here)."
+
+
+def test_a_held_tripped_head_with_both_containers_still_fits_100_columns() -> None:
+    from reconciler.cli.observe import render_status
+
+    stopped = {"status": "exited", "exit_code": 137}
+    head = {
+        "containers": [
+            {"name": "dsv41-r0", **stopped},
+            {"name": "dsv41-front", "status": "running", "exit_code": None},
+        ],
+        "hold": {"since": "2026-12-04T23:36:21Z"},
+        "guard": {"running": True, "trip": {"at": "2026-12-04T23:35:58+0000"}},
+        "mem_available_gib": 118.25,
+        "pending_steps": {"ranks": 3},
+    }
+    table = render_status(status_report(**{"spark-head": head})).split("\n\n")[1].splitlines()
+    assert table[1].split() == [
+        "spark-head", "r0", "r0", "exited", "(exit", "137),", "front", "running", "held", "118.2", "GiB", "TRIPPED",
+        "3", "steps", "pending",
+    ]  # fmt: skip
+    assert all(len(line) <= 100 for line in table), table

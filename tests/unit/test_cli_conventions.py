@@ -416,11 +416,12 @@ def test_status_renders_a_table_a_person_scans() -> None:
     lines = text.splitlines()
     assert lines[0].startswith("deployment dsv41: NOT converged (")
     header = next(line for line in lines if line.startswith("NODE"))
-    for column in ("RANK", "CONTAINER", "STATE", "MEMORY", "GUARD", "SYNC"):
+    for column in ("RANK", "CONTAINERS", "STATE", "MEM FREE", "GUARD", "SYNC"):
         assert column in header
     head_row = next(line for line in lines if line.startswith("spark-head "))
-    assert "dsv41-r0 running" in head_row
-    assert "118.2 GiB free" in head_row
+    assert "r0 running" in head_row
+    assert "dsv41-r0" not in head_row, "the first line names the deployment"
+    assert "118.2 GiB" in head_row
     assert "steps pending" in head_row
     assert "next step of each component:" in lines
     assert any(line.startswith("  checkpoint on spark-head: pending: ") for line in lines)
@@ -510,7 +511,7 @@ def scripts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (["reconciler", "logs", ""], ["r0", "r1", "memguard"]),
         (["reconciler", "completion", "z"], ["zsh"]),
         (["reconciler", "plan", "--spec", "x.yaml", "--verb"], ["--verbose"]),
-        (["reconciler", "st"], ["status", "stop", "start"]),
+        (["reconciler", "st"], ["status", "stop", "start", "storage"]),
         # the command's positional slots, counted as argparse counts them
         (["reconciler", "logs", "r0", "--"], ["--help", "--spec", "--node", "--follow", "--tail"]),
         (["reconciler", "logs", "r0", ""], ["-h", "--help", "--spec", "--node", "-f", "--follow", "--tail"]),

@@ -5,25 +5,39 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 import paramiko
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from reconciler import init
-from reconciler.cli.init import cmd_init
+from reconciler.cli.init import _schema_ref, cmd_init
 from reconciler.cli.parser import build_parser
 from reconciler.errors import NodeUnreachableError, ReconcilerError
 from reconciler.facts.gather import NodeProbe
+from reconciler.init.yamltext import flow_value
 from reconciler.nodeside import probe as node_probe
-from reconciler.spec import REFERENCE_IMAGE, Deployment, Node, SshTarget, parse_spec
+from reconciler.spec import REFERENCE_IMAGE, Deployment, Node, Serving, SshTarget, parse_spec, schema_text
+from reconciler.spec import schema as schema_module
 from reconciler.transport.base import CommandResult, LineSink
 from reconciler.transport.sshroute import Endpoint, SshRoute, route_for
 from reconciler.yamlpos import load_located
-from tests.scenarios import FIXTURES, INIT_GOLDEN, init_answer, init_two_sparks, spark_infiniband, spark_ip_addr
+from tests.scenarios import (
+    FIXTURES,
+    INIT_GOLDEN,
+    ROOT,
+    init_answer,
+    init_two_sparks,
+    spark_infiniband,
+    spark_ip_addr,
+)
 from tests.testbed import fakesys
 
 WORKER = SshTarget(host="192.168.100.11", user="nvidia")
@@ -662,7 +676,7 @@ def test_an_alias_probes_along_the_route_the_transport_takes(
     assert (route.target.hostname, route.target.port) == ("127.0.0.1", 2222)
     text = init.draft(request, probed).text
     assert "# spark2 leads to nvidia@127.0.0.1:2222 by the ssh config" in text
-    assert "port:" not in text
+    assert not re.search(r"^\s+port:", text, re.MULTILINE), "no port is written (serving's is a comment)"
 
 
 # ---------------------------------------------------------------- the command
@@ -685,7 +699,7 @@ def probed_pair(monkeypatch: pytest.MonkeyPatch) -> list[init.InitRequest]:
         return init.probed_from_answers(request, {name: NodeProbe(raw=raw) for name, raw in answers.items()})
 
     monkeypatch.setattr(init, "probe_nodes", fake)
-    monkeypatch.chdir(Path(__file__).parent)  # no schemas/ here: no modeline
+    monkeypatch.chdir(Path(__file__).parent)  # the modeline must not depend on where init runs
     return requests
 
 
@@ -702,20 +716,104 @@ def test_init_writes_a_valid_spec_and_prints_the_next_steps(tmp_path: Path, caps
     assert f"Wrote {out}." in printed
     for command in ("doctor", "plan", "apply"):
         assert f"  reconciler {command} --spec {out}\n" in printed
-    assert not out.read_text(encoding="utf-8").startswith("# yaml-language-server")
 
 
-def test_the_editor_modeline_points_at_this_checkout_s_schema(
-    probed_pair: list[init.InitRequest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def modeline_schema(spec: Path) -> str:
+    first = spec.read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith("# yaml-language-server: $schema="), first
+    return first.split("=", 1)[1]
+
+
+def test_a_spec_outside_the_checkout_names_the_installed_schema_by_uri(
+    probed_pair: list[init.InitRequest], tmp_path: Path
 ) -> None:
-    root = Path(__file__).resolve().parents[2]
-    monkeypatch.chdir(root)
     out = tmp_path / "deployment.yaml"
     assert run_init(["--worker", WORKER_IP, "--out", str(out)]) == 0
     assert len(probed_pair) == 1
-    first = out.read_text(encoding="utf-8").splitlines()[0]
-    assert first.startswith("# yaml-language-server: $schema=")
-    assert (out.parent / first.split("=", 1)[1]).resolve() == root / "schemas/deployment.schema.json"
+    uri = modeline_schema(out)
+    shipped = ROOT / "reconciler/data/deployment.schema.json"
+    assert uri == shipped.as_uri()
+    assert Path(url2pathname(urlparse(uri).path)).read_text(encoding="utf-8") == schema_text()
+
+
+def test_a_spec_inside_the_checkout_names_its_schema_relatively() -> None:
+    """As the committed specs do: right wherever the checkout is moved or cloned."""
+    assert _schema_ref(ROOT / "specs" / "mine.yaml") == "../schemas/deployment.schema.json"
+    assert _schema_ref(ROOT / "deployment.yaml") == "schemas/deployment.schema.json"
+
+
+def test_an_installed_reconciler_names_its_own_schema_even_under_a_path_with_spaces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pip or pipx install has no schemas/ beside the package: the package's copy, as a URI
+    (the YAML language server reads the modeline's value up to the first space)."""
+    shipped = tmp_path / "my venv/lib/python3.12/site-packages/reconciler/data/deployment.schema.json"
+    shipped.parent.mkdir(parents=True)
+    shipped.write_text(schema_text(), encoding="utf-8")
+    monkeypatch.setattr(schema_module, "shipped_schema", lambda: shipped)
+    ref = _schema_ref(tmp_path / "specs" / "deployment.yaml")
+    assert ref is not None
+    assert ref.startswith("file:///")
+    assert " " not in ref
+    assert "/my%20venv/" in ref
+    assert Path(url2pathname(urlparse(ref).path)) == shipped
+    monkeypatch.setattr(schema_module, "shipped_schema", lambda: None)
+    assert _schema_ref(tmp_path / "deployment.yaml") is None
+
+
+# ---------------------------------------------------------------- the serving section
+
+
+def serving_lines(text: str) -> list[str]:
+    """The drafted spec's lines from `serving:` to its end."""
+    lines = text.splitlines()
+    return lines[lines.index("serving:") :]
+
+
+def test_the_draft_lists_every_serving_field_at_its_default() -> None:
+    lines = serving_lines(INIT_GOLDEN.read_text(encoding="utf-8"))
+    for name in Serving.model_fields:
+        shown = [line for line in lines if re.match(rf"  (# )?{name}(:| is not listed)", line)]
+        assert len(shown) == 1, name
+
+
+@pytest.mark.parametrize(
+    "value", [None, True, 0.88, -1, "32g", "0", "a b", ["all"], [], {}, {"CUDA_VISIBLE_DEVICES": "0", "X": "a, b"}]
+)
+def test_a_default_is_written_on_one_line_that_reads_back_as_itself(value: object) -> None:
+    line = flow_value(value)
+    assert "\n" not in line
+    assert yaml.safe_load(f"key: {line}\n") == {"key": value}
+
+
+def test_uncommenting_one_serving_line_sets_that_field_to_the_default_it_shows() -> None:
+    """The section is read off the model: each line, uncommented (a nested field with its
+    section's line), validates and leaves serving at its defaults, now set by the owner."""
+    text = INIT_GOLDEN.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    start = lines.index("serving:")
+    defaults = Serving()
+    nested = [value for name in Serving.model_fields if isinstance(value := getattr(defaults, name), BaseModel)]
+    names = {*Serving.model_fields, *(name for section in nested for name in type(section).model_fields)}
+    tried = 0
+    for index, line in enumerate(lines[start:], start):
+        match = re.match(r"  # (  )?([a-z_]+): ", line)
+        if match is None or match.group(2) not in names:  # a description's line, not a field's
+            continue
+        edited = list(lines)
+        edited[index] = line.replace("# ", "", 1)
+        section = None
+        if match.group(1):
+            section = next(i for i in range(index, start, -1) if re.match(r"  # [a-z_]+:$", lines[i]))
+            edited[section] = lines[section].replace("# ", "", 1)
+        serving = parse_spec("\n".join(edited) + "\n", "uncommented.yaml").deployment.serving
+        assert serving == Serving(), line
+        field = match.group(2) if section is None else lines[section].split()[-1].rstrip(":")
+        assert field in serving.model_fields_set, line
+        tried += 1
+    not_offered = 2  # profile is written as a value; env (29 entries) is described, not listed
+    offered = len(Serving.model_fields) - len(nested) - not_offered
+    assert tried == offered + sum(len(type(section).model_fields) for section in nested)
 
 
 @pytest.mark.usefixtures("probed_pair")
@@ -799,7 +897,8 @@ def test_ssh_options_left_out_are_left_out_of_the_spec(tmp_path: Path) -> None:
     out = tmp_path / "deployment.yaml"
     assert run_init(["--worker", f"nvidia@{WORKER_IP}", "--out", str(out)]) == 0
     text = out.read_text(encoding="utf-8")
-    assert [key for key in ("port:", "known_hosts:", "identity_file:") if key in text] == []
+    written = [key for key in ("port", "known_hosts", "identity_file") if re.search(rf"^\s+{key}:", text, re.M)]
+    assert written == []  # serving's port is there, commented out
     ssh = parse_spec(text, str(out)).deployment.nodes[1].ssh
     assert ssh is not None
     assert ssh.model_fields_set == {"host", "user"}

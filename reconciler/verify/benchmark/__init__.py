@@ -9,7 +9,7 @@ in reconciler/verify/plot.py, its timed requests in reconciler/verify/benchrun.p
     compare.py   two runs side by side (ours or vLLM's --save-result)
 
 The metric definitions (TTFT, E2EL, TPOT, ITL, prefill and decode rates, flags) and why they
-are so: docs/bench-metrics.md, and README.md (Bench) beside `vllm bench serve`'s.
+are so: docs/bench-metrics.md, and docs/bench.md beside `vllm bench serve`'s.
 """
 
 from reconciler.verify.benchmark.compare import VLLM_COMPARED as VLLM_COMPARED

@@ -1,0 +1,166 @@
+"""Handlers for the owner's housekeeping and the way out: rotate-key, storage, uninstall."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from reconciler.cli.common import EXIT_ERROR, EXIT_OK, emit_json, load, spec_path, warn
+
+if TYPE_CHECKING:
+    from reconciler.spec import Deployment
+
+
+def ask(question: str, yes: bool) -> bool:
+    """Whether to go on: --yes says so; a terminal is asked (on stderr); with nobody to ask
+    (a script, a pipe) the answer is no, with the hint to say --yes."""
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        sys.stderr.write(
+            f"error: {question}, and there is nobody to ask (stdin is not a terminal)\n"
+            "  hint: add --yes to the same command to do it without a question, or run it in a terminal\n"
+        )
+        return False
+    sys.stderr.write(f"\n{question}.\nDo you want to go on? Only 'yes' is accepted: ")
+    sys.stderr.flush()
+    try:
+        answer = sys.stdin.readline().strip()
+    except (OSError, UnicodeDecodeError):
+        answer = ""
+    if answer != "yes":
+        sys.stderr.write("Cancelled; nothing was changed.\n")
+    return answer == "yes"
+
+
+def rotate_key(args: argparse.Namespace) -> int:
+    from reconciler import commands, lifecycle
+    from reconciler.execution import Progress
+
+    loaded = load(args)
+    warn(loaded)
+    deployment = loaded.deployment
+    question = (
+        f"A new API key replaces the one in {deployment.key_file()} on {deployment.head.name}: every client "
+        "holding the old key is refused from then on"
+    )
+    if not ask(question, args.yes):
+        return EXIT_ERROR
+    with commands.session(deployment) as transports:
+        outcome = lifecycle.rotate_key(deployment, transports, Progress())
+    front = [action.summary for action, _, _ in outcome.result.done]
+    pending = [action.summary for action in outcome.after.actions]
+    ok = not pending
+    if args.json:
+        emit_json({"ok": ok, "key_file": deployment.key_file(), "front": front, "front_pending": pending})
+        return EXIT_OK if ok else EXIT_ERROR
+    lines = [f"A new API key is in {deployment.key_file()} on {deployment.head.name} (mode 0600, never printed)."]
+    lines.append(
+        "The front took it; the ranks kept serving." if ok else "The front still has to take it: " + "; ".join(pending)
+    )
+    lines += _client_hints(deployment)
+    sys.stdout.write("\n".join(lines) + "\n")
+    return EXIT_OK if ok else EXIT_ERROR
+
+
+def _client_hints(deployment: Deployment) -> list[str]:
+    """How clients get the new key: Pi reads it from an environment variable we never set."""
+    from reconciler.constants import PI_KEY_ENV
+    from reconciler.facts.pi import pi_status
+
+    key_env = PI_KEY_ENV
+    if deployment.pi.enabled:
+        key_env = str(pi_status(deployment.pi.provider).get("key_env") or PI_KEY_ENV)
+    read = f"cat {deployment.key_file()}"
+    if deployment.head.ssh is not None:
+        read = f"ssh {deployment.head.ssh.login} {read}"
+    return [
+        "Give clients the new key. For Pi, in each shell (or where you set it, e.g. ~/.bashrc):",
+        f'  export {key_env}="$({read})"',
+    ]
+
+
+def storage(args: argparse.Namespace) -> int:
+    from reconciler import commands, lifecycle
+    from reconciler.lock import deployment_lock
+
+    loaded = load(args)
+    warn(loaded)
+    deployment = loaded.deployment
+    with commands.session(deployment) as transports:
+        items = lifecycle.storage(deployment, transports)
+        releasable = [item for item in items if item.releasable]
+        released = None
+        if args.release and releasable:
+            if not args.json:
+                sys.stdout.write(lifecycle.render_storage(items))
+            what = ", ".join(f"{item.node}: {item.what}" for item in releasable)
+            if not ask(f"Release {len(releasable)} items ({what})", args.yes):
+                return EXIT_ERROR
+            with deployment_lock(deployment, "reconciler storage --release", wait_s=600):
+                released = lifecycle.release(deployment, transports, items)
+    if args.json:
+        emit_json(
+            {
+                "ok": True,
+                "items": [item.to_dict() for item in items],
+                "released": [item.to_dict() for item in released] if released is not None else None,
+            }
+        )
+    elif released is not None:
+        sys.stdout.write(lifecycle.render_storage(released, released) if released else "Nothing was released.\n")
+    else:
+        sys.stdout.write(lifecycle.render_storage(items))
+    return EXIT_OK
+
+
+def as_invoking_user_home() -> None:
+    """Under sudo (needed to remove the boot service), `~` must still be the owner's: the spec's
+    state dir, SSH keys and known hosts, and Pi's config are theirs, not root's."""
+    import os
+    import pwd
+
+    user = os.environ.get("SUDO_USER")
+    if os.geteuid() != 0 or not user or user == "root":
+        return
+    try:
+        os.environ["HOME"] = pwd.getpwnam(user).pw_dir
+    except KeyError:
+        return
+
+
+def uninstall(args: argparse.Namespace) -> int:
+    from reconciler import commands, lifecycle, service
+
+    as_invoking_user_home()
+    path = spec_path(args.spec)
+    loaded = load(args)
+    deployment = loaded.deployment
+    with commands.session(deployment) as transports:
+        planned = lifecycle.uninstall_plan(
+            deployment, transports, path, checkpoint=args.checkpoint, unit_dir=Path(service.UNIT_DIR)
+        )
+        if args.dry_run or not planned.removals:
+            if args.json:
+                emit_json({"ok": True, "dry_run": args.dry_run, **planned.to_dict(), "removed": []})
+            else:
+                sys.stdout.write(lifecycle.render_uninstall_plan(planned))
+            return EXIT_OK
+        if not args.json:
+            sys.stdout.write(lifecycle.render_uninstall_plan(planned))
+        if not ask(f"Uninstall removes {len(planned.removals)} things listed above", args.yes):
+            return EXIT_ERROR
+
+        def say(line: str) -> None:
+            if not args.json:
+                sys.stdout.write(line + "\n")
+
+        done = lifecycle.uninstall(deployment, transports, planned, say=say)
+    left = [f"{node}: not answering, nothing removed there" for node in planned.unreachable]
+    if args.json:
+        emit_json({"ok": not left, "dry_run": False, **planned.to_dict(), "removed": [r.to_dict() for r in done]})
+    else:
+        sys.stdout.write(f"Uninstalled: {len(done)} removed." + "".join(f"\n  ! {line}" for line in left) + "\n")
+    return EXIT_ERROR if left else EXIT_OK

@@ -1,0 +1,170 @@
+"""`loop.notify`: the owner's command, run with one JSON event on its stdin when something needs them.
+
+Not to be confused with `notify` (systemd's readiness protocol). Four events reach the command:
+`hold` (the group is held: stopped, crash loop, memory-guard trip), `trip` (the crash-loop breaker
+or a node's memory guard tripped), `incident` (an unplanned failure was recorded) and `recovery`
+(the first converged pass after any of those). Each is a JSON object with `event`, `at`,
+`deployment`, `summary` (one line for people) and the event's own fields; it is redacted like
+every line the reconciler writes.
+
+The command runs on a thread of its own, one event at a time, so a slow webhook never holds a
+pass; it gets TIMEOUT_S, no shell, an environment of PATH, HOME and LANG only (whatever else the
+service has stays out of it), and its output goes to the loop's journal. A command that fails,
+hangs or is missing costs that one notification and a journal line, never the loop. Events
+beyond QUEUE_LIMIT waiting are dropped, said in the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from reconciler.clock import utc_iso
+from reconciler.facts.node import Facts
+from reconciler.plan import Plan, ending
+from reconciler.redact import redact
+from reconciler.spec import Deployment
+
+TIMEOUT_S = 30.0
+QUEUE_LIMIT = 100
+# What the command's output may put into the journal, per run.
+OUTPUT_LIMIT = 2000
+# The step that holds the group when the breaker trips (its event marks the trip).
+BREAKER_STEP = "ranks.hold-crash-loop"
+# What each hold reason is, in words.
+HOLD_WORDS = {
+    "stopped": "held by `reconciler stop`",
+    "crash_loop": "held by the crash-loop breaker",
+    "guard_trip": "held after a memory-guard trip",
+}
+
+
+def event_for(deployment: Deployment, event: str, summary: str, **fields: Any) -> dict[str, Any]:
+    """One notification: the fields every event has, then its own."""
+    return {"event": event, "at": utc_iso(), "deployment": deployment.name, "summary": summary, **fields}
+
+
+class Notifications:
+    """What to tell the owner, from the loop's history lines and each pass's end. Pure: it
+    returns events; `Notifier` runs the command."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        self.deployment = deployment
+        # Something was told since the deployment last converged: its recovery is news.
+        self.troubled: list[str] = []
+        self._trips_seen: dict[str, str] = {}
+
+    def from_history(self, line: dict[str, Any]) -> dict[str, Any] | None:
+        kind = line.get("kind")
+        if kind == "hold":
+            reason = str(line.get("reason", ""))
+            words = HOLD_WORDS.get(reason, f"held: {reason}")
+            return self._told("hold", f"{self.deployment.name}: the serving group is {words}", reason=reason)
+        if kind == "step" and line.get("step") == BREAKER_STEP and line.get("outcome") == "done":
+            limit = self.deployment.loop.max_restarts
+            summary = f"{self.deployment.name}: the crash-loop breaker tripped ({limit} unplanned restarts)"
+            return self._told("trip", summary, what="breaker")
+        if kind == "incident":
+            what, cause = str(line.get("incident", "")), str(line.get("cause", ""))
+            summary = f"{self.deployment.name}: incident {line.get('id', '')}: {what}: {cause}"
+            return self._told("incident", summary, id=line.get("id"), incident=what, cause=cause)
+        return None
+
+    def from_pass(self, after: Plan, facts: Facts) -> list[dict[str, Any]]:
+        """Guard trips the nodes recorded since last seen, then the recovery, if this pass is it."""
+        found = []
+        for name, observed in facts.nodes.items():
+            trip = observed.guard.trip
+            if trip is None or self._trips_seen.get(name) == trip.at:
+                continue
+            self._trips_seen[name] = trip.at
+            summary = (
+                f"{self.deployment.name}: the memory guard on {name} stopped the ranks "
+                f"(MemAvailable {trip.mem_available_gib:.2f} GiB under the floor of {trip.floor_gib:g} GiB)"
+            )
+            found.append(
+                self._told("trip", summary, what="memguard", node=name, mem_available_gib=trip.mem_available_gib)
+            )
+        if self.troubled and not found and ending(after) == "converged":
+            after_what = sorted(set(self.troubled))
+            self.troubled = []
+            summary = f"{self.deployment.name}: converged again, serving (after: {', '.join(after_what)})"
+            found.append(event_for(self.deployment, "recovery", summary, after=after_what))
+        return found
+
+    def _told(self, event: str, summary: str, **fields: Any) -> dict[str, Any]:
+        self.troubled.append(event)
+        return event_for(self.deployment, event, summary, **fields)
+
+
+class Notifier:
+    """Runs `loop.notify` with each event, in order, on one thread; `log` is the journal."""
+
+    def __init__(self, command: Callable[[], list[str] | None], log: Callable[[str], None]) -> None:
+        self.command = command
+        self.log = log
+        self.waiting: queue.Queue[dict[str, Any]] = queue.Queue(QUEUE_LIMIT)
+        self.thread = threading.Thread(target=self._serve, name="notify", daemon=True)
+        self.thread.start()
+
+    def send(self, event: dict[str, Any]) -> None:
+        if not self.command():
+            return
+        try:
+            self.waiting.put_nowait(event)
+        except queue.Full:
+            self.log(f"notify: {QUEUE_LIMIT} events already wait for the command; dropped: {event['summary']}")
+
+    def _serve(self) -> None:
+        while True:
+            event = self.waiting.get()
+            try:
+                argv = self.command()
+                if argv:
+                    self.log(run_command(argv, event))
+            finally:
+                self.waiting.task_done()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every queued event was handed over (tests, and a clean stop)."""
+        done = threading.Event()
+
+        def wait_for_all() -> None:
+            self.waiting.join()
+            done.set()
+
+        threading.Thread(target=wait_for_all, daemon=True).start()
+        return done.wait(timeout_s)
+
+
+def run_command(argv: list[str], event: dict[str, Any]) -> str:
+    """Run the command once with the event; what happened, as a journal line."""
+    payload = redact(json.dumps(event, sort_keys=True)) + "\n"
+    shown = f"notify ({event['event']})"
+    try:
+        done = subprocess.run(
+            argv,
+            input=payload.encode(),
+            capture_output=True,
+            timeout=TIMEOUT_S,
+            env=_environment(),
+            cwd="/",
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return f"{shown}: {argv[0]} did not finish in {TIMEOUT_S:g} s; it was stopped"
+    except OSError as exc:
+        return f"{shown}: cannot run {argv[0]}: {exc.strerror or exc}"
+    output = redact((done.stdout + done.stderr).decode("utf-8", "replace").strip())[:OUTPUT_LIMIT]
+    result = "done" if done.returncode == 0 else f"{argv[0]} exited {done.returncode}"
+    return f"{shown}: {result}" + (f": {output}" if output else "")
+
+
+def _environment() -> dict[str, str]:
+    """PATH, HOME and LANG of the loop: a notify command needs no more, and gets no more."""
+    return {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
