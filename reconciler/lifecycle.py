@@ -33,14 +33,12 @@ from reconciler.nodeops import NodeOps
 from reconciler.nodeside import ops
 from reconciler.nodeside.statedir import StateDir
 from reconciler.redact import register
-from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, OWNER
+from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, LABEL_ROLE, OWNER, ROLE_FRONT
 from reconciler.spec import Deployment
 from reconciler.transport.base import Transport
 
 # "This machine": the boot service, Pi's provider and the records kept where the CLI runs.
 HERE = "this machine"
-# The stop timeout uninstall gives a rank (the engine drains in-flight requests first).
-RANK_STOP_S = 60
 
 
 # --- rotate-key -------------------------------------------------------------------------------
@@ -455,8 +453,10 @@ def _remove_on_node(deployment: Deployment, transport: Transport, removal: Remov
             node_ops.guard_stop(deployment.state_dir)
         elif removal.kind == "container":
             container = client.containers.get(removal.handle)
-            if container.status in {"running", "restarting", "paused"}:
-                container.stop(timeout=RANK_STOP_S)
+            # A rank gets its grace (in-flight requests end); the front holds nothing to finish.
+            front = container.labels.get(LABEL_ROLE) == ROLE_FRONT
+            if not front and container.status in {"running", "restarting", "paused"}:
+                container.stop(timeout=deployment.serving.stop_timeout_s)
             container.remove(force=True)
         elif removal.kind == "image":
             # The reference we pulled, not the image by id: a tag of the owner's keeps the image.
