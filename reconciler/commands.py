@@ -192,7 +192,7 @@ def _converge_locked(
     after_facts = observe(deployment, transports, None)
     # After a finding, a deep verify the first round did not reach is still deep in the next plan.
     deep = _deep_left(request, before, result, failed) if failed is not None else False
-    after = plan(deployment, after_facts, deep_verify=deep, take_upgrade=request.take_upgrade)
+    after = _only(request, plan(deployment, after_facts, deep_verify=deep, take_upgrade=request.take_upgrade))
     replanned = None
     if failed is not None and after.has_changes:
         # An executor found the world other than the facts (a file whose bytes differ): a plan
@@ -205,7 +205,7 @@ def _converge_locked(
             if again is not None:
                 raise ApplyError(again.message, _hint_again(failed, again), cause=again.cause)
             after_facts = observe(deployment, transports, None)
-            after = plan(deployment, after_facts, take_upgrade=request.take_upgrade)
+            after = _only(request, plan(deployment, after_facts, take_upgrade=request.take_upgrade))
     _record_start(context)
     return ApplyOutcome(before, result, after, after_facts, replanned=replanned)
 
@@ -342,11 +342,16 @@ def _plan_to_run(deployment: Deployment, facts: Facts, request: Converge) -> Pla
             accept_memory_risk=request.accept_memory_risk,
             take_upgrade=request.take_upgrade,
         )
-        return made if request.only is None else only_components(made, request.only)
+        return _only(request, made)
     saved, path = request.saved
     fresh = plan(deployment, facts, update_revision=saved.update_revision, accept_memory_risk=saved.accept_memory_risk)
     savedplan.check_current(saved, deployment, facts, path, fresh)
     return saved.plan
+
+
+def _only(request: Converge, made: Plan) -> Plan:
+    """Every plan of a converge limited to `request.only` (the first, and every one after it)."""
+    return made if request.only is None else only_components(made, request.only)
 
 
 def only_components(made: Plan, components: frozenset[Component]) -> Plan:
@@ -354,6 +359,7 @@ def only_components(made: Plan, components: frozenset[Component]) -> Plan:
     kept = [action for action in made.actions if action.component in components]
     ids = {action.id for action in kept}
     made.actions = [replace(action, depends_on=tuple(d for d in action.depends_on if d in ids)) for action in kept]
+    made.blockers = [blocker for blocker in made.blockers if blocker.component in components]
     return made
 
 

@@ -117,8 +117,8 @@ class NodeOps:
         args = ops.FootprintArgs(state_dir=state_dir, model_dir=model_dir)
         return self._call(ops.footprint, args, timeout=FOOTPRINT_S)
 
-    def remove_trees(self, args: ops.RemoveTreesArgs) -> list[str]:
-        return self._call(ops.remove_trees, args, timeout=FOOTPRINT_S)["removed"]
+    def remove_trees(self, args: ops.RemoveTreesArgs) -> ops.TreesRemoved:
+        return self._call(ops.remove_trees, args, timeout=FOOTPRINT_S)
 
     def _call(
         self, operation: Callable[[Arguments], Result], args: Arguments, *, timeout: float | None = None

@@ -16,9 +16,11 @@ beyond QUEUE_LIMIT waiting are dropped, said in the journal.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import threading
 from collections.abc import Callable
@@ -143,26 +145,57 @@ class Notifier:
 
 
 def run_command(argv: list[str], event: dict[str, Any]) -> str:
-    """Run the command once with the event; what happened, as a journal line."""
+    """Run the command once with the event; what happened, as a journal line. The command runs
+    in a process group of its own, which ends with it (or at the time limit): nothing it started
+    outlives it; of its output only the last OUTPUT_LIMIT bytes are kept."""
     payload = redact(json.dumps(event, sort_keys=True)) + "\n"
     shown = f"notify ({event['event']})"
     try:
-        done = subprocess.run(
+        process = subprocess.Popen(
             argv,
-            input=payload.encode(),
-            capture_output=True,
-            timeout=TIMEOUT_S,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             env=_environment(),
             cwd="/",
-            check=False,
+            start_new_session=True,
         )
-    except subprocess.TimeoutExpired:
-        return f"{shown}: {argv[0]} did not finish in {TIMEOUT_S:g} s; it was stopped"
     except OSError as exc:
         return f"{shown}: cannot run {argv[0]}: {exc.strerror or exc}"
-    output = redact((done.stdout + done.stderr).decode("utf-8", "replace").strip())[:OUTPUT_LIMIT]
-    result = "done" if done.returncode == 0 else f"{argv[0]} exited {done.returncode}"
+    tail = bytearray()
+    reader = threading.Thread(target=_keep_tail, args=(process, tail), daemon=True)
+    reader.start()
+    with contextlib.suppress(OSError):  # a command that never reads its stdin is its own business
+        assert process.stdin is not None
+        process.stdin.write(payload.encode())
+        process.stdin.close()
+    try:
+        code: int | None = process.wait(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        code = None
+    _end_group(process)
+    reader.join(timeout=1)
+    if code is None:
+        return f"{shown}: {argv[0]} did not finish in {TIMEOUT_S:g} s; it was stopped"
+    output = redact(bytes(tail).decode("utf-8", "replace").strip())
+    result = "done" if code == 0 else f"{argv[0]} exited {code}"
     return f"{shown}: {result}" + (f": {output}" if output else "")
+
+
+def _keep_tail(process: subprocess.Popen[bytes], tail: bytearray) -> None:
+    assert process.stdout is not None
+    descriptor = process.stdout.fileno()
+    with contextlib.suppress(OSError):
+        for chunk in iter(lambda: os.read(descriptor, 65536), b""):
+            tail.extend(chunk)
+            del tail[:-OUTPUT_LIMIT]
+
+
+def _end_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5)
 
 
 def _environment() -> dict[str, str]:

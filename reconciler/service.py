@@ -318,22 +318,70 @@ def install(
     return report
 
 
-def uninstall(unit_path: Path, *, systemd_running: bool | None = None, run: Runner | None = None) -> list[str]:
-    """Stop and disable the service, remove its unit; the commands run (none without systemd)."""
+def uninstall(
+    unit_path: Path, *, systemd_running: bool | None = None, run: Runner | None = None, as_root: bool | None = None
+) -> list[str]:
+    """Stop and disable the service, remove its unit; the commands run. Not root, each goes
+    through `sudo -n` (check_can_remove has made sure sudo answers without a question)."""
     running = SYSTEMD_RUNTIME_DIR.is_dir() if systemd_running is None else systemd_running
+    root = os.geteuid() == 0 if as_root is None else as_root
+    prefix = [] if root else ["sudo", "-n"]
+    commands = [["systemctl", "disable", "--now", UNIT_NAME]] if running else []
+    commands.append(["rm", "-f", str(unit_path)])
+    commands += [["systemctl", "daemon-reload"]] if running else []
     ran = []
-    if running:
-        command = ["systemctl", "disable", "--now", UNIT_NAME]
-        _systemctl(command, run or _run)
-        ran.append(" ".join(command))
-    try:
-        unit_path.unlink(missing_ok=True)
-    except PermissionError:
-        raise ReconcilerError(f"cannot remove {unit_path}: permission denied", "run it with sudo") from None
-    if running:
-        _systemctl(["systemctl", "daemon-reload"], run or _run)
-        ran.append("systemctl daemon-reload")
+    for command in commands:
+        _systemctl([*prefix, *command], run or _run, "uninstall is safe to rerun")
+        ran.append(" ".join([*prefix, *command]))
     return ran
+
+
+def check_can_remove(unit_path: Path, *, run: Runner | None = None, interactive: bool | None = None) -> None:
+    """Before uninstall removes anything: root, or sudo answering (a terminal may be asked for
+    the password once, here); else nothing is removed and the owner is told what to run."""
+    if os.geteuid() == 0:
+        return
+    runner = run or _run
+    if runner(["sudo", "-n", "true"]).returncode == 0:
+        return
+    asked = sys.stdin.isatty() if interactive is None else interactive
+    if asked and subprocess.run(["sudo", "-v"], check=False).returncode == 0:
+        return
+    raise ReconcilerError(
+        f"removing {unit_path} needs root, and sudo did not answer; nothing was removed",
+        f"run `sudo systemctl disable --now {UNIT_NAME} && sudo rm {unit_path}`, then `reconciler uninstall` again",
+    )
+
+
+def loops_running(spec_path: str, proc: Path = Path("/proc")) -> list[int]:
+    """The pids of `reconciler run` processes on this machine whose spec is this one (the
+    process's --spec, or the default spec path, read against its working directory)."""
+    wanted = Path(spec_path).resolve()
+    found = []
+    for entry in proc.iterdir() if proc.is_dir() else []:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:
+            continue
+        spec = _loop_spec(argv)
+        if spec is not None and (cwd / spec).resolve() == wanted:
+            found.append(int(entry.name))
+    return found
+
+
+def _loop_spec(argv: list[str]) -> str | None:
+    """The spec a `reconciler run` command line serves; None for any other command line."""
+    words = [word for word in argv if word]
+    runs = any(Path(word).name == "reconciler" for word in words) and "run" in words
+    if not runs or words.index("run") < 1:
+        return None
+    if "--spec" in words and words.index("--spec") + 1 < len(words):
+        return words[words.index("--spec") + 1]
+    spec = next((word.removeprefix("--spec=") for word in words if word.startswith("--spec=")), None)
+    return spec or os.environ.get(constants.SPEC_PATH_ENV) or constants.DEFAULT_SPEC_PATH
 
 
 def activation_commands(changed: bool) -> list[list[str]]:
@@ -378,12 +426,12 @@ def _write_atomically(path: Path, text: str) -> None:
         ) from None
 
 
-def _systemctl(command: Sequence[str], run: Runner) -> None:
+def _systemctl(command: Sequence[str], run: Runner, rerun: str = "install-service is safe to rerun") -> None:
     result = run(command)
     if result.returncode != 0:
         raise ReconcilerError(
             f"`{' '.join(command)}` failed (exit {result.returncode}): {result.stderr.strip()}",
-            f"see `systemctl status {UNIT_NAME}` and `journalctl -u {UNIT_NAME}`; install-service is safe to rerun",
+            f"see `systemctl status {UNIT_NAME}` and `journalctl -u {UNIT_NAME}`; {rerun}",
         )
 
 

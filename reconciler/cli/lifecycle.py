@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reconciler.cli.common import EXIT_ERROR, EXIT_OK, emit_json, load, spec_path, warn
+from reconciler.cli.common import EXIT_ERROR, EXIT_OK, emit, emit_json, load, spec_path, warn
+from reconciler.errors import ReconcilerError
 
 if TYPE_CHECKING:
     from reconciler.spec import Deployment
@@ -51,7 +52,7 @@ def rotate_key(args: argparse.Namespace) -> int:
     with commands.session(deployment) as transports:
         outcome = lifecycle.rotate_key(deployment, transports, Progress())
     front = [action.summary for action, _, _ in outcome.result.done]
-    pending = [action.summary for action in outcome.after.actions]
+    pending = lifecycle.front_pending(outcome)
     ok = not pending
     if args.json:
         emit_json({"ok": ok, "key_file": deployment.key_file(), "front": front, "front_pending": pending})
@@ -92,49 +93,56 @@ def storage(args: argparse.Namespace) -> int:
     with commands.session(deployment) as transports:
         items = lifecycle.storage(deployment, transports)
         releasable = [item for item in items if item.releasable]
-        released = None
-        if args.release and releasable:
-            if not args.json:
-                sys.stdout.write(lifecycle.render_storage(items))
-            what = ", ".join(f"{item.node}: {item.what}" for item in releasable)
-            if not ask(f"Release {len(releasable)} items ({what})", args.yes):
-                return EXIT_ERROR
-            with deployment_lock(deployment, "reconciler storage --release", wait_s=600):
-                released = lifecycle.release(deployment, transports, items)
+        if not (args.release and releasable):
+            emit(
+                args.json, {"ok": True, "items": [i.to_dict() for i in items]}, lambda: lifecycle.render_storage(items)
+            )
+            return EXIT_OK
+        if not args.json:
+            sys.stdout.write(lifecycle.render_storage(items))
+        what = ", ".join(f"{item.node}: {item.what}" for item in releasable)
+        if not ask(f"Release {len(releasable)} item{'s' if len(releasable) != 1 else ''} ({what})", args.yes):
+            return EXIT_ERROR
+        with deployment_lock(deployment, "reconciler storage --release", wait_s=600, on_wait=_say):
+            # Measured again under the lock: what a pass or an edit changed since the question stays.
+            now = lifecycle.storage(deployment, transports)
+            released, failed = lifecycle.release(deployment, transports, now, items)
     if args.json:
         emit_json(
             {
-                "ok": True,
-                "items": [item.to_dict() for item in items],
-                "released": [item.to_dict() for item in released] if released is not None else None,
+                "ok": not failed,
+                "items": [item.to_dict() for item in now],
+                "released": [item.to_dict() for item in released],
+                "failed": failed,
             }
         )
-    elif released is not None:
-        sys.stdout.write(lifecycle.render_storage(released, released) if released else "Nothing was released.\n")
     else:
-        sys.stdout.write(lifecycle.render_storage(items))
-    return EXIT_OK
+        sys.stdout.write(lifecycle.render_storage(now, released))
+        sys.stdout.write("".join(f"  ! {line}\n" for line in failed))
+    return EXIT_ERROR if failed else EXIT_OK
 
 
-def as_invoking_user_home() -> None:
-    """Under sudo (needed to remove the boot service), `~` must still be the owner's: the spec's
-    state dir, SSH keys and known hosts, and Pi's config are theirs, not root's."""
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
+def refuse_sudo() -> None:
+    """Uninstall runs as the owner: `~` in the spec, the SSH keys and agent, Pi's config are
+    theirs. Root is asked (through sudo) for the boot service alone."""
     import os
-    import pwd
 
     user = os.environ.get("SUDO_USER")
-    if os.geteuid() != 0 or not user or user == "root":
-        return
-    try:
-        os.environ["HOME"] = pwd.getpwnam(user).pw_dir
-    except KeyError:
-        return
+    if os.geteuid() == 0 and user and user != "root":
+        raise ReconcilerError(
+            f"run uninstall as {user}, not under sudo: the spec's paths, the SSH keys and Pi's config are theirs",
+            "run `reconciler uninstall` without sudo; it asks sudo for the boot service alone",
+        )
 
 
 def uninstall(args: argparse.Namespace) -> int:
     from reconciler import commands, lifecycle, service
 
-    as_invoking_user_home()
+    refuse_sudo()
     path = spec_path(args.spec)
     loaded = load(args)
     deployment = loaded.deployment
@@ -157,10 +165,17 @@ def uninstall(args: argparse.Namespace) -> int:
             if not args.json:
                 sys.stdout.write(line + "\n")
 
-        done = lifecycle.uninstall(deployment, transports, planned, say=say)
-    left = [f"{node}: not answering, nothing removed there" for node in planned.unreachable]
+        outcome = lifecycle.uninstall(deployment, transports, planned, spec_path=path, say=say)
+    left = [f"{node}: not answering, nothing removed there" for node in planned.unreachable] + outcome.failed
     if args.json:
-        emit_json({"ok": not left, "dry_run": False, **planned.to_dict(), "removed": [r.to_dict() for r in done]})
+        removed = [r.to_dict() for r in outcome.done]
+        emit_json({"ok": not left, "dry_run": False, **planned.to_dict(), "removed": removed, "left": left})
     else:
-        sys.stdout.write(f"Uninstalled: {len(done)} removed." + "".join(f"\n  ! {line}" for line in left) + "\n")
+        summary = f"Uninstalled: {len(outcome.done)} removed." + "".join(f"\n  ! {line}" for line in left)
+        hint = (
+            "\n  hint: run `reconciler uninstall` again once that is fixed: it removes only what is left"
+            if left
+            else ""
+        )
+        sys.stdout.write(summary + hint + "\n")
     return EXIT_ERROR if left else EXIT_OK

@@ -594,14 +594,15 @@ def _commands() -> list[Command]:
         Command(
             "uninstall",
             "remove everything the reconciler made, on every node (a plan first)",
-            "Show, then remove: the boot service on this machine, the ranks, the front and the memory guards, "
-            "the images the reconciler pulled, its state dir on every node and Pi's provider. The checkpoint "
-            "stays unless --checkpoint is given. Asks first on a terminal; without one it needs --yes. "
-            "Run again, it finds nothing to do.",
+            "Show, then remove: the boot service on this machine (through sudo), the ranks, the front and the "
+            "memory guards, the images the reconciler pulled, what it wrote in its state dir on every node and "
+            "Pi's provider. The checkpoint stays unless --checkpoint is given; a file or an image of yours stays. "
+            "Run it as yourself, not under sudo. Asks first on a terminal; without one it needs --yes. Run again, "
+            "it finds nothing to do.",
             [
                 "reconciler uninstall --dry-run",
-                "sudo reconciler uninstall",
-                "sudo reconciler uninstall --checkpoint --yes",
+                "reconciler uninstall",
+                "reconciler uninstall --checkpoint --yes",
             ],
             "lifecycle:uninstall",
             (

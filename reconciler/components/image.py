@@ -63,7 +63,7 @@ def _pull(ctx: ApplyContext, action: Action, pull: Pull) -> str:
         raise NodeCommandError(f"{failed}: {exc.explanation}", _PULL_HINT) from None
     if not _present(client, ref):
         raise NodeCommandError(f"{action.node}: {short_ref(ref)} still missing after the pull", _PULL_HINT)
-    record_pull(ctx, action.node, ref)
+    record_pull(ctx, action.node, ref, client.images.get(ref).id)
     return f"pulled {short_ref(ref)}"
 
 
@@ -75,13 +75,15 @@ def pull_record(state_dir: str, ref: str) -> str:
     return f"{StateDir(state_dir).pulled_images}/{hashlib.sha256(ref.encode()).hexdigest()[:32]}.json"
 
 
-def record_pull(ctx: ApplyContext, node: str, ref: str) -> None:
-    """Remember that we pulled `ref` here: what uninstall and storage may remove is what we pulled."""
+def record_pull(ctx: ApplyContext, node: str, ref: str, image_id: str) -> None:
+    """Remember that we pulled `ref` here, as that image id: what uninstall and storage may
+    remove is what we pulled (the same ref pulled later by the owner is another id, or the same
+    bytes, which they then share with us)."""
     import json
 
     from reconciler.clock import utc_iso
 
-    record = json.dumps({"ref": ref, "at": utc_iso()}) + "\n"
+    record = json.dumps({"ref": ref, "id": image_id, "at": utc_iso()}) + "\n"
     ctx.ops(node).write_file(pull_record(ctx.deployment.state_dir, ref), record)
 
 

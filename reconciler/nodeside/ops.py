@@ -198,6 +198,15 @@ class RevisionUsage(TreeUsage):
     partial_bytes: int
 
 
+class PulledImage(TypedDict):
+    ref: str
+    id: str
+
+
+class TreesRemoved(Removed):
+    left: list[str]
+
+
 class Footprint(TypedDict):
     """What the reconciler left on a node: its state dir, the guard, the checkpoint, its pulls."""
 
@@ -208,7 +217,7 @@ class Footprint(TypedDict):
     # "link" (to a revision dir), "dir" (from before revisions), "absent"
     model_dir_kind: str
     revisions: list[RevisionUsage]
-    pulled: list[str]
+    pulled: list[PulledImage]
 
 
 class RemoveTreesArgs(TypedDict):
@@ -656,17 +665,19 @@ def _revision_dirs(model_dir: str) -> list[str]:
     return [path for path in found if _is_revision_of(model_dir, path) and os.path.isdir(path)]
 
 
-def _pulled(layout: StateDir) -> list[str]:
-    """The image refs this node's pull records name (one small JSON file a pull)."""
-    refs = []
+def _pulled(layout: StateDir) -> list[PulledImage]:
+    """The images this node's pull records name (one small JSON file a pull): the ref and the
+    image id it pulled, so a ref the owner pulled again later (another id) is not ours."""
+    found: list[PulledImage] = []
     with contextlib.suppress(OSError):
         for name in sorted(os.listdir(layout.pulled_images)):
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 with open(os.path.join(layout.pulled_images, name), encoding="utf-8") as handle:
-                    ref = json.loads(handle.read(4096)).get("ref")
-                if isinstance(ref, str) and ref not in refs:
-                    refs.append(ref)
-    return refs
+                    record = json.loads(handle.read(4096))
+                ref, image_id = record.get("ref"), record.get("id")
+                if isinstance(ref, str) and isinstance(image_id, str):
+                    found.append({"ref": ref, "id": image_id})
+    return found
 
 
 def footprint(args: FootprintArgs) -> Footprint:
@@ -679,7 +690,7 @@ def footprint(args: FootprintArgs) -> Footprint:
         size, freed = _usage(layout.root)
         state = {"path": layout.root, "bytes": size, "freed": freed}
     kind = "link" if os.path.islink(model_dir) else "dir" if os.path.isdir(model_dir) else "absent"
-    serving = os.path.realpath(model_dir) if kind == "link" else model_dir
+    serving = os.path.realpath(model_dir) if kind != "absent" else None
     revisions: list[RevisionUsage] = []
     for path in _revision_dirs(model_dir) + ([model_dir] if kind == "dir" else []):
         size, freed = _usage(path)
@@ -688,7 +699,8 @@ def footprint(args: FootprintArgs) -> Footprint:
                 "path": path,
                 "bytes": size,
                 "freed": freed,
-                "serving": path == serving,
+                # Both sides resolved: a model dir whose parent is a link is still the one served.
+                "serving": os.path.realpath(path) == serving,
                 "partial_bytes": _partial_bytes(path),
             }
         )
@@ -708,32 +720,98 @@ def _guard_running(layout: StateDir) -> bool:
     return pid is not None and runs_command(pid, _guard_command(layout))
 
 
-def remove_trees(args: RemoveTreesArgs) -> Removed:
-    """Uninstall's last step on a node: its state dir, and with "checkpoint" the model dir link
-    and every revision dir beside it. Nothing else: a path that is the home, the root or not
-    ours by name is refused."""
+# Files the reconciler writes in a state dir besides those StateDir names: the event history (and
+# its rotations) and the start records on the reconciler's machine, an atomic write's leftover.
+_OTHER_STATE_FILES = re.compile(r"^(events\.jsonl(\.[0-9]+)?|starts\.json|.+\.tmp-[0-9a-f]{16})$")
+
+
+def _ours_in_state_dir(layout: StateDir, name: str) -> bool:
+    named = {os.path.basename(path) for path in vars(layout).values() if isinstance(path, str)}
+    return name in named - {os.path.basename(layout.root)} or _OTHER_STATE_FILES.match(name) is not None
+
+
+def _unsafe_root(path: str) -> str | None:
+    """Why a directory must never be removed whole: the root, the home or a parent of it."""
+    real = os.path.realpath(path)
+    home = os.path.realpath(os.path.expanduser("~"))
+    if real == "/" or real == home or home.startswith(real.rstrip("/") + "/"):
+        return f"{path} is the root, the home or a directory above the home"
+    if os.path.islink(path):
+        return f"{path} is a symbolic link (its target is left as it is)"
+    return None
+
+
+def remove_state_dir(root: str) -> tuple[list[str], list[str]]:
+    """The entries of a state dir the reconciler wrote, then the dir if nothing else is left:
+    (removed, left with the reason). A file of the owner's in it is never touched."""
     import shutil
 
-    home = os.path.realpath(os.path.expanduser("~"))
-    removed = []
-    targets = []
-    model_dir = os.path.expanduser(args["model_dir"]).rstrip("/")
-    if "checkpoint" in args["remove"]:
-        targets += _revision_dirs(model_dir)
-        if os.path.isdir(model_dir) and not os.path.islink(model_dir):
-            targets.append(model_dir)
-    if "state" in args["remove"]:
-        targets.append(os.path.expanduser(args["state_dir"]).rstrip("/"))
-    for path in targets:
-        real = os.path.realpath(path)
-        if real in ("/", home) or home.startswith(real + "/") or not os.path.isdir(path) or os.path.islink(path):
+    root = os.path.expanduser(root).rstrip("/") or "/"
+    if not os.path.isdir(root):
+        return [], []
+    unsafe = _unsafe_root(root)
+    if unsafe is not None:
+        return [], [unsafe]
+    layout = StateDir(root)
+    removed, left = [], []
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if not _ours_in_state_dir(layout, name):
+            left.append(f"{path}: not written by the reconciler")
             continue
-        shutil.rmtree(path)
-        removed.append(path)
-    if "checkpoint" in args["remove"] and os.path.islink(model_dir):
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+            removed.append(path)
+        except OSError as exc:
+            left.append(f"{path}: {exc.strerror or exc}")
+    if not left:
+        with contextlib.suppress(OSError):
+            os.rmdir(root)
+            removed.append(root)
+    return removed, left
+
+
+def _remove_checkpoint(model_dir: str) -> tuple[list[str], list[str]]:
+    """model_dir (its link, or a directory from before revisions) and every revision dir beside it."""
+    import shutil
+
+    removed, left = [], []
+    targets = _revision_dirs(model_dir)
+    if os.path.isdir(model_dir) and not os.path.islink(model_dir):
+        targets.append(model_dir)
+    for path in targets:
+        unsafe = _unsafe_root(path)
+        if unsafe is not None:
+            left.append(unsafe)
+            continue
+        try:
+            shutil.rmtree(path)
+            removed.append(path)
+        except OSError as exc:
+            left.append(f"{path}: {exc.strerror or exc}")
+    if os.path.islink(model_dir):
         os.unlink(model_dir)
         removed.append(model_dir)
-    return {"removed": removed}
+    return removed, left
+
+
+def remove_trees(args: RemoveTreesArgs) -> TreesRemoved:
+    """Uninstall's last steps on a node: with "state", the entries of the state dir that the
+    reconciler wrote (then the dir, if nothing of the owner's is in it); with "checkpoint", the
+    model dir link and every revision dir beside it. The root, the home and the directories above
+    it are never removed; what could not be removed is returned with the reason."""
+    removed: list[str] = []
+    left: list[str] = []
+    if "checkpoint" in args["remove"]:
+        gone, kept = _remove_checkpoint(os.path.expanduser(args["model_dir"]).rstrip("/"))
+        removed, left = removed + gone, left + kept
+    if "state" in args["remove"]:
+        gone, kept = remove_state_dir(args["state_dir"])
+        removed, left = removed + gone, left + kept
+    return {"removed": removed, "left": left}
 
 
 class FrontCommandArgs(TypedDict):

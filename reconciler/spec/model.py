@@ -842,6 +842,20 @@ class Deployment(StrictModel):
     loop: Loop = Loop()
     pi: Pi = Pi()
 
+    @field_validator("state_dir")
+    @classmethod
+    def _a_directory_of_its_own(cls, value: str) -> str:
+        # `uninstall` removes what the reconciler wrote in it: the home or the root would mix it
+        # with everything else there.
+        if value.rstrip("/") in ("", "~"):
+            raise _problem(
+                "state_dir",
+                "state_dir '{value}' is the home or the root, not a directory of the reconciler's own",
+                "name a directory for it alone, e.g. ~/.dsv41-two-sparks",
+                value=value,
+            )
+        return value
+
     @property
     def head(self) -> Node:
         return next(node for node in self.nodes if node.role == "head")

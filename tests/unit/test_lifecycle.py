@@ -19,7 +19,7 @@ from reconciler.errors import ReconcilerError
 from reconciler.nodeside import ops
 from reconciler.plan import plan
 from reconciler.service import UnitSettings, render_unit
-from tests.scenarios import empty_facts, reference_deployment
+from tests.scenarios import SPEC_PATH, converged_facts, empty_facts, reference_deployment
 from tests.unit.test_service import FakeSystemctl
 
 COMMIT_A, COMMIT_B, COMMIT_C = "a" * 40, "b" * 40, "c" * 40
@@ -64,7 +64,8 @@ def test_the_storage_report_says_what_is_safe_and_how_to_release_it() -> None:
     assert text.splitlines()[0] == "spark-head:"
     assert "Safe to release: 1 item, 9.0 GB: `reconciler storage --release`." in text
     assert "Nothing is safe to release" in lifecycle.render_storage(items[:1])
-    assert "Released 1 of 1: 9.0 GB freed." in lifecycle.render_storage(items[1:], items[1:])
+    assert "Released 1 of 1: 9.0 GB freed." in lifecycle.render_storage(items, items[1:])
+    assert "Released 0 of 1: 0 B freed." in lifecycle.render_storage(items, [])
 
 
 def test_the_node_footprint_counts_a_hard_linked_file_once_and_frees_only_what_is_unshared(tmp_path: Path) -> None:
@@ -102,7 +103,7 @@ def test_a_footprint_of_nothing_creates_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_remove_trees_takes_the_state_and_the_checkpoint_never_the_home(
+def test_remove_trees_takes_what_it_wrote_and_the_checkpoint_never_the_home_or_yours(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -110,17 +111,76 @@ def test_remove_trees_takes_the_state_and_the_checkpoint_never_the_home(
     served.mkdir()
     (served / "f").write_text("x")
     (tmp_path / "M").symlink_to(served.name)
-    (tmp_path / "state").mkdir()
+    state = tmp_path / "state"
+    (state / "cache").mkdir(parents=True)
+    for name in ("api_key", "events.jsonl", "events.jsonl.2", "starts.json", "api_key.tmp-0123456789abcdef"):
+        (state / name).write_text("x")
     (tmp_path / "other").mkdir()
-    refused = ops.remove_trees({"state_dir": "~", "model_dir": "~/M", "remove": ["state"]})
-    assert refused["removed"] == []
-    assert tmp_path.is_dir()
+    home = ops.remove_trees({"state_dir": "~", "model_dir": "~/M", "remove": ["state"]})
+    assert home["removed"] == []
+    assert "is the root, the home or a directory above the home" in home["left"][0]
     ops.remove_trees({"state_dir": "~/state", "model_dir": "~/M", "remove": ["state"]})
-    assert not (tmp_path / "state").exists()
+    assert not state.exists()
     assert served.is_dir(), "the checkpoint stays without 'checkpoint'"
     removed = ops.remove_trees({"state_dir": "~/state", "model_dir": "~/M", "remove": ["checkpoint"]})
     assert sorted(removed["removed"]) == sorted([str(served), str(tmp_path / "M")])
+    assert removed["left"] == []
     assert sorted(path.name for path in tmp_path.iterdir()) == ["other"]
+
+
+def test_a_checkpoint_or_a_file_of_yours_inside_the_state_dir_stays(tmp_path: Path) -> None:
+    state = tmp_path / "dsv41"
+    served = state / f"M@{COMMIT_A}"
+    served.mkdir(parents=True)
+    (served / "model.safetensors").write_text("weights")
+    (state / "M").symlink_to(served.name)
+    (state / "notes.txt").write_text("mine")
+    (state / "plans").mkdir()
+    (state / "memguard.log").write_text("log")
+    result = ops.remove_trees({"state_dir": str(state), "model_dir": str(state / "M"), "remove": ["state"]})
+    assert sorted(result["removed"]) == sorted([str(state / "plans"), str(state / "memguard.log")])
+    assert sorted(line.split(":")[0] for line in result["left"]) == sorted(
+        [str(served), str(state / "M"), str(state / "notes.txt")]
+    )
+    assert (served / "model.safetensors").read_text() == "weights"
+
+
+def test_with_the_head_not_answering_no_revision_is_called_spare() -> None:
+    found: ops.Footprint = {
+        "state_dir": None,
+        "engine_cache_bytes": 0,
+        "guard_running": False,
+        "model_dir": "/m/M",
+        "model_dir_kind": "link",
+        "revisions": [revision(f"/m/M@{COMMIT_A}", serving=True), revision(f"/m/M@{COMMIT_B}")],
+        "pulled": [],
+    }
+    items = lifecycle._revision_items("n", found, wanted=None, kept=None)
+    assert [item.releasable for item in items] == [False, False]
+    assert "unknown while the head does not answer" in items[1].status
+
+
+def test_the_spec_refuses_the_home_or_the_root_as_the_state_dir() -> None:
+    from reconciler.errors import SpecError
+    from reconciler.spec import parse_spec
+
+    text = SPEC_PATH.read_text(encoding="utf-8")
+    for bad in ("~", "~/", "/"):
+        with pytest.raises(SpecError) as refused:
+            parse_spec(text.replace("state_dir: ~/.dsv41-two-sparks", f'state_dir: "{bad}"'), "s.yaml")
+        assert "not a directory of the reconciler's own" in str(refused.value.problems[0].render())
+
+
+def test_rotate_key_refuses_when_the_front_waits_for_another_step_or_is_blocked() -> None:
+    deployment = reference_deployment()
+    made = plan(deployment, empty_facts())
+    reason = lifecycle.front_not_ready(made)
+    assert reason is not None
+    assert reason.startswith("it waits for ")
+    front_only = commands.only_components(plan(deployment, empty_facts()), frozenset({Component.FRONT}))
+    assert lifecycle.front_not_ready(front_only) is None, "alone, its own steps wait for nothing"
+    ready = plan(deployment, converged_facts(deployment))
+    assert lifecycle.front_not_ready(ready) is None
 
 
 def test_uninstall_removes_in_an_order_that_leaves_nothing_to_restart_the_rest() -> None:
@@ -146,28 +206,52 @@ def test_uninstall_removes_in_an_order_that_leaves_nothing_to_restart_the_rest()
 def test_only_the_boot_service_of_this_spec_is_ours_to_remove(tmp_path: Path) -> None:
     spec = tmp_path / "deployment.yaml"
     spec.write_text("", encoding="utf-8")
-    assert lifecycle._our_unit(tmp_path, str(spec)) is None
+    assert lifecycle.our_unit(tmp_path, str(spec)) is None
     settings = UnitSettings("/usr/bin/reconciler", str(spec.resolve()), "me", "/home/me", ())
     (tmp_path / UNIT_NAME).write_text(render_unit(settings), encoding="utf-8")
-    assert lifecycle._our_unit(tmp_path, str(spec)) == tmp_path / UNIT_NAME
-    assert lifecycle._our_unit(tmp_path, str(tmp_path / "another.yaml")) is None
+    assert lifecycle.our_unit(tmp_path, str(spec)) == tmp_path / UNIT_NAME
+    assert lifecycle.our_unit(tmp_path, str(tmp_path / "another.yaml")) is None
 
 
 def test_the_service_is_stopped_disabled_then_its_unit_removed(tmp_path: Path) -> None:
     unit = tmp_path / UNIT_NAME
-    unit.write_text("[Unit]\n", encoding="utf-8")
     systemctl = FakeSystemctl()
-    ran = service.uninstall(unit, systemd_running=True, run=systemctl)
-    assert systemctl.commands == [f"systemctl disable --now {UNIT_NAME}", "systemctl daemon-reload"]
+    ran = service.uninstall(unit, systemd_running=True, run=systemctl, as_root=True)
+    assert systemctl.commands == [f"systemctl disable --now {UNIT_NAME}", f"rm -f {unit}", "systemctl daemon-reload"]
     assert ran == systemctl.commands
-    assert not unit.exists()
-    unit.write_text("[Unit]\n", encoding="utf-8")
-    assert service.uninstall(unit, systemd_running=False, run=FakeSystemctl()) == []
-    assert not unit.exists()
-    unit.write_text("[Unit]\n", encoding="utf-8")
+    as_owner = FakeSystemctl()
+    service.uninstall(unit, systemd_running=False, run=as_owner, as_root=False)
+    assert as_owner.commands == [f"sudo -n rm -f {unit}"], "not root: through sudo, and no systemctl without systemd"
     with pytest.raises(ReconcilerError, match="failed"):
-        service.uninstall(unit, systemd_running=True, run=FakeSystemctl("disable"))
-    assert unit.exists(), "a service that would not stop keeps its unit"
+        service.uninstall(unit, systemd_running=True, run=FakeSystemctl("disable"), as_root=True)
+
+
+def test_without_root_or_sudo_nothing_is_removed_and_the_commands_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ReconcilerError, match="needs root, and sudo did not answer") as refused:
+        service.check_can_remove(tmp_path / UNIT_NAME, run=FakeSystemctl("sudo"), interactive=False)
+    assert f"sudo systemctl disable --now {UNIT_NAME}" in refused.value.hint
+    service.check_can_remove(tmp_path / UNIT_NAME, run=FakeSystemctl(), interactive=False)
+
+
+def test_a_running_loop_of_this_spec_is_found_by_its_command_line(tmp_path: Path) -> None:
+    spec = tmp_path / "specs" / "deployment.yaml"
+    spec.parent.mkdir()
+    spec.write_text("", encoding="utf-8")
+    proc = tmp_path / "proc"
+    for pid, argv, cwd in (
+        ("101", ["/venv/bin/python3", "/venv/bin/reconciler", "run", "--spec", str(spec)], "/"),
+        ("102", ["/venv/bin/reconciler", "run"], str(tmp_path)),  # the default spec, from its cwd
+        ("103", ["/venv/bin/reconciler", "run", "--spec", "/elsewhere.yaml"], "/"),
+        ("104", ["/venv/bin/reconciler", "plan", "--spec", str(spec)], "/"),
+        ("105", ["python", "-P", "-m", "reconciler", "run", f"--spec={spec}"], "/"),
+    ):
+        (proc / pid).mkdir(parents=True)
+        (proc / pid / "cmdline").write_bytes("\0".join(argv).encode() + b"\0")
+        (proc / pid / "cwd").symlink_to(cwd)
+    assert sorted(service.loops_running(str(spec), proc)) == [101, 102, 105]
 
 
 def test_uninstall_without_the_right_to_remove_the_unit_removes_nothing(
@@ -176,21 +260,69 @@ def test_uninstall_without_the_right_to_remove_the_unit_removes_nothing(
     """Checked before anything goes: a user who may not remove the unit loses nothing else."""
     unit = tmp_path / UNIT_NAME
     unit.write_text("", encoding="utf-8")
-    writable = {str(tmp_path): False}
-    monkeypatch.setattr(os, "access", lambda path, _mode: writable.get(str(path), True))
+
+    def refuse(_unit: Path) -> None:
+        raise ReconcilerError("removing it needs root", "run sudo")
+
+    monkeypatch.setattr(service, "check_can_remove", refuse)
     removed: list[lifecycle.Removal] = []
-    monkeypatch.setattr(lifecycle, "_remove", lambda _d, _t, removal: removed.append(removal))
+
+    def remove(_d: object, _t: object, removal: lifecycle.Removal) -> list[str]:
+        removed.append(removal)
+        return []
+
+    monkeypatch.setattr(lifecycle, "_remove", remove)
     planned = lifecycle.UninstallPlan(
         removals=[
             lifecycle.Removal("n", "container", "dsv41-r1"),
             lifecycle.Removal(lifecycle.HERE, "service", UNIT_NAME, "", str(unit)),
         ]
     )
-    with pytest.raises(ReconcilerError, match="this user may not write") as refused:
-        lifecycle.uninstall(reference_deployment(), {}, planned, say=lambda _line: None)
-    assert refused.value.hint == "run `sudo reconciler uninstall`; nothing was removed"
+    with pytest.raises(ReconcilerError, match="needs root"):
+        lifecycle.uninstall(reference_deployment(), {}, planned, spec_path=str(tmp_path / "s.yaml"), say=print)
     assert removed == []
     assert unit.exists()
+
+
+def test_a_failed_removal_is_reported_and_the_rest_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    deployment = reference_deployment().model_copy(update={"state_dir": str(tmp_path / "state")})
+
+    def remove(_d: object, _t: object, removal: lifecycle.Removal) -> list[str]:
+        if removal.kind == "image":
+            raise ReconcilerError("conflict: image is being used by a container of yours", "")
+        return ["/s/notes.txt: not written by the reconciler"] if removal.kind == "state" else []
+
+    monkeypatch.setattr(lifecycle, "_remove", remove)
+    monkeypatch.setattr(service, "loops_running", lambda _spec: [])
+    planned = lifecycle.UninstallPlan(
+        removals=[
+            lifecycle.Removal("n", "state", "/s"),
+            lifecycle.Removal("n", "image", "r/e"),
+            lifecycle.Removal("n", "container", "dsv41-r1"),
+        ]
+    )
+    said: list[str] = []
+    outcome = lifecycle.uninstall(deployment, {}, planned, spec_path="s.yaml", say=said.append)
+    assert [removal.kind for removal in outcome.done] == ["container", "state"]
+    assert outcome.failed == [
+        "n: image r/e: conflict: image is being used by a container of yours",
+        "n: /s/notes.txt: not written by the reconciler",
+    ]
+    assert said[-1] == "removed n: state /s (in part: see below)"
+    assert not (tmp_path / "state").exists(), "the lock taken to uninstall leaves no trace"
+
+
+def test_a_loop_still_running_stops_uninstall_before_anything_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "loops_running", lambda _spec: [4242])
+    monkeypatch.setattr(lifecycle, "_remove", lambda *_args: pytest.fail("nothing may be removed"))
+    planned = lifecycle.UninstallPlan(removals=[lifecycle.Removal("n", "container", "dsv41-r1")])
+    deployment = reference_deployment().model_copy(update={"state_dir": str(tmp_path / "state")})
+    outcome = None
+    with pytest.raises(ReconcilerError, match="pid 4242"):
+        outcome = lifecycle.uninstall(deployment, {}, planned, spec_path="s.yaml", say=print)
+    assert outcome is None
 
 
 def test_rotate_key_runs_the_fronts_steps_alone() -> None:
@@ -228,16 +360,13 @@ def test_the_lifecycle_commands_parse(argv: list[str]) -> None:
     assert args.handler.startswith("lifecycle:")
 
 
-def test_under_sudo_home_is_the_invoking_users(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pwd
-
-    me = pwd.getpwnam("nobody")  # any account but root: the test may run as root
-    monkeypatch.setenv("HOME", "/somewhere/else")
-    monkeypatch.setenv("SUDO_USER", me.pw_name)
+def test_uninstall_refuses_to_run_under_sudo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SUDO_USER", "me")
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    cli_lifecycle.as_invoking_user_home()
-    assert os.environ["HOME"] == me.pw_dir
-    monkeypatch.setenv("HOME", "/somewhere/else")
+    with pytest.raises(ReconcilerError, match="run uninstall as me, not under sudo"):
+        cli_lifecycle.refuse_sudo()
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    cli_lifecycle.as_invoking_user_home()
-    assert os.environ["HOME"] == "/somewhere/else", "without sudo nothing changes"
+    cli_lifecycle.refuse_sudo()
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.delenv("SUDO_USER")
+    cli_lifecycle.refuse_sudo()  # root itself owns the deployment: fine

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,30 @@ def test_the_notifier_runs_events_in_order_off_the_caller_and_only_when_set(tmp_
     assert notifier.drain(20)
     assert [json.loads(line)["summary"] for line in out.read_text(encoding="utf-8").splitlines()] == ["0", "1", "2"]
     assert journal == ["notify (incident): done"] * 3
+
+
+def test_a_chatty_command_keeps_only_its_last_words_and_leaves_nothing_running(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    body = (
+        "import os, subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
+        "sys.stdout.write('x' * 5_000_000 + 'the end')\n"
+    )
+    line = run_command(script(tmp_path, body), {"event": "hold", "summary": "s"})
+    assert line.endswith("the end")
+    assert len(line) < 2200
+    child = int(pidfile.read_text(encoding="utf-8"))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and running(child):
+        time.sleep(0.1)
+    alive = running(child)
+    assert not alive, "what the command started ends with it"
+
+
+def running(pid: int) -> bool:
+    """Whether the process exists and is not a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
