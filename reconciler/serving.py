@@ -32,6 +32,10 @@ LABEL_DRIVER = "io.spark-reconciler.driver"
 # rank whose config hash differs while these are the same was changed by the reconciler's own
 # rendering (an upgrade), not by the owner or the nodes.
 LABEL_INPUTS = "io.spark-reconciler.inputs"
+# The names of the environment variables the reconciler set: a running container's environment
+# also holds its image's (PATH and the like), which a rendering that drops a variable of ours must
+# not report as dropped.
+LABEL_ENV_NAMES = "io.spark-reconciler.env-names"
 # The spec's parts a rank's rendering reads (what the owner set of them: a default an upgrade
 # changes is the upgrade's change, not the owner's).
 RENDERED_PARTS: dict[str, Any] = {
@@ -314,6 +318,7 @@ def render_rank(deployment: Deployment, rank: int, contexts: dict[str, NodeConte
         LABEL_CONFIG_HASH: container.config_hash(),
         LABEL_COMMIT: context.commit or "",
         LABEL_INPUTS: inputs_digest(deployment, rank, contexts),
+        LABEL_ENV_NAMES: ",".join(sorted(name for name, _ in container.env)),
     }
     return replace(container, labels=labels)
 

@@ -53,6 +53,7 @@ from reconciler.serving import (
     LABEL_CONFIG_HASH,
     LABEL_DEPLOYMENT,
     LABEL_DRIVER,
+    LABEL_ENV_NAMES,
     LABEL_INPUTS,
     LABEL_KERNEL,
     LABEL_OWNER,
@@ -135,7 +136,8 @@ def describe_drift(desired: RankContainer, observed: ContainerFacts) -> str:
     if observed.image != desired.image:
         changes.append(f"image {observed.image} -> {desired.image}")
     changes += _flag_changes(flag_values(observed.command), flag_values([*desired.entrypoint, *desired.command]))
-    changes += _env_changes(observed.env, desired.env_dict)
+    ours = observed.labels.get(LABEL_ENV_NAMES)
+    changes += _env_changes(observed.env, desired.env_dict, set(ours.split(",")) if ours is not None else set())
     return shorten(changes, limit=4) if changes else "mounts or runtime options"
 
 
@@ -150,7 +152,10 @@ def _flag_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
     return changes
 
 
-def _env_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
+def _env_changes(before: dict[str, str], after: dict[str, str], set_before: set[str]) -> list[str]:
+    """Variables changed, added, and dropped (of those the reconciler set: the rest of a running
+    container's environment is its image's)."""
+
     def shown(name: str, value: str) -> str:
         return "(redacted)" if SECRET_NAME_RE.search(name) else value
 
@@ -160,7 +165,7 @@ def _env_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
         if name in before and before[name] != after[name]
     ]
     changes += [f"+{name}" for name in after if name not in before]
-    changes += [f"-{name}" for name in before if name not in after]
+    changes += [f"-{name}" for name in before if name not in after and name in set_before]
     return changes
 
 

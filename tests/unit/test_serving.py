@@ -298,3 +298,23 @@ def test_upstream_profile_keeps_images_per_prompt_when_set() -> None:
 
 def test_profile_is_part_of_the_config_hash() -> None:
     assert render()[1].config_hash() != render(upstream_deployment())[1].config_hash()
+
+
+def test_a_dropped_variable_is_reported_only_if_the_reconciler_had_set_it() -> None:
+    """A running container's environment holds its image's too (PATH): only what we set and no
+    longer set is "dropped"; a container from before the names were recorded drops nothing."""
+    from reconciler.components.ranks import describe_drift
+    from tests.scenarios import running
+
+    before = render(with_serving(reference_deployment(), extra_env={"OLD_KNOB": "1"}))[1]
+    after = render(with_serving(reference_deployment(), extra_env={"NEW_KNOB": "2"}))[1]
+    observed = running(before)
+    observed = observed.model_copy(update={"env": {**observed.env, "PATH": "/usr/bin"}})
+    drift = describe_drift(after, observed)
+    assert "-OLD_KNOB" in drift
+    assert "+NEW_KNOB" in drift
+    assert "PATH" not in drift
+    unlabelled = observed.model_copy(
+        update={"labels": {k: v for k, v in observed.labels.items() if "env-names" not in k}}
+    )
+    assert "-OLD_KNOB" not in describe_drift(after, unlabelled)
