@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from reconciler import __version__
 from reconciler.actions import Component
-from reconciler.facts.node import Facts
+from reconciler.facts.node import Facts, hold_reasons
 from reconciler.plan import Plan, ending
 from reconciler.spec import Deployment
 from reconciler.starts import restart_cause
@@ -234,12 +234,9 @@ class LoopMetrics:
             self._replace(gauge, {})
 
     def _holds(self, facts: Facts) -> None:
-        head = facts.nodes.get(self.deployment.head.name)
-        stopped = head is not None and head.reachable and head.hold is not None
-        crash_loop = head is not None and head.reachable and head.breaker is not None
-        guard = any(observed.reachable and observed.guard.trip is not None for observed in facts.nodes.values())
-        for reason, on in (("stopped", stopped), ("crash_loop", crash_loop), ("guard_trip", guard)):
-            self.held.labels(reason=reason).set(1 if on else 0)
+        held = hold_reasons(facts, self.deployment.head.name)
+        for reason in HOLD_REASONS:
+            self.held.labels(reason=reason).set(1 if reason in held else 0)
 
     # ---- the event history's lines -------------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """`loop.notify`: the owner's command, run with one JSON event on its stdin when something needs them.
 
 Not to be confused with `notify` (systemd's readiness protocol). Four events reach the command:
-`hold` (the group is held: stopped, crash loop, memory-guard trip), `trip` (the crash-loop breaker
-or a node's memory guard tripped), `incident` (an unplanned failure was recorded) and `recovery`
-(the first converged pass after any of those). Each is a JSON object with `event`, `at`,
+`hold` (the group is held: `stopped`, `crash_loop`, `guard_trip`; seen in a pass's facts, so a
+`reconciler stop` run elsewhere counts too), `trip` (the crash-loop breaker or a node's memory
+guard tripped), `incident` (an unplanned failure was recorded) and `recovery` (the first
+converged pass after any of those). Each is a JSON object with `event`, `at`,
 `deployment`, `summary` (one line for people) and the event's own fields; it is redacted like
 every line the reconciler writes.
 
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reconciler.clock import utc_iso
-from reconciler.facts.node import Facts
+from reconciler.facts.node import Facts, hold_reasons
 from reconciler.plan import Plan, ending
 from reconciler.redact import redact
 from reconciler.spec import Deployment
@@ -60,13 +61,11 @@ class Notifications:
         # Something was told since the deployment last converged: its recovery is news.
         self.troubled: list[str] = []
         self._trips_seen: dict[str, str] = {}
+        self._holds_told: set[str] = set()
 
     def from_history(self, line: dict[str, Any]) -> dict[str, Any] | None:
+        """A breaker trip or an incident, from the loop's own converge as it is written."""
         kind = line.get("kind")
-        if kind == "hold":
-            reason = str(line.get("reason", ""))
-            words = HOLD_WORDS.get(reason, f"held: {reason}")
-            return self._told("hold", f"{self.deployment.name}: the serving group is {words}", reason=reason)
         if kind == "step" and line.get("step") == BREAKER_STEP and line.get("outcome") == "done":
             limit = self.deployment.loop.max_restarts
             summary = f"{self.deployment.name}: the crash-loop breaker tripped ({limit} unplanned restarts)"
@@ -78,7 +77,28 @@ class Notifications:
         return None
 
     def from_pass(self, after: Plan, facts: Facts) -> list[dict[str, Any]]:
-        """Guard trips the nodes recorded since last seen, then the recovery, if this pass is it."""
+        """What a pass found: a hold begun (by the loop, or by `reconciler stop` in another
+        process: the facts say it either way), guard trips the nodes recorded since last seen,
+        then the recovery, if this pass is it."""
+        found = self._new_holds(facts) + self._new_trips(facts)
+        if self.troubled and not found and ending(after) == "converged":
+            after_what = sorted(set(self.troubled))
+            self.troubled = []
+            summary = f"{self.deployment.name}: converged again, serving (after: {', '.join(after_what)})"
+            found.append(event_for(self.deployment, "recovery", summary, after=after_what))
+        return found
+
+    def _new_holds(self, facts: Facts) -> list[dict[str, Any]]:
+        head = facts.nodes.get(self.deployment.head.name)
+        if head is None or not head.reachable:
+            return []  # a head that does not answer says nothing about holds: nothing is news
+        reasons = hold_reasons(facts, self.deployment.head.name)
+        new = [reason for reason in reasons if reason not in self._holds_told]
+        self._holds_told = set(reasons)
+        summary = f"{self.deployment.name}: the serving group is "
+        return [self._told("hold", summary + HOLD_WORDS[reason], reason=reason) for reason in new]
+
+    def _new_trips(self, facts: Facts) -> list[dict[str, Any]]:
         found = []
         for name, observed in facts.nodes.items():
             trip = observed.guard.trip
@@ -92,11 +112,6 @@ class Notifications:
             found.append(
                 self._told("trip", summary, what="memguard", node=name, mem_available_gib=trip.mem_available_gib)
             )
-        if self.troubled and not found and ending(after) == "converged":
-            after_what = sorted(set(self.troubled))
-            self.troubled = []
-            summary = f"{self.deployment.name}: converged again, serving (after: {', '.join(after_what)})"
-            found.append(event_for(self.deployment, "recovery", summary, after=after_what))
         return found
 
     def _told(self, event: str, summary: str, **fields: Any) -> dict[str, Any]:

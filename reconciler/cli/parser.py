@@ -162,7 +162,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             "reconciler doctor                    # every prerequisite on every node",
             "reconciler plan                      # what apply would change",
             "reconciler apply                     # converge",
-            "sudo reconciler install-service      # keep it converged from boot",
+            'sudo "$(command -v reconciler)" install-service   # keep it converged from boot',
         )
         + "\nEach command has its own --help. Exit codes: 0 ok, 1 error, 2 changes (plan) or not"
         " converged (status), 130 interrupted.",
@@ -777,7 +777,7 @@ def _commands() -> list[Command]:
             "Write the systemd unit for this machine (the spec's absolute path, the user, this reconciler), "
             "enable it and start it. Needs root.",
             [
-                "sudo reconciler install-service --spec /home/me/spark/specs/deployment.yaml",
+                'sudo "$(command -v reconciler)" install-service --spec /home/me/spark/specs/deployment.yaml',
                 "reconciler install-service --dry-run",
             ],
             "boot:install_service",

@@ -112,6 +112,21 @@ class Facts(FactsModel):
         return [(rank, node, self.nodes[node.name]) for rank, node in ranked if self.nodes[node.name].reachable]
 
 
+def hold_reasons(facts: Facts, head: str) -> list[str]:
+    """Why the rank group is held, as codes: `stopped` (`reconciler stop`), `crash_loop` (the
+    breaker), `guard_trip` (a memory guard tripped on any node)."""
+    observed = facts.nodes.get(head)
+    answering = observed is not None and observed.reachable
+    reasons = []
+    if answering and observed is not None and observed.hold is not None:
+        reasons.append("stopped")
+    if answering and observed is not None and observed.breaker is not None:
+        reasons.append("crash_loop")
+    if any(node.reachable and node.guard.trip is not None for node in facts.nodes.values()):
+        reasons.append("guard_trip")
+    return reasons
+
+
 # A snapshot of two nodes is about 16 KB. The cap bounds what parsing builds: small JSON values
 # grow some 25-fold into Python objects, so 8 MiB of `{},` peaks near 250 MB and 2 s.
 MAX_FACTS_BYTES = 8 * 1024 * 1024

@@ -785,10 +785,10 @@ class Loop(StrictModel):
         max_length=64,
         description=(
             "A command `reconciler run` runs when the group is held (stop, crash loop, memory-guard trip), a "
-            "rank or the breaker trips, an incident is filed, and when the deployment is converged again after "
-            "one of those: argv as a list (no shell), the event as one JSON object on its stdin, 30 s at most, "
-            "its output in the loop's journal. A failing command never stops the loop. null: none. "
-            "A change applies to the next event; nothing restarts."
+            "memory guard or the crash-loop breaker trips, an incident is filed, and when the deployment is "
+            "converged again after one of those: argv as a list (no shell), the event as one JSON object on its "
+            "stdin, 30 s at most, its output in the loop's journal. A failing command never stops the loop. "
+            "null: none. A change applies to the next event; nothing restarts."
         ),
     )
 
@@ -816,7 +816,7 @@ class Deployment(StrictModel):
         description=(
             "The deployment's name: its containers are <name>-r<rank> and <name>-front, labelled with it. A change "
             "starts a new deployment; the old name's containers are no longer this spec's and keep running, so take "
-            "them down first."
+            "them down first: `reconciler uninstall` with the old spec (the checkpoint stays)."
         ),
     )
     state_dir: HostPath = Field(
@@ -824,7 +824,8 @@ class Deployment(StrictModel):
         description=(
             "The reconciler's files on every node (API key, TLS pair, memory guard, EXL3 plans, kernel caches); '~' "
             "is each node's home. A change restarts the serving group (11-13 min without the API) and the front; "
-            "nothing moves over, so a new API key is made unless api.key_file names the old one."
+            "nothing moves over, so a new API key is made unless api.key_file names the old one, and the memory "
+            "guards started from the old state dir keep running: run `reconciler uninstall` with the old spec first."
         ),
     )
     nodes: list[Node] = Field(

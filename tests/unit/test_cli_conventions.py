@@ -172,7 +172,7 @@ def test_every_subcommand_has_a_description_an_example_and_shows_its_defaults() 
     for name, parser in found:
         text = parser.format_help()
         assert parser.description, name
-        assert re.search(r"examples:\n  (sudo )?reconciler ", text), name
+        assert re.search(r'examples:\n  (sudo "\$\(command -v reconciler\)"|(sudo )?reconciler) ', text), name
         for action in parser._actions:
             shown = action.default not in (None, False, argparse.SUPPRESS) and action.option_strings
             if shown and action.help != argparse.SUPPRESS:

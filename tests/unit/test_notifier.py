@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.facts.memory import GuardTrip
-from reconciler.facts.node import Facts
+from reconciler.facts.node import Facts, Hold
 from reconciler.notifier import Notifications, Notifier, run_command
 from reconciler.plan import plan
 from reconciler.redact import clear, register
@@ -32,29 +32,41 @@ def tripped(deployment: Deployment, trip: GuardTrip = TRIP) -> Facts:
     return with_node(base, WORKER, guard=base.nodes[WORKER].guard.model_copy(update={"trip": trip}))
 
 
-def test_a_hold_a_breaker_trip_and_an_incident_are_each_one_event(deployment: Deployment) -> None:
+def test_a_breaker_trip_and_an_incident_are_each_one_event(deployment: Deployment) -> None:
     told = Notifications(deployment)
-    hold = told.from_history({"kind": "hold", "reason": "crash_loop", "steps": 2})
     trip = told.from_history({"kind": "step", "step": "ranks.hold-crash-loop", "outcome": "done"})
     incident = told.from_history({"kind": "incident", "id": "x-001-rank-exit", "incident": "rank exit", "cause": "r1"})
-    assert hold is not None
-    assert hold["event"] == "hold"
-    assert hold["reason"] == "crash_loop"
-    assert hold["summary"] == "dsv41: the serving group is held by the crash-loop breaker"
     assert trip is not None
-    assert trip["event"] == "trip"
-    assert trip["what"] == "breaker"
+    assert (trip["event"], trip["what"]) == ("trip", "breaker")
     assert incident is not None
-    assert incident["event"] == "incident"
-    assert incident["id"] == "x-001-rank-exit"
-    for event in (hold, trip, incident):
+    assert (incident["event"], incident["id"], incident["incident"]) == ("incident", "x-001-rank-exit", "rank exit")
+    for event in (trip, incident):
         assert event["deployment"] == "dsv41"
         assert event["at"].endswith("Z")
+
+
+def test_a_hold_is_told_once_by_its_code_whoever_made_it(deployment: Deployment) -> None:
+    """`reconciler stop` runs in another process: the loop learns of the hold from the facts."""
+    told = Notifications(deployment)
+    stopped = with_node(converged_facts(deployment), HEAD, hold=Hold(since="2026-12-04T10:00:00Z"))
+    held = plan(deployment, stopped)
+    first = told.from_pass(held, stopped)
+    assert [(e["event"], e["reason"]) for e in first] == [("hold", "stopped")]
+    assert first[0]["summary"] == "dsv41: the serving group is held by `reconciler stop`"
+    assert told.from_pass(held, stopped) == []
+    unreachable = with_node(stopped, HEAD, reachable=False)
+    assert told.from_pass(plan(deployment, unreachable), unreachable) == []
+    clear = converged_facts(deployment)
+    assert [(e["event"], e["after"]) for e in told.from_pass(plan(deployment, clear), clear)] == [
+        ("recovery", ["hold"])
+    ]
+    assert [e["reason"] for e in told.from_pass(held, stopped)] == ["stopped"], "a new stop is news again"
 
 
 def test_other_history_lines_are_not_news(deployment: Deployment) -> None:
     told = Notifications(deployment)
     for line in (
+        {"kind": "hold", "reason": "a sentence from the plan"},
         {"kind": "pass", "outcome": "converged"},
         {"kind": "step", "step": "ranks.hold-crash-loop", "outcome": "failed"},
         {"kind": "step", "step": "ranks.start", "outcome": "done"},
@@ -70,15 +82,18 @@ def test_a_guard_trip_is_told_once_then_the_recovery_once(deployment: Deployment
     facts = tripped(deployment)
     held = plan(deployment, facts)
     first = told.from_pass(held, facts)
-    assert [(e["event"], e["what"], e["node"]) for e in first] == [("trip", "memguard", WORKER)]
-    assert "MemAvailable 0.40 GiB under the floor of 0.5 GiB" in first[0]["summary"]
+    assert [(e["event"], e.get("what"), e.get("node"), e.get("reason")) for e in first] == [
+        ("hold", None, None, "guard_trip"),
+        ("trip", "memguard", WORKER, None),
+    ]
+    assert "MemAvailable 0.40 GiB under the floor of 0.5 GiB" in first[1]["summary"]
     assert told.from_pass(held, facts) == []  # the same trip, seen again
     clear = converged_facts(deployment)
     recovered = told.from_pass(plan(deployment, clear), clear)
-    assert [(e["event"], e["after"]) for e in recovered] == [("recovery", ["trip"])]
+    assert [(e["event"], e["after"]) for e in recovered] == [("recovery", ["hold", "trip"])]
     assert told.from_pass(plan(deployment, clear), clear) == []
     again = tripped(deployment, TRIP.model_copy(update={"at": "2026-12-04T11:00:00Z"}))
-    assert [e["event"] for e in told.from_pass(plan(deployment, again), again)] == ["trip"]
+    assert [e["event"] for e in told.from_pass(plan(deployment, again), again)] == ["hold", "trip"]
 
 
 def test_no_recovery_while_the_deployment_still_differs(deployment: Deployment) -> None:
