@@ -339,6 +339,7 @@ def test_guard_trip_holds_the_group_instead_of_restarting_it(settled: Bed) -> No
     assert HEAD in trips, told
     assert {(e["what"], e["deployment"]) for e in trips.values()} == {("memguard", "dsv41")}
     assert "the memory guard on spark-head stopped the ranks" in trips[HEAD]["summary"]
+    assert {"guard_trip"} <= {e["reason"] for e in told if e["event"] == "hold"}, told
     events_in_order = [e["event"] for e in told]
     assert events_in_order.index("trip") < events_in_order.index("recovery"), events_in_order
     assert looping.api_key() not in (looping.spec.parent / "notified.jsonl").read_text(encoding="utf-8")
