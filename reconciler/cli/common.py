@@ -60,3 +60,26 @@ def load(args: argparse.Namespace) -> LoadedSpec:
 def warn(loaded: LoadedSpec) -> None:
     for warning in loaded.warnings:
         sys.stderr.write(f"warning: {warning.render()}\n")
+
+
+def ask(question: str, yes: bool, *, doing: str = "do it", prompt: str = "Do you want to go on?") -> bool:
+    """Whether to go on with what `question` describes (a clause: "this plan restarts ..."):
+    --yes says so; a terminal is asked, on stderr (so `cmd | tee log` still asks); with nobody to
+    ask (a script, a pipe, CI) the answer is no, with the hint to say --yes. Only 'yes' counts."""
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        sys.stderr.write(
+            f"error: {question}, and there is nobody to ask (stdin is not a terminal)\n"
+            f"  hint: add --yes to the same command to {doing} without a question, or run it in a terminal\n"
+        )
+        return False
+    sys.stderr.write(f"\n{question[:1].upper()}{question[1:]}.\n{prompt} Only 'yes' is accepted: ")
+    sys.stderr.flush()
+    try:
+        answer = sys.stdin.readline().strip()
+    except (OSError, UnicodeDecodeError):
+        answer = ""
+    if answer != "yes":
+        sys.stderr.write("Cancelled; nothing was changed.\n")
+    return answer == "yes"

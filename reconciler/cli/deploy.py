@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reconciler.cli.common import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, emit_json, load, spec_path, warn
+from reconciler.cli.common import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, ask, emit_json, load, spec_path, warn
 from reconciler.errors import ReconcilerError
 
 if TYPE_CHECKING:
@@ -241,31 +241,16 @@ def confirm(result: Plan) -> bool:
     """Ask before the disruptive or the expensive whenever someone can answer (stdin a terminal,
     whatever stdout is: `apply | tee log` still asks, on stderr). With nobody to ask (a script,
     a pipe, CI) such a plan needs `--yes`: automation is what the owner turns on (`--yes`, or
-    the loop), never what a pipe implies."""
+    the loop), never what a pipe implies. Declined, not failed: what an earlier round did stays
+    reported, and nothing more runs."""
     from reconciler.plan import needs_confirmation
 
     reasons = needs_confirmation(result)
     if not reasons:
         return True
-    if not sys.stdin.isatty():
-        # Declined, not failed: what an earlier round did stays reported, and nothing more runs.
-        sys.stderr.write(
-            f"error: this plan {'; '.join(reasons)}, and there is nobody to ask (stdin is not a terminal)\n"
-            "  hint: add --yes to the same command to apply it without a question, or run it in a terminal\n"
-        )
-        return False
-    sys.stderr.write(
-        f"\nThis plan {'; '.join(reasons)}.\nDo you want to perform these actions? Only 'yes' is accepted: "
+    return ask(
+        f"this plan {'; '.join(reasons)}", False, doing="apply it", prompt="Do you want to perform these actions?"
     )
-    sys.stderr.flush()
-    try:
-        answer = sys.stdin.readline().strip()
-    except (OSError, UnicodeDecodeError):
-        answer = ""
-    if answer != "yes":
-        sys.stderr.write("Apply cancelled; nothing was changed.\n")
-        return False
-    return True
 
 
 def apply_summary(outcome: commands.ApplyOutcome) -> str:

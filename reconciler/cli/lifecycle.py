@@ -7,33 +7,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reconciler.cli.common import EXIT_ERROR, EXIT_OK, emit, emit_json, load, spec_path, warn
+from reconciler.cli.common import EXIT_ERROR, EXIT_OK, ask, emit, emit_json, load, spec_path, warn
 from reconciler.errors import ReconcilerError
 
 if TYPE_CHECKING:
     from reconciler.spec import Deployment
-
-
-def ask(question: str, yes: bool) -> bool:
-    """Whether to go on: --yes says so; a terminal is asked (on stderr); with nobody to ask
-    (a script, a pipe) the answer is no, with the hint to say --yes."""
-    if yes:
-        return True
-    if not sys.stdin.isatty():
-        sys.stderr.write(
-            f"error: {question}, and there is nobody to ask (stdin is not a terminal)\n"
-            "  hint: add --yes to the same command to do it without a question, or run it in a terminal\n"
-        )
-        return False
-    sys.stderr.write(f"\n{question}.\nDo you want to go on? Only 'yes' is accepted: ")
-    sys.stderr.flush()
-    try:
-        answer = sys.stdin.readline().strip()
-    except (OSError, UnicodeDecodeError):
-        answer = ""
-    if answer != "yes":
-        sys.stderr.write("Cancelled; nothing was changed.\n")
-    return answer == "yes"
 
 
 def rotate_key(args: argparse.Namespace) -> int:
@@ -44,7 +22,7 @@ def rotate_key(args: argparse.Namespace) -> int:
     warn(loaded)
     deployment = loaded.deployment
     question = (
-        f"A new API key replaces the one in {deployment.key_file()} on {deployment.head.name}: every client "
+        f"a new API key replaces the one in {deployment.key_file()} on {deployment.head.name}: every client "
         "holding the old key is refused from then on"
     )
     if not ask(question, args.yes):
@@ -101,7 +79,7 @@ def storage(args: argparse.Namespace) -> int:
         if not args.json:
             sys.stdout.write(lifecycle.render_storage(items))
         what = ", ".join(f"{item.node}: {item.what}" for item in releasable)
-        if not ask(f"Release {len(releasable)} item{'s' if len(releasable) != 1 else ''} ({what})", args.yes):
+        if not ask(f"release {len(releasable)} item{'s' if len(releasable) != 1 else ''} ({what})", args.yes):
             return EXIT_ERROR
         with deployment_lock(deployment, "reconciler storage --release", wait_s=600, on_wait=_say):
             # Measured again under the lock: what a pass or an edit changed since the question stays.
@@ -158,7 +136,7 @@ def uninstall(args: argparse.Namespace) -> int:
             return EXIT_OK
         if not args.json:
             sys.stdout.write(lifecycle.render_uninstall_plan(planned))
-        if not ask(f"Uninstall removes {len(planned.removals)} things listed above", args.yes):
+        if not ask(f"uninstall removes the {len(planned.removals)} things listed above", args.yes):
             return EXIT_ERROR
 
         def say(line: str) -> None:

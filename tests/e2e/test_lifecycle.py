@@ -109,21 +109,15 @@ def newer_reconciler(tmp: Path) -> Iterator[dict[str, str]]:
     yield {"PYTHONPATH": str(copy)}
 
 
-def newer(bed: Bed, env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def newer_argv(bed: Bed, env: dict[str, str], *args: str) -> list[str]:
+    """The newer reconciler's command line (-P: this checkout, the working directory, must not
+    come before PYTHONPATH's copy)."""
     python = str(ROOT / ".venv/bin/python")
-    # -P: the working directory (this checkout) must not come before PYTHONPATH's copy.
-    command = [
-        "env",
-        f"PYTHONPATH={env['PYTHONPATH']}",
-        python,
-        "-P",
-        "-m",
-        "reconciler",
-        *args,
-        "--spec",
-        str(bed.spec),
-    ]
-    result = bed.testbed.exec(HEAD, command, check=False, timeout=600)
+    return ["env", f"PYTHONPATH={env['PYTHONPATH']}", python, "-P", "-m", "reconciler", *args, "--spec", str(bed.spec)]
+
+
+def newer(bed: Bed, env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = bed.testbed.exec(HEAD, newer_argv(bed, env, *args), check=False, timeout=600)
     if check:
         assert result.returncode == 0, result.stdout + result.stderr
     return result
@@ -133,21 +127,7 @@ def test_a_reconciler_upgrade_is_held_under_the_loop_until_apply(converged: Bed,
     bed = converged
     before = ranks(bed)
     with newer_reconciler(tmp_path) as env:
-        python = str(ROOT / ".venv/bin/python")
-        argv = bed.testbed.exec_argv(
-            HEAD,
-            [
-                "env",
-                f"PYTHONPATH={env['PYTHONPATH']}",
-                python,
-                "-P",
-                "-m",
-                "reconciler",
-                "run",
-                "--spec",
-                str(bed.spec),
-            ],
-        )
+        argv = bed.testbed.exec_argv(HEAD, newer_argv(bed, env, "run"))
         log = tmp_path / "loop.log"
         with log.open("w", encoding="utf-8") as out:
             loop = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

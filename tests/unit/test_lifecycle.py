@@ -13,6 +13,7 @@ import pytest
 from reconciler import commands, lifecycle, service
 from reconciler.actions import Component
 from reconciler.cli import lifecycle as cli_lifecycle
+from reconciler.cli.common import ask
 from reconciler.cli.parser import build_parser
 from reconciler.constants import UNIT_NAME
 from reconciler.errors import ReconcilerError
@@ -29,21 +30,26 @@ def revision(path: str, *, serving: bool = False, size: int = 10, partial: int =
     return {"path": path, "bytes": size, "freed": size, "serving": serving, "partial_bytes": partial}
 
 
-def test_storage_releases_only_a_revision_neither_served_wanted_nor_kept() -> None:
-    found: ops.Footprint = {
+def holding(*revisions: ops.RevisionUsage) -> ops.Footprint:
+    """A node's footprint with these revisions beside /m/M and nothing else."""
+    return {
         "state_dir": None,
         "engine_cache_bytes": 0,
         "guard_running": False,
         "model_dir": "/m/M",
         "model_dir_kind": "link",
-        "revisions": [
-            revision(f"/m/M@{COMMIT_A}", serving=True),
-            revision(f"/m/M@{COMMIT_B}", partial=5),
-            revision(f"/m/M@{COMMIT_C}"),
-            revision(f"/m/M@{'d' * 40}"),
-        ],
+        "revisions": list(revisions),
         "pulled": [],
     }
+
+
+def test_storage_releases_only_a_revision_neither_served_wanted_nor_kept() -> None:
+    found = holding(
+        revision(f"/m/M@{COMMIT_A}", serving=True),
+        revision(f"/m/M@{COMMIT_B}", partial=5),
+        revision(f"/m/M@{COMMIT_C}"),
+        revision(f"/m/M@{'d' * 40}"),
+    )
     items = lifecycle._revision_items("n", found, wanted=COMMIT_B, kept={COMMIT_C})
     assert [(item.status, item.releasable) for item in items] == [
         ("served", False),
@@ -146,15 +152,7 @@ def test_a_checkpoint_or_a_file_of_yours_inside_the_state_dir_stays(tmp_path: Pa
 
 
 def test_with_the_head_not_answering_no_revision_is_called_spare() -> None:
-    found: ops.Footprint = {
-        "state_dir": None,
-        "engine_cache_bytes": 0,
-        "guard_running": False,
-        "model_dir": "/m/M",
-        "model_dir_kind": "link",
-        "revisions": [revision(f"/m/M@{COMMIT_A}", serving=True), revision(f"/m/M@{COMMIT_B}")],
-        "pulled": [],
-    }
+    found = holding(revision(f"/m/M@{COMMIT_A}", serving=True), revision(f"/m/M@{COMMIT_B}"))
     items = lifecycle._revision_items("n", found, wanted=None, kept=None)
     assert [item.releasable for item in items] == [False, False]
     assert "unknown while the head does not answer" in items[1].status
@@ -340,11 +338,11 @@ def test_without_a_terminal_the_question_is_answered_no_with_the_hint(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO("yes\n"))
-    assert not cli_lifecycle.ask("Uninstall removes 5 things", yes=False)
+    assert not ask("uninstall removes 5 things", yes=False)
     err = capsys.readouterr().err
-    assert "error: Uninstall removes 5 things, and there is nobody to ask (stdin is not a terminal)" in err
+    assert "error: uninstall removes 5 things, and there is nobody to ask (stdin is not a terminal)" in err
     assert "add --yes to the same command" in err
-    assert cli_lifecycle.ask("anything", yes=True)
+    assert ask("anything", yes=True)
 
 
 @pytest.mark.parametrize(
