@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.e2e.conftest import Bed, events, exit_codes, first, loop_status, running_loop, wait_until
+from tests.e2e.conftest import ROOT, Bed, events, exit_codes, first, loop_status, running_loop, wait_until
 from tests.e2e.prometheus import Prometheus, dashboard_expressions, real_prometheus
 
 pytestmark = pytest.mark.testbed
@@ -169,15 +170,27 @@ def test_kill_rank1_is_repaired_at_once_on_the_workers_docker_event(settled: Bed
 SCRAPED = {"spark-reconciler": 1.0, "spark-vllm": 1.0}
 RANK_EXIT_RESTARTS = 'spark_reconciler_group_restarts_total{cause="rank_exit"}'
 RANK_EXIT_STARTS = 'spark_reconciler_group_starts_total{cause="rank_exit"}'
-# Both of the alert's eyes may see the outage (one series each): any of them firing is enough.
-LIVENESS_FIRED = 'max(max_over_time(ALERTS{alertname="SparkLivenessFailing", alertstate="firing"}[10m]))'
+
+
+def alert_held(name: str) -> str:
+    """A query that is 1 when the alert's own expression (monitoring/alerts.yml, read here) held
+    at any moment of the last 10 minutes, evaluated every 250 ms over the stored samples. The
+    firing of ALERTS itself depends on where a one-second rule evaluation falls in an outage of a
+    few seconds (a scrape that times out stores its sample late): the rule's mechanics, `for:`
+    included, are promtool's tests; this asks whether Prometheus saw what the rule looks for."""
+    rules = yaml.safe_load((ROOT / "monitoring/alerts.yml").read_text(encoding="utf-8"))
+    expr = next(r["expr"] for group in rules["groups"] for r in group["rules"] if r.get("alert") == name)
+    # Both of the alert's eyes may see the outage (one series each): any of them is enough.
+    return f"clamp_max(count(max_over_time(({expr})[10m:250ms])), 1)"
 
 
 def assert_prometheus_saw_the_repair(prometheus: Prometheus, restarts_before: float, starts_before: float) -> None:
-    """The restart counter moved, the liveness alert fired while the API was down (vLLM's scrape
-    through the front failed), and the loop's pass and vLLM's own metrics are there again."""
+    """The restart counter moved, the liveness alert's condition held while the API was down
+    (vLLM's scrape through the front failed, or the loop's probe), and the loop's pass and vLLM's
+    own metrics are there again."""
     wait_until(lambda: (prometheus.value(RANK_EXIT_RESTARTS) or 0) > restarts_before, 30, "the restart counted")
-    wait_until(lambda: prometheus.value(LIVENESS_FIRED) == 1, 30, "the liveness alert fired")
+    held = alert_held("SparkLivenessFailing")
+    wait_until(lambda: prometheus.value(held) == 1, 30, "the liveness alert's condition seen")
     wait_until(lambda: prometheus.targets_up() == SCRAPED, 60, "both scrapes answering again")
     assert prometheus.value('spark_reconciler_reconcile_total{trigger="container_event", result="converged"}')
     assert prometheus.value('sum(spark_reconciler_drift{node="spark-worker"})') == 0
