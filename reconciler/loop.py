@@ -81,11 +81,12 @@ class Triggers:
             self._reasons.append(reason)
         self._event.set()
 
-    def wait(self, timeout: float) -> list[str]:
+    def wait(self, timeout: float, until: Callable[[], bool] = lambda: False) -> list[str]:
         """The reasons gathered until `timeout`, or until a first one plus a short debounce
-        (what else arrives in that moment joins the same pass)."""
+        (what else arrives in that moment joins the same pass), or until `until()` says so (read
+        at each wake: a signal handler's flag, which must never take this object's locks)."""
         left, fired = timeout, False
-        while left > 0 and not fired:
+        while left > 0 and not fired and not until():
             step = min(left, WAKE_EVERY_S)
             fired = self._event.wait(step)
             left -= step
@@ -260,8 +261,8 @@ class Loop:
     # ---- the main loop -------------------------------------------------------------------
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, lambda *_: self.stop())
-        signal.signal(signal.SIGINT, lambda *_: self.stop(interrupted=True))
+        signal.signal(signal.SIGTERM, lambda *_: self._signalled())
+        signal.signal(signal.SIGINT, lambda *_: self._signalled(interrupted=True))
         self._serve_metrics()
         self._start_threads()
         # Say "starting" at once: the first pass may download for hours before it says more.
@@ -269,7 +270,7 @@ class Loop:
         self.pass_(["start"])
         notify.ready(self.status.line())
         while not self.stopping.is_set():
-            reasons = self.triggers.wait(self.logic.wait_s())
+            reasons = self.triggers.wait(self.logic.wait_s(), until=self.stopping.is_set)
             if self.stopping.is_set():
                 break
             if self.logic.admits(reasons):
@@ -282,6 +283,15 @@ class Loop:
         close_all(self.transports)
         # systemd's stop (SIGTERM) is a clean exit; a Ctrl-C in a terminal reports itself as one.
         return EXIT_INTERRUPTED if self.interrupted else 0
+
+    def _signalled(self, *, interrupted: bool = False) -> None:
+        """SIGTERM or Ctrl-C. Python runs this in the main thread between two of its bytecodes,
+        which may be inside Triggers.wait holding its locks: it takes none of those (firing a
+        trigger could wait on a lock its own thread holds, forever). The stopping Event's lock
+        is held only by the threads that wait on it, never by the main thread; the main loop
+        reads the Event at its next wake (within a second)."""
+        self.interrupted = self.interrupted or interrupted
+        self.stopping.set()
 
     def stop(self, *, interrupted: bool = False) -> None:
         self.interrupted = self.interrupted or interrupted

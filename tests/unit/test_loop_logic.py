@@ -193,6 +193,40 @@ def test_the_wait_wakes_every_second_so_a_sigterm_to_another_thread_is_handled()
     assert WAKE_EVERY_S <= 1.0
 
 
+def test_a_stop_flag_ends_the_wait_at_the_next_wake_without_firing() -> None:
+    """The SIGTERM handler sets a flag and takes no lock of the wait's: the wait sees the flag
+    at its next wake and returns, with no reason, within a second."""
+    triggers = Triggers(sleep=lambda _s: None)
+    event = CountingEvent()
+    triggers._event = event  # type: ignore[assignment]
+    asked = iter([False, False, True])
+    assert triggers.wait(timeout=300, until=lambda: next(asked)) == []
+    assert event.timeouts == [WAKE_EVERY_S] * 2
+
+
+def test_the_signal_handler_takes_no_lock_the_main_thread_may_hold() -> None:
+    """Run in the main thread while the wait holds the triggers' lock (as Python may run it):
+    it must return at once, and the loop's wait must then end."""
+    import reconciler.loop as loop_module
+
+    loop = object.__new__(loop_module.Loop)
+    loop.stopping = threading.Event()
+    loop.interrupted = False
+    loop.triggers = Triggers(sleep=lambda _s: None)
+    finished = threading.Event()
+
+    def handler_while_locked() -> None:
+        with loop.triggers._lock:
+            loop._signalled()
+        finished.set()
+
+    runner = threading.Thread(target=handler_while_locked, daemon=True)
+    runner.start()
+    assert finished.wait(5), "the handler waited on a lock its own thread held"
+    assert loop.stopping.is_set()
+    assert loop.triggers.wait(300, until=loop.stopping.is_set) == []
+
+
 def keeper() -> SpecKeeper:
     return SpecKeeper.load(str(SPEC_PATH))
 
