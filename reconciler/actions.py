@@ -69,6 +69,9 @@ class Step(enum.StrEnum):
     SWITCH = "checkpoint.switch"
     PRUNE_REVISIONS = "checkpoint.prune-revisions"
     PULL = "image.pull"
+    FETCH_IMAGE = "image.fetch"
+    COPY_IMAGE = "image.copy"
+    PRUNE_IMAGES = "image.prune"
     CREATE_KEY = "apikey.create"
     CHMOD_KEY = "apikey.chmod"
     START_GUARD = "memguard.start"
@@ -252,9 +255,42 @@ class Prune(Payload):
 
 
 class Pull(Payload):
+    """Docker on the node pulls `ref`: from its registry, or (`from_store`) from the node's own
+    image store through a registry relay on the node's loopback."""
+
     STEP = Step.PULL
     kind: Literal["pull"] = "pull"
     ref: str
+    from_store: bool = False
+
+
+class FetchImage(Payload):
+    """Fill the node's image store with `ref` as its registry sends it, for the peers."""
+
+    STEP = Step.FETCH_IMAGE
+    kind: Literal["fetch-image"] = "fetch-image"
+    ref: str
+
+
+class CopyImage(Payload):
+    """Copy the blobs of `ref` the node's store lacks from `source_node`'s store: over the
+    fabric to a one-time rsync daemon (`fabric`: source and destination addresses), else SSH."""
+
+    STEP = Step.COPY_IMAGE
+    kind: Literal["copy-image"] = "copy-image"
+    ref: str
+    source_node: str
+    fabric: tuple[str, str] | None
+
+
+class PruneImages(Payload):
+    """Remove the images we pulled that are no longer kept (`remove`: their refs), and the store
+    entries of every digest but `keep`."""
+
+    STEP = Step.PRUNE_IMAGES
+    kind: Literal["prune-images"] = "prune-images"
+    remove: list[str]
+    keep: list[str]
 
 
 class KeyFile(Payload):
@@ -483,6 +519,9 @@ StepPayload = (
     | StagePlan
     | Prune
     | Pull
+    | FetchImage
+    | CopyImage
+    | PruneImages
     | CreateKey
     | ChmodKey
     | StartGuard

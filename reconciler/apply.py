@@ -23,7 +23,7 @@ import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from reconciler.actions import Action, Payload, Step, is_pipelined
-from reconciler.components import apikey, breaker, checkpoint_run, front, image, memguard, pi, ranks
+from reconciler.components import apikey, breaker, checkpoint_run, front, image_run, memguard, pi, ranks
 from reconciler.errors import (
     ApplyError,
     NodeCommandError,
@@ -39,7 +39,7 @@ from reconciler.plan import Plan
 EXECUTORS: dict[type[Payload], Executor] = dict(
     [
         *checkpoint_run.EXECUTORS,
-        *image.EXECUTORS,
+        *image_run.EXECUTORS,
         *apikey.EXECUTORS,
         *memguard.EXECUTORS,
         *ranks.EXECUTORS,

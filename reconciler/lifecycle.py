@@ -38,6 +38,7 @@ from reconciler.plan import Plan
 from reconciler.redact import register
 from reconciler.serving import LABEL_DEPLOYMENT, LABEL_OWNER, LABEL_ROLE, OWNER, ROLE_FRONT
 from reconciler.spec import Deployment
+from reconciler.spec.imageref import same_image
 from reconciler.transport.base import Transport
 
 # "This machine": the boot service, Pi's provider and the records kept where the CLI runs.
@@ -250,7 +251,7 @@ def _image_items(deployment: Deployment, node: str, transport: Transport, pulled
     for image in client.images.list():
         refs = set(image.attrs.get("RepoDigests") or []) | set(image.tags)
         our_refs = sorted(ref for ref, image_id in mine.items() if image_id == image.id)
-        spec_refs = sorted(refs & needed)
+        spec_refs = sorted(ref for ref in refs if any(same_image(ref, wanted) for wanted in needed))
         size = int(image.attrs.get("Size") or 0)
         if not our_refs and not spec_refs:
             others, other_bytes = others + 1, other_bytes + size

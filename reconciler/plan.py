@@ -25,7 +25,7 @@ from reconciler.actions import (
 from reconciler.components.apikey import plan_apikey
 from reconciler.components.checkpoint import DeepVerify, placements, plan_checkpoint
 from reconciler.components.front import plan_front
-from reconciler.components.image import FRONT_PULL, plan_image
+from reconciler.components.image import FRONT_PULL, plan_image, plan_image_prune
 from reconciler.components.memguard import plan_memguard
 from reconciler.components.pi import plan_pi
 from reconciler.components.ranks import hold_reasons, plan_ranks
@@ -181,6 +181,8 @@ def plan(
         )
         outcome.extend(ranks)
         outcome.actions += _after_ready(staging.after_ready, ranks)
+        starting = {action.node for action in ranks.actions if action.step is Step.START_RANK}
+        outcome.actions += _after_ready(plan_image_prune(deployment, facts, starting), ranks)
     after = _front_after(deployment, outcome.actions)
     restarting = any(action.step is Step.START_RANK for action in outcome.actions)
     drained = any(action.step is Step.DRAIN for action in outcome.actions)
@@ -194,8 +196,9 @@ def plan(
 
 
 def _after_ready(after_ready: list[Action], ranks: Outcome) -> list[Action]:
-    """The checkpoint's steps for after the group serves the new revision: after its restart
-    when one is planned, at once when it already serves it (or is held down)."""
+    """The steps for after the group serves the new revision and image (the checkpoint's link
+    and pruning, the image's pruning): after its restart when one is planned, at once when it
+    already serves them (or is held down)."""
     group = [action for action in ranks.actions if action.component is Component.RANKS]
     restarting = any(action.step is Step.START_RANK for action in group)
     if not restarting and (group or ranks.blockers) and not ranks.held:
@@ -203,7 +206,9 @@ def _after_ready(after_ready: list[Action], ranks: Outcome) -> list[Action]:
     if not restarting:
         return after_ready
     return [
-        replace(item, depends_on=(*item.depends_on, group[-1].id)) if item.step is Step.SWITCH else item
+        replace(item, depends_on=(*item.depends_on, group[-1].id))
+        if item.step in (Step.SWITCH, Step.PRUNE_IMAGES)
+        else item
         for item in after_ready
     ]
 

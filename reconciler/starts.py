@@ -33,6 +33,8 @@ MAX_FILE_BYTES = 1024 * 1024
 # The phases in the order a first start runs them (a restart drains and stops first).
 PHASES: dict[Step, str] = {
     Step.PULL: "image_pull",
+    Step.FETCH_IMAGE: "image_pull",
+    Step.COPY_IMAGE: "image_pull",
     Step.DOWNLOAD: "checkpoint_download",
     Step.REASSEMBLE: "checkpoint_download",
     Step.COPY: "checkpoint_copy",

@@ -39,6 +39,7 @@ from reconciler.clock import utc_iso
 from reconciler.components import breaker, headroom, hostcheck
 from reconciler.components.checkpoint import Placement
 from reconciler.components.fabric import node_contexts
+from reconciler.components.image import local_image_name
 from reconciler.components.memguard import trip_advice, trips
 from reconciler.errors import ReconcilerError
 from reconciler.facts.containers import ContainerFacts
@@ -69,6 +70,7 @@ from reconciler.serving import (
     render_group,
 )
 from reconciler.spec import Deployment
+from reconciler.spec.imageref import same_image
 
 if TYPE_CHECKING:
     from reconciler.execution import ApplyContext
@@ -133,7 +135,7 @@ def describe_drift(desired: RankContainer, observed: ContainerFacts) -> str:
     served = observed.labels.get(LABEL_COMMIT, "")
     if served != desired.commit:
         changes.append(f"checkpoint revision {served[:8] or 'unrecorded'} -> {desired.commit[:8] or 'unrecorded'}")
-    if observed.image != desired.image:
+    if not same_image(observed.image, desired.image):
         changes.append(f"image {observed.image} -> {desired.image}")
     changes += _flag_changes(flag_values(observed.command), flag_values([*desired.entrypoint, *desired.command]))
     ours = observed.labels.get(LABEL_ENV_NAMES)
@@ -546,6 +548,8 @@ def _start(ctx: ApplyContext, action: Action, start: StartRank) -> str:
     client = ctx.transport(action.node).docker()
     remove_our_old(client, action.node, desired.name)
     started_on = host_labels(ctx.facts.nodes[action.node].host) if action.node in ctx.facts.nodes else {}
+    # A node that took the image from a peer knows it by the relay's name: the same digest.
+    desired = replace(desired, image=local_image_name(client, desired.image))
     created = client.api.create_container(**create_container_args(client.api, desired, started_on))
     client.api.start(created["Id"])
     return f"started {desired.name} ({created['Id'][:12]})"

@@ -33,7 +33,16 @@ from reconciler.facts.files import (
 )
 from reconciler.facts.host import host_from_probe
 from reconciler.facts.memory import GuardFacts, GuardTrip, MemoryFacts, memory_windows, parse_meminfo
-from reconciler.facts.node import BreakerTrip, Facts, GroupRestart, Hold, NodeFacts, RestartIntent
+from reconciler.facts.node import (
+    BreakerTrip,
+    Facts,
+    GroupRestart,
+    Hold,
+    NodeFacts,
+    PulledImage,
+    RegistryReach,
+    RestartIntent,
+)
 from reconciler.facts.pi import gather_pi
 from reconciler.facts.revisions import desired_commit, is_commit
 from reconciler.front import DRAIN_MOUNT
@@ -43,6 +52,7 @@ from reconciler.record import Record
 from reconciler.repofiles import SHA256, parse_manifest
 from reconciler.serving import LABEL_OWNER, OWNER
 from reconciler.spec import Deployment, Model, Node, expand_home
+from reconciler.spec.imageref import digest_of, registry_of
 from reconciler.transport.base import Transport, run_program
 from reconciler.transport.sshroute import SshRoute
 
@@ -59,7 +69,17 @@ def probe_args(deployment: Deployment, node: Node) -> dict[str, Any]:
         "gid_index": node.fabric.gid_index,
         "head": node.role == "head",
         "front_drain": DRAIN_MOUNT if node.role == "head" else None,
+        "registry": _registry_check(deployment, node),
     }
+
+
+def _registry_check(deployment: Deployment, node: Node) -> dict[str, Any] | None:
+    """What the probe connects to when the node lacks the image and pulls it from its registry."""
+    if deployment.image_source_of(node) == "peer":
+        return None
+    ref = deployment.image.ref
+    host, port = registry_of(ref).address
+    return {"ref": ref, "digest": digest_of(ref), "host": host, "port": port}
 
 
 def node_facts_from_probe(node: Node, raw: dict[str, Any]) -> NodeFacts:
@@ -90,6 +110,9 @@ def _node_facts(node: Node, raw: dict[str, Any]) -> NodeFacts:
         fabric=fabric_from_probe(raw.get("fabric"), ifname=node.fabric.ifname, ip=node.fabric.ip),
         checkpoint=_checkpoint(expand_home(node.model_dir, home), raw),
         images=[ref for ref in docker_state["images"] if isinstance(ref, str)],
+        image_store=_image_store(raw.get("image_store")),
+        registry=_state_file(RegistryReach, raw.get("registry"), None),
+        pulled=_pulled(raw.get("pulled")),
         containers=[container_from_inspect(attrs) for attrs in docker_state["containers"] if isinstance(attrs, dict)],
         guard=_guard(raw),
         api_key=_key_file(raw["key_file"]) if isinstance(raw.get("key_file"), dict) else None,
@@ -107,6 +130,23 @@ def _node_facts(node: Node, raw: dict[str, Any]) -> NodeFacts:
             BreakerTrip, raw.get("breaker"), BreakerTrip(since="unknown", cause="breaker.json is unreadable")
         ),
     )
+
+
+def _image_store(raw: object) -> dict[str, int]:
+    """The digests a node's image store holds whole, and their bytes; anything else is left out."""
+    if not isinstance(raw, dict):
+        return {}
+    return {
+        digest: size
+        for digest, size in raw.items()
+        if isinstance(digest, str) and digest_of(f"x@{digest}") == digest and isinstance(size, int) and size >= 0
+    }
+
+
+def _pulled(raw: object) -> list[PulledImage]:
+    """Our pull records; one that cannot be read is left out (its image is then never pruned)."""
+    read = (_state_file(PulledImage, item, None) for item in (raw if isinstance(raw, list) else []))
+    return [item for item in read if item is not None]
 
 
 def _restarts(raw: object) -> list[GroupRestart]:

@@ -62,6 +62,25 @@ class BreakerTrip(FactsModel):
     window_s: int = 0
 
 
+class PulledImage(FactsModel):
+    """An image the reconciler pulled on a node (its record), whether it is still there and the
+    containers (anyone's) made from it; `role` front: the front's image, no serving image."""
+
+    ref: str = Field(max_length=600)
+    id: str = Field(max_length=100)
+    at: str = Field(default="", max_length=40)
+    role: Literal["serving", "front"] = "serving"
+    present: bool = False
+    users: list[str] = Field(default_factory=lambda: [], max_length=1000)
+
+
+class RegistryReach(FactsModel):
+    """Whether a node missing the image could connect to its registry: `error` says why not."""
+
+    address: str = Field(max_length=300)
+    error: str | None = Field(default=None, max_length=300)
+
+
 class NodeFacts(FactsModel):
     """What one node looks like right now."""
 
@@ -73,6 +92,11 @@ class NodeFacts(FactsModel):
     fabric: FabricFacts = FabricFacts()
     checkpoint: CheckpointFacts = CheckpointFacts()
     images: list[str] = Field(default_factory=lambda: [])
+    # Pinned digest -> bytes of the images this node's store holds whole (to pass on to a peer).
+    image_store: dict[str, int] = Field(default_factory=lambda: {})
+    # Asked only while the node lacks the image and pulls it from the registry itself.
+    registry: RegistryReach | None = None
+    pulled: list[PulledImage] = Field(default_factory=lambda: [])
     containers: list[ContainerFacts] = Field(default_factory=lambda: [])
     guard: GuardFacts = GuardFacts()
     api_key: KeyFileFacts | None = None

@@ -138,7 +138,54 @@ def docker_state(label: str) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         return {"error": docker_problem(exc)}
     refs = sorted({ref for image in images for ref in (image.get("RepoDigests") or []) + (image.get("RepoTags") or [])})
-    return {"containers": containers, "images": refs}
+    ids = sorted({image["Id"] for image in images if isinstance(image.get("Id"), str)})
+    return {"containers": containers, "images": refs, "image_ids": ids}
+
+
+def pulled_images(directory: str, docker: dict[str, Any]) -> list[dict[str, Any]]:
+    """The reconciler's records of its pulls here, each with whether its image is still there
+    and the containers (anyone's) made from it."""
+    records = [read_json(os.path.join(directory, name)) for name in list_dir(directory) if name.endswith(".json")]
+    records = [record for record in records if isinstance(record, dict) and isinstance(record.get("id"), str)]
+    if not records or "error" in docker:
+        return []
+    try:
+        listed = docker_get("/containers/json?all=1")
+    except (OSError, ValueError):
+        return []
+    users: dict[str, list[str]] = {}
+    for item in listed:
+        names = [name.lstrip("/") for name in item.get("Names") or []]
+        users.setdefault(item.get("ImageID"), []).extend(names[:1] or [str(item.get("Id", ""))[:12]])
+    ids = set(docker.get("image_ids") or [])
+    return [{**record, "present": record["id"] in ids, "users": users.get(record["id"], [])} for record in records]
+
+
+def image_store_state(store: str) -> dict[str, int]:
+    """The images this node's store holds whole: pinned digest -> bytes of their blobs (a ref
+    record is written only once every blob it lists is there and verified)."""
+    held: dict[str, int] = {}
+    directory = os.path.join(store, "refs")
+    for name in list_dir(directory):
+        record = read_json(os.path.join(directory, name)) if name.endswith(".json") else None
+        blobs = record.get("blobs") if isinstance(record, dict) else None
+        digest = record.get("digest") if isinstance(record, dict) else None
+        if isinstance(digest, str) and isinstance(blobs, dict):
+            held[digest] = sum(size for size in blobs.values() if isinstance(size, int))
+    return held
+
+
+def registry_reach(check: dict[str, Any], refs: list[str]) -> dict[str, Any] | None:
+    """Whether this node can open a connection to the image's registry; asked only while the
+    image is missing here (a node that has it needs no registry)."""
+    digest, address = check.get("digest"), (check["host"], int(check["port"]))
+    if any(ref == check.get("ref") or (digest and ref.endswith("@" + digest)) for ref in refs):
+        return None
+    try:
+        socket.create_connection(address, timeout=3.0).close()
+    except OSError as exc:
+        return {"address": f"{address[0]}:{address[1]}", "error": exc.strerror or type(exc).__name__}
+    return {"address": f"{address[0]}:{address[1]}", "error": None}
 
 
 def list_dir(path: str) -> list[str]:
@@ -392,7 +439,10 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "restarts": read_json(layout.restarts) if args.get("head") else None,
         "breaker": read_json(layout.breaker) if args.get("head") else None,
         "front_draining": front_draining(layout, args["front_drain"]) if args.get("front_drain") else None,
-        "docker": docker_state(args["label"]),
+        "docker": (docker := docker_state(args["label"])),
+        "image_store": image_store_state(layout.image_store),
+        "pulled": pulled_images(layout.pulled_images, docker),
+        "registry": registry_reach(args["registry"], docker.get("images") or []) if args.get("registry") else None,
         "fabric": fabric_state(int(args.get("gid_index", 3))),
         "host_facts": host_facts(),
         "host": host_state() if args.get("doctor") else None,

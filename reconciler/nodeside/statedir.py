@@ -67,6 +67,9 @@ class StateDir:
         # A record per image the reconciler pulled on this node (uninstall and storage remove
         # only those: an image the owner pulled is never ours to delete).
         self.pulled_images = self._at("pulled")
+        # The serving image as its registry sent it (manifests and compressed layers by digest), on
+        # the nodes that pass it on over the fabric: Docker keeps only the unpacked layers.
+        self.image_store = self._at("images")
         # Each window's lowest MemAvailable and the rank configs that ran through it.
         self.guard_record = self._at("memguard.record.json")
 

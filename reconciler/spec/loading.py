@@ -74,7 +74,7 @@ Located = tuple[tuple[str | int, ...], str, str]
 
 def cross_check(deployment: Deployment) -> list[Located]:
     """Rules that span several fields; each result is (path, message, hint)."""
-    checks = (_check_roles, _check_unique_nodes, _check_ports, _check_front)
+    checks = (_check_roles, _check_unique_nodes, _check_ports, _check_front, _check_peer_image)
     return [problem for check in checks for problem in check(deployment)]
 
 
@@ -93,6 +93,12 @@ def _check_roles(deployment: Deployment) -> Iterator[Located]:
                 ("nodes", index, "model_source"),
                 "the head always downloads from the Hub",
                 "remove model_source from the head",
+            )
+        if node.role == "head" and node.image_source is not None:
+            yield (
+                ("nodes", index, "image_source"),
+                "the head always pulls the image from its registry (it is every peer's source)",
+                "remove image_source from the head",
             )
 
 
@@ -148,6 +154,21 @@ def _check_front(deployment: Deployment) -> Iterator[Located]:
             "append @sha256:<digest> (see `docker image inspect --format '{{index .RepoDigests 0}}'`), "
             "or set image.allow_unpinned: true to accept a moving tag",
         )
+
+
+def _check_peer_image(deployment: Deployment) -> Iterator[Located]:
+    """A peer takes the image by its digest: a moving tag has none to pass on or compare."""
+    if re.search(_DIGEST_RE, deployment.image.ref):
+        return
+    for index, node in enumerate(deployment.nodes):
+        if node.role == "worker" and deployment.image_source_of(node) == "peer":
+            where = ("nodes", index, "image_source") if node.image_source else ("image", "worker_source")
+            yield (
+                where,
+                f"{node.name} takes the image from a peer, which needs image.ref pinned by digest",
+                "pin image.ref (@sha256:<digest>), or let this worker pull from the registry (image_source: registry)",
+            )
+            return
 
 
 def _check_ports(deployment: Deployment) -> Iterator[Located]:

@@ -217,6 +217,12 @@ class Node(StrictModel):
         description="Workers only: copy the checkpoint from a peer (peer) or download it from the Hub (hub); default: "
         f"model.worker_source. {NEXT_TRANSFER}",
     )
+    image_source: Literal["registry", "peer"] | None = Field(
+        default=None,
+        description="Workers only: pull the serving image from its registry (registry) or take it from a peer over "
+        "the fabric (peer: from the head, or the worker before it in a chain; for a node with no route to the "
+        "registry); default: image.worker_source. A change applies to the next image transfer; nothing restarts.",
+    )
     fabric: Fabric = Fabric()
 
 
@@ -309,6 +315,21 @@ class Image(StrictModel):
         default=REFERENCE_IMAGE,
         description="The image every rank runs: registry/name@sha256:<digest>. A change pulls it on every node, "
         "then restarts the serving group onto it (11-13 min without the API).",
+    )
+    worker_source: Literal["registry", "peer"] = Field(
+        default="registry",
+        description="Where workers without their own image_source get the image: pulled from its registry by each "
+        "worker (registry), or sent from the head over the fabric, worker to worker in a chain (peer: the head "
+        "fetches it once, only layers a node lacks travel, compared by the pinned digest). A change applies to the "
+        "next image transfer; nothing restarts.",
+    )
+    keep_previous: int = Field(
+        default=1,
+        ge=0,
+        le=8,
+        description="Serving images the reconciler pulled that stay on each node after a newer one serves (for a "
+        "rollback without a transfer); older ones it pulled are removed, an image it did not pull never is. "
+        "A change takes effect once the next image serves; nothing restarts.",
     )
 
     @field_validator("ref")
@@ -885,6 +906,13 @@ class Deployment(StrictModel):
         if node.role == "head":
             return "head"
         return node.model_source or self.model.worker_source
+
+    def image_source_of(self, node: Node) -> Literal["head", "peer", "registry"]:
+        """Where a node's serving image comes from: the head always pulls from the registry
+        itself ("head"); a worker as its image_source or image.worker_source says."""
+        if node.role == "head":
+            return "head"
+        return node.image_source or self.image.worker_source
 
 
 def expand_home(path: str, home: str) -> str:

@@ -1,11 +1,11 @@
 """End-to-end tests on the testbed: the reconciler runs on spark-head, as on a real pair.
 
-The testbed (tests/testbed/) is brought up once for the whole session, with three nodes, and
+The testbed (tests/testbed/) is brought up once for the whole session, with four nodes, and
 torn down at its end (the teardown's leftover check fails the session if anything is left
 behind). Each module starts from a reset testbed (`Testbed.reset`: nothing deployed, the Hub
 stand-in as brought up), so modules run in any order; inside a module each test establishes
 what it needs (`Bed.converged`, `Bed.fresh`), so tests run in any order too. A two-node spec
-leaves the third node idle. Tests drive the real CLI inside the head node and observe nodes
+leaves the third and fourth nodes idle. Tests drive the real CLI inside the head node and observe nodes
 directly.
 """
 
@@ -155,6 +155,7 @@ THIRD_NODE = """\
     fabric: {ip: 198.18.10.12, ifname: enp1s0f1np1}
 
 """
+FOURTH_NODE = THIRD_NODE.replace("spark-third", "spark-fourth").replace("198.18.10.12", "198.18.10.14")
 
 
 @pytest.fixture(scope="session")
@@ -165,11 +166,11 @@ def shared_testbed() -> Iterator[Testbed]:
     testbed = Testbed(TB_ROOT)
     started = time.monotonic()
     try:
-        testbed.up(nodes=3)
+        testbed.up(nodes=4)
     except BaseException:
         testbed.down()
         raise
-    sys.stderr.write(f"\ntestbed up (3 nodes) in {time.monotonic() - started:.1f} s\n")
+    sys.stderr.write(f"\ntestbed up (4 nodes) in {time.monotonic() - started:.1f} s\n")
     yield testbed
     testbed.down()
 
@@ -190,8 +191,9 @@ def reset_bed(testbed: Testbed, directory: Path, nodes: int, *, slow_shutdown: b
     assert SLOW_SHUTDOWN in text, "specs/testbed.yaml: the engine stand-in's shutdown time moved"
     if not slow_shutdown:
         spec.write_text(text.replace(SLOW_SHUTDOWN, QUICK_SHUTDOWN), encoding="utf-8")
-    if nodes == 3:
-        text = spec.read_text(encoding="utf-8").replace("\nmodel:\n", "\n" + THIRD_NODE + "model:\n", 1)
+    if nodes > 2:
+        added = "".join([THIRD_NODE, FOURTH_NODE][: nodes - 2])
+        text = spec.read_text(encoding="utf-8").replace("\nmodel:\n", "\n" + added + "model:\n", 1)
         spec.write_text(specfile.render(text, testbed.layout, image), encoding="utf-8")
     return Bed(testbed, spec)
 
@@ -209,8 +211,8 @@ def converged(bed: Bed) -> Bed:
 
 
 @pytest.fixture(scope="module")
-def bed3(shared_testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Bed:
-    return reset_bed(shared_testbed, tmp_path_factory.mktemp("spec3"), nodes=3)
+def bed4(shared_testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Bed:
+    return reset_bed(shared_testbed, tmp_path_factory.mktemp("spec4"), nodes=4)
 
 
 def events(bed: Bed, node: str, since: float) -> list[tuple[float, str, str]]:

@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("install", help="apt-get install the missing packages (starts no service)")
     up = sub.add_parser("up", help="tear down whatever is there, then bring the testbed up")
-    up.add_argument("--nodes", type=int, choices=(2, 3), default=2)
+    up.add_argument("--nodes", type=int, choices=(2, 3, 4), default=2)
     down = sub.add_parser("down", help="ordered teardown and leftover check (non-zero exit on leftovers)")
     down.add_argument("--purge", action="store_true", help="also delete caches: keys, base layer, hub build")
     run = sub.add_parser("exec", help="run CMD inside a node (exit status passed through)")

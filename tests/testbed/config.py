@@ -51,6 +51,7 @@ ALL_NODES = (
     Node("spark-head", "head", "198.19.0.13", "198.18.10.13", "198.18.21.1/24", "198.18.128.0/20"),
     Node("spark-worker", "worker", "198.19.0.11", "198.18.10.11", "198.18.22.1/24", "198.18.144.0/20"),
     Node("spark-third", "third", "198.19.0.12", "198.18.10.12", "198.18.23.1/24", "198.18.160.0/20"),
+    Node("spark-fourth", "fourth", "198.19.0.14", "198.18.10.14", "198.18.24.1/24", "198.18.176.0/20"),
 )
 ALL_NETNS = (MGMT_NETNS, FABRIC_NETNS, *(n.name for n in ALL_NODES))
 
@@ -60,8 +61,8 @@ class TestbedError(RuntimeError):
 
 
 def nodes_for(count: int) -> tuple[Node, ...]:
-    if count not in (2, 3):
-        raise TestbedError(f"--nodes must be 2 or 3, not {count}")
+    if count not in (2, 3, 4):
+        raise TestbedError(f"--nodes must be 2, 3 or 4, not {count}")
     return ALL_NODES[:count]
 
 

@@ -132,6 +132,13 @@ def clear_qdiscs(node: Node) -> None:
         proc.run(["tc", "-n", node.name, "qdisc", "del", "dev", ifname, "root"], check=False)
 
 
+def cut_services(node: Node, cut: bool) -> None:
+    """Take away (or give back) the node's route to the registry and the Hub stand-in on the
+    host: a Spark without internet, still reachable by its peers over SSH and the fabric."""
+    verb = "replace" if cut else "del"
+    proc.run(["ip", "-n", node.name, "route", verb, "unreachable", f"{HOST_IP}/32"], check=cut)
+
+
 def netns_pids(netns: str) -> list[int]:
     out = proc.run(["ip", "netns", "pids", netns], check=False).stdout
     return [int(p) for p in out.split()]

@@ -13,6 +13,7 @@ the same for shell use, and `StandinControl("http://198.19.0.1:5080").move_branc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -162,6 +163,7 @@ class Testbed:
         network.set_fabric_link(node, True)
         network.set_fabric_mtu(node)
         network.clear_qdiscs(node)
+        network.cut_services(node, False)
         self._unfake_kernel(node)
         if not node_ops.dockerd_ready(self.layout, node):
             node_ops.start_dockerd(self.layout, node)
@@ -231,6 +233,18 @@ class Testbed:
 
     def _write_images(self, refs: dict[str, str]) -> None:
         self.layout.images_json.write_text(json.dumps(refs, indent=2) + "\n")
+
+    def push_engine_variant(self, note: str) -> str:
+        """Push (not pull) the engine image plus one small layer of its own (`note` in
+        /etc/variant): an image change that shares every other layer. Returns its ref."""
+        built = img.build(self.layout.cache)
+        extra = img.write_layer(
+            [img.Entry("etc", "dir", 0o755), img.Entry("etc/variant", "file", 0o644, data=note.encode())],
+            self.layout.cache / "variants" / f"{hashlib.sha256(note.encode()).hexdigest()[:16]}.tar.gz",
+        )
+        variant = img.Image(built.engine.repo, (*built.engine.layers, extra))
+        img.Registry().push(variant, mount_from=built.pybase.repo)
+        return variant.ref
 
     def rebuild_engine(self) -> str:
         """Push a new engine image from the current engine code, pull it on every node; return its ref."""

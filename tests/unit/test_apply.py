@@ -10,7 +10,7 @@ import pytest
 
 from reconciler import apply
 from reconciler.actions import Action, GuardConfig, Pull, StartGuard, Step, StepPayload, action
-from reconciler.components import apikey, breaker, checkpoint_run, front, image, memguard, pi, ranks
+from reconciler.components import apikey, breaker, checkpoint_run, front, image_run, memguard, pi, ranks
 from reconciler.errors import (
     ApplyError,
     JsoncError,
@@ -39,7 +39,7 @@ def test_each_step_has_one_payload_type_and_each_payload_type_one_executor() -> 
     payload_types = get_args(StepPayload)
     assert sorted(kind.STEP for kind in payload_types) == sorted(Step)
     assert set(apply.EXECUTORS) == set(payload_types)
-    bound = [*checkpoint_run.EXECUTORS, *image.EXECUTORS, *apikey.EXECUTORS, *memguard.EXECUTORS]
+    bound = [*checkpoint_run.EXECUTORS, *image_run.EXECUTORS, *apikey.EXECUTORS, *memguard.EXECUTORS]
     bound += [*ranks.EXECUTORS, *breaker.EXECUTORS, *front.EXECUTORS, *pi.EXECUTORS]
     assert len(bound) == len(apply.EXECUTORS), "a payload type bound twice"
 
