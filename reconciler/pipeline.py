@@ -175,7 +175,20 @@ class Boards:
 
 # The checkpoint's steps that run before the rank group restarts: a run of them holding a
 # pipelined action is run by `run_group`.
-GROUP_STEPS = {Step.PIN, Step.LINK, Step.DOWNLOAD, Step.REASSEMBLE, Step.VERIFY, Step.COPY, Step.PRUNE, Step.STAGE_PLAN}
+CHECKPOINT_STEPS = {
+    Step.PIN,
+    Step.LINK,
+    Step.DOWNLOAD,
+    Step.REASSEMBLE,
+    Step.VERIFY,
+    Step.COPY,
+    Step.PRUNE,
+    Step.STAGE_PLAN,
+}
+# The image's transfer joins the checkpoint's group: on its own lane of each node (see
+# `_waits_for`), so the image travels while the checkpoint does.
+IMAGE_TRANSFER_STEPS = {Step.FETCH_IMAGE, Step.COPY_IMAGE}
+GROUP_STEPS = CHECKPOINT_STEPS | IMAGE_TRANSFER_STEPS
 
 Outcome = tuple[str, float, ReconcilerError | None]
 
@@ -243,10 +256,15 @@ def _make_feeds(boards: Boards, group: list[Action], nodes: Mapping[str, str]) -
 
 
 def _waits_for(group: list[Action], index: int, nodes: Mapping[str, str]) -> list[str]:
-    """The earlier actions of the group on the action's node and those it depends on, but for
-    those a pipelined action runs alongside."""
+    """The earlier actions of the group on the action's node (of its lane: the checkpoint's or
+    the image's) and those it depends on, but for those a pipelined action runs alongside."""
     action = group[index]
     alongside = behind(action, nodes)
-    earlier = [other.id for other in group[:index] if other.node == action.node]
+    lane = action.step in IMAGE_TRANSFER_STEPS
+    earlier = [
+        other.id
+        for other in group[:index]
+        if other.node == action.node and (other.step in IMAGE_TRANSFER_STEPS) == lane
+    ]
     deps = [dep for dep in action.depends_on if dep in nodes and dep not in earlier]
     return [other for other in [*earlier, *deps] if other not in alongside]

@@ -188,9 +188,10 @@ class _PeerChain:
 
     def _fetch(self) -> Action:
         registry = registry_of(self.ref).host
-        takers = ", ".join(item.node for item in self.copies if item.payload.source_node == self.head.name)  # type: ignore[union-attr]
+        takers = [item.node for item in self.copies if item.payload.source_node == self.head.name]  # type: ignore[union-attr]
         summary = f"fetch {short_ref(self.ref)} from {registry} into {self.head.name}'s image store, as sent"
-        cause = f"{takers} take the image from a peer (image_source: peer) and no store holds it yet"
+        verb = "takes" if len(takers) == 1 else "take"
+        cause = f"{', '.join(takers)} {verb} the image from a peer (image_source: peer) and no store holds it yet"
         return action(FetchImage(ref=self.ref), self.head.name, "create", summary, cause)
 
 

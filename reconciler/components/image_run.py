@@ -18,6 +18,7 @@ from reconciler.actions import Action, Copy, CopyImage, FetchImage, PruneImages,
 from reconciler.components.image import Layers, record_pull, short_ref
 from reconciler.components.rsync import rsync_streams
 from reconciler.errors import NodeCommandError
+from reconciler.nodeside.statedir import StateDir
 from reconciler.pipeline import Board, Feed
 from reconciler.spec.imageref import digest_of, registry_of
 from reconciler.transport.base import run_program
@@ -123,7 +124,8 @@ def _copy(ctx: ApplyContext, action: Action, copy: CopyImage) -> str:
             fabric=copy.fabric,
         )
         feed = Feed(Board(origin), missing, released=True)
-        rsync_streams(ctx, node, rsync, missing, feed, _landed)
+        daemon = StateDir(ctx.deployment.state_dir).image_copy_daemon
+        rsync_streams(ctx, node, rsync, missing, feed, _landed, daemon_dir=daemon)
     verify = [_digest_of_path(path) for path in missing]
     _run(ctx, node, "adopt", {"store": destination_dir, "record": record, "verify": verify})
     kept = len(record["blobs"]) - len(missing)

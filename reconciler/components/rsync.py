@@ -51,7 +51,14 @@ def stream_count(cores: int | None, files: int) -> int:
 
 
 def rsync_streams(
-    ctx: ApplyContext, node: str, copy: Copy, sizes: dict[str, int], feed: Feed, landed: Callable[[list[str]], None]
+    ctx: ApplyContext,
+    node: str,
+    copy: Copy,
+    sizes: dict[str, int],
+    feed: Feed,
+    landed: Callable[[list[str]], None],
+    *,
+    daemon_dir: str | None = None,
 ) -> int:
     """rsync the copy's source node -> worker `node` in parallel streams; resumable. Returns the
     number of streams.
@@ -62,7 +69,8 @@ def rsync_streams(
     worker is touched. The copy's fabric addresses (origin, worker) send the streams to a daemon
     on the worker's (see nodeside/copydaemon.py); without them, over SSH. `feed`: where the
     files come from as they are ready on the origin (all at once unless pipelined); `landed` is
-    told each batch once it is on the worker.
+    told each batch once it is on the worker. `daemon_dir`: where the worker's daemon keeps its
+    files (a copy running beside another needs its own); default: the checkpoint copy's.
     """
     origin, destination, recopy = copy.source_node, copy.destination_dir, copy.files is not None
     worker = ctx.node(node)
@@ -85,7 +93,8 @@ def rsync_streams(
     # A pipelined stream runs one rsync per batch, each a connection of its own: room for the
     # next to connect before the daemon has reaped the one before.
     connections = count if fixed is not None else 2 * count
-    with _channel(ctx, node, worker.ssh, destination, copy.fabric, connections) as channel:
+    directory = daemon_dir or StateDir(ctx.deployment.state_dir).copy_daemon
+    with _channel(ctx, node, worker.ssh, destination, copy.fabric, connections, directory) as channel:
         waiting = "" if fixed is not None else f", each file once it is verified on {origin}"
         ctx.progress.line(f"    {label}: {count} rsync streams {channel.shown}{waiting}")
 
@@ -129,7 +138,13 @@ class _Channel:
 
 @contextlib.contextmanager
 def _channel(
-    ctx: ApplyContext, node: str, ssh: SshTarget, destination: str, fabric: tuple[str, str] | None, connections: int
+    ctx: ApplyContext,
+    node: str,
+    ssh: SshTarget,
+    destination: str,
+    fabric: tuple[str, str] | None,
+    connections: int,
+    directory: str,
 ) -> Iterator[_Channel]:
     if fabric is None:
         # Resolved here, where the control connection resolves it: the head runs the reconciler.
@@ -142,7 +157,6 @@ def _channel(
         return
     origin_ip, worker_ip = fabric
     secret = secrets.token_hex(24)
-    directory = StateDir(ctx.deployment.state_dir).copy_daemon
     args = {"dir": directory, "path": destination, "address": worker_ip, "allow": origin_ip, "secret": secret}
     daemon = ctx.transport(node)
     lines = ctx.node_lines(node)

@@ -33,6 +33,8 @@ class StateDir:
         self.engine_cache = self._at("cache")
         # The rsync daemon a copy over the fabric starts on the destination, with its secrets.
         self.copy_daemon = self._at("copy-daemon")
+        # The image's copy has a daemon of its own: it runs beside the checkpoint's.
+        self.image_copy_daemon = self._at("copy-daemon-image")
         # The API key, on the head (the default of api.key_file): random, mode 0600, never printed.
         self.api_key = self._at("api_key")
         # The front's HAProxy config, mounted read-only into its container (it holds no secret).

@@ -380,3 +380,31 @@ def test_a_landed_file_is_published_only_once_its_sha256_matches(tmp_path: Path)
     ready = ctx.boards.board("spark-worker").ready
     assert ready == {"good", "plain.json", PARTS[0]}, "a mismatch is left to the verify, which re-fetches it"
     assert f"{root}/good" in json.loads(cache.read_text()), "hashed into the cache the verify reads"
+
+
+def test_the_image_travels_beside_the_checkpoint_each_on_its_own_lane_of_a_node() -> None:
+    """With image_source peer the head's fetch and the workers' image copies join the
+    checkpoint's group: they start at once (the head's fetch does not wait for its download),
+    the image copy waits only for the fetch, and the pull from the store waits for the copy."""
+    deployment = reference_deployment()
+    deployment = deployment.model_copy(update={"image": deployment.image.model_copy(update={"worker_source": "peer"})})
+    actions = list(plan(deployment, empty_facts()).actions)
+    group = next(batch for batch in apply.batches(actions) if any(a.step is Step.DOWNLOAD for a in batch))
+    assert {Step.FETCH_IMAGE, Step.COPY_IMAGE} <= {a.step for a in group}
+    assert Step.PULL not in {a.step for a in group}
+    started: list[str] = []
+    fetch_may_end = threading.Event()
+
+    def run(item: Action) -> Outcome:
+        started.append(item.id)
+        if item.step is Step.DOWNLOAD:
+            # The download ends only once the fetch on the same node has begun: no lane waits for the other.
+            assert fetch_may_end.wait(5), "the head's fetch waited for its download"
+        if item.step is Step.FETCH_IMAGE:
+            fetch_may_end.set()
+        if item.step is Step.COPY_IMAGE:
+            assert "image.fetch@spark-head" in started
+        return ("done", 0.0, None)
+
+    outcomes = run_group(Boards(), group, run)
+    assert all(error is None for _, _, error in outcomes)
