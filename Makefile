@@ -107,7 +107,7 @@ $(LOWEST_STAMP): pyproject.toml constraints.txt tools/deps.py
 pi-test-install: setup
 	$(BIN)/python -m tests.integration.realpi
 
-# End-to-end on the testbed (root): converge, idempotence, edits, stop/start, three nodes.
+# End-to-end on the testbed (root): converge, idempotence, edits, stop/start, four nodes.
 e2e: setup testbed-install
 	$(BIN)/pytest -m testbed -v
 

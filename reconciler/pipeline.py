@@ -211,7 +211,8 @@ def run_group(ctx_boards: Boards, group: list[Action], run: Callable[[Action], O
     def finish(action: Action, ok: bool, reason: str) -> None:
         with lock:
             good[action.id] = ok
-        if not ok:
+        # A node's board holds its checkpoint files: the image's lane failing stops no copy of them.
+        if not ok and action.step not in IMAGE_TRANSFER_STEPS:
             ctx_boards.board(action.node).fail(reason)
         ended[action.id].set()
         for waiting in group:

@@ -293,7 +293,10 @@ def totals_lines(result: Plan) -> list[str]:
         if totals[key]
     ]
     disk = ", ".join(f"{node} {human_bytes(count)}" for node, count in totals["disk_bytes"].items())
-    return [f"Moves: {', '.join(moved) or 'nothing'}; disk needed at most: {disk}."]
+    peers = [action.node for action in result.actions if action.step is Step.COPY_IMAGE]
+    # An image's size is known only once its registry has sent its manifest: say who gets it.
+    image = f"; and the image to {', '.join(peers)} from peers (its layers they lack)" if peers else ""
+    return [f"Moves: {', '.join(moved) or 'nothing'}{image}; disk needed at most: {disk}."]
 
 
 def _render_action(action: Action, numbers: dict[str, int], nodes: dict[str, str]) -> list[str]:

@@ -304,6 +304,17 @@ def _remove_untrue(path: str, checked: os.stat_result, digest: str) -> None:
         if (now.st_dev, now.st_ino) == (checked.st_dev, checked.st_ino):
             os.unlink(path)
             progress(f"image store: {path} does not hold the bytes of {digest}; removed it for the next copy")
+    _forget_records_listing(os.path.dirname(os.path.dirname(os.path.dirname(path))), digest)
+
+
+def _forget_records_listing(root: str, digest: str) -> None:
+    """A record lists only blobs that are there and true: one that lists a blob just removed goes,
+    so the next plan fetches or copies the image again instead of trusting the store."""
+    store = Store(root)
+    for held, record in store.records().items():
+        if digest in record["blobs"]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(store.record_path(held))
 
 
 # --- explaining failures ----------------------------------------------------------------------------
@@ -319,6 +330,8 @@ def _explained(store: Store) -> Iterator[None]:
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
         raise SystemExit(f"image store {store.root}: {where}{exc.strerror or exc}") from None
+    except ValueError as exc:  # an address or answer urllib cannot read, from a registry or its redirect
+        raise SystemExit(_without_secrets(f"the registry's answer cannot be read: {exc}")) from None
 
 
 def _without_secrets(text: str) -> str:
@@ -378,7 +391,11 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
     def redirect_request(
         self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: HTTPMessage, newurl: str
     ) -> urllib.request.Request | None:
-        refusal = redirect_refusal(req.full_url, newurl)
+        try:
+            refusal = redirect_refusal(req.full_url, newurl)
+            _origin(newurl)
+        except ValueError:  # a port out of range, a bracket left open
+            raise SystemExit(f"{_where(req.full_url)} redirected the download to an address that cannot be read") from None
         if refusal is not None:
             raise SystemExit(refusal)
         if sum(getattr(req, "redirect_dict", {}).values()) >= REDIRECT_LIMIT:
@@ -689,7 +706,8 @@ def platform_of(machine: str) -> tuple[str, str | None]:
 def choose_manifest(index: dict[str, Any], architecture: str, variant: str | None) -> Blob:
     """The index's manifest for linux/`architecture`: the wanted variant first, then one that names
     none. Entries for unknown/unknown are attestations, never an image to run."""
-    entries = [entry for entry in index.get("manifests") or [] if isinstance(entry, dict)]
+    listed = index.get("manifests")
+    entries = [entry for entry in listed if isinstance(entry, dict)] if isinstance(listed, list) else []
     platforms: list[dict[str, Any]] = [
         entry["platform"] if isinstance(entry.get("platform"), dict) else {} for entry in entries
     ]
@@ -1295,10 +1313,13 @@ def _prune_refs(store: Store, keep: set[str]) -> list[str]:
 
 
 def _prune_blobs(store: Store, listed: set[str]) -> int:
+    """Blobs and partials no kept record lists, and the temporary files a killed rsync left (a
+    dot, the blob's name, a random suffix: the prune runs after the copies, never beside one)."""
     freed = 0
     for name in _names(store.blobs):
         hex_digits = name.removesuffix(".partial")
-        if _HEX.fullmatch(hex_digits) and f"sha256:{hex_digits}" not in listed:
+        leftover = name.startswith(".") and _HEX.fullmatch(name[1:].split(".", 1)[0]) is not None
+        if leftover or (_HEX.fullmatch(hex_digits) and f"sha256:{hex_digits}" not in listed):
             path = os.path.join(store.blobs, name)
             freed += os.lstat(path).st_size
             os.unlink(path)

@@ -162,17 +162,32 @@ def pulled_images(directory: str, docker: dict[str, Any]) -> list[dict[str, Any]
 
 
 def image_store_state(store: str) -> dict[str, int]:
-    """The images this node's store holds whole: pinned digest -> bytes of their blobs (a ref
-    record is written only once every blob it lists is there and verified)."""
+    """The images this node's store holds whole: pinned digest -> bytes of their blobs. A record
+    is written once every blob it lists is there and verified, but a blob may go since (a disk
+    error, a hand): a record counts only while each of its blobs is there at its size."""
     held: dict[str, int] = {}
     directory = os.path.join(store, "refs")
     for name in list_dir(directory):
         record = read_json(os.path.join(directory, name)) if name.endswith(".json") else None
         blobs = record.get("blobs") if isinstance(record, dict) else None
         digest = record.get("digest") if isinstance(record, dict) else None
-        if isinstance(digest, str) and isinstance(blobs, dict):
-            held[digest] = sum(size for size in blobs.values() if isinstance(size, int))
+        if isinstance(digest, str) and isinstance(blobs, dict) and blobs_present(store, blobs):
+            held[digest] = sum(blobs.values())
     return held
+
+
+def blobs_present(store: str, blobs: dict[Any, Any]) -> bool:
+    for digest, size in blobs.items():
+        hex_digits = digest.removeprefix("sha256:") if isinstance(digest, str) else ""
+        if not isinstance(size, int) or len(hex_digits) != 64 or not hex_digits.isalnum():
+            return False
+        try:
+            found = os.lstat(os.path.join(store, "blobs", "sha256", hex_digits))
+        except OSError:
+            return False
+        if not stat.S_ISREG(found.st_mode) or found.st_size != size:
+            return False
+    return True
 
 
 def registry_reach(check: dict[str, Any], refs: list[str]) -> dict[str, Any] | None:

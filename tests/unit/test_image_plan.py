@@ -232,3 +232,65 @@ def test_an_image_a_container_uses_is_pruned_only_when_our_rank_restarts_off_it(
     ready = next(item for item in result.actions if item.step in (Step.SMOKE, Step.WAIT_READY))
     assert result.actions.index(prune) > result.actions.index(ready)
     assert prune.depends_on, "after the group's restart"
+
+
+# ---------------------------------------------------------------- what a node says
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"image_store": ["not", "a", "mapping"], "pulled": {"a": 1}, "registry": "down"},
+        {"image_store": {"sha256:zz": 5, DIGEST: -1, OTHER: "big"}, "pulled": [{"ref": 1}], "registry": {"error": 3}},
+        {"image_store": {DIGEST: 2**80}, "pulled": [{"ref": "x", "id": "y" * 500}], "registry": {"address": "a" * 999}},
+    ],
+)
+def test_malformed_image_facts_are_left_out_never_raised(raw: dict[str, Any]) -> None:
+    """A store, a pull record or a reachability answer that cannot be read counts as absent: no
+    blob is then passed on, no image pruned, and a registry is taken as reachable (its pull says more)."""
+    from reconciler.facts.gather import node_facts_from_probe
+
+    base = {"docker": {"containers": [], "images": []}, "home": "/home/nvidia", "checkpoint": {}}
+    facts = node_facts_from_probe(reference_deployment().head, {**base, **raw})
+    assert facts.reachable, facts.error
+    assert set(facts.image_store) <= {DIGEST}
+    assert facts.pulled == []
+    assert facts.registry is None
+
+
+def test_the_probe_reports_the_store_and_our_pulls_as_a_node_has_them(tmp_path: Any) -> None:
+    """The real probe on this machine: a ref record in the store, a pull record, and a registry
+    that refuses the connection; without Docker the image is missing, so the registry is asked."""
+    import json
+    import socket
+
+    from reconciler.facts.gather import node_facts_from_probe, probe_args
+    from reconciler.nodeside.statedir import StateDir
+    from reconciler.transport.base import run_program
+    from reconciler.transport.local import LocalTransport
+
+    layout = StateDir(str(tmp_path / "state"))
+    (tmp_path / "state/images/refs").mkdir(parents=True)
+    (tmp_path / "state/images/blobs/sha256").mkdir(parents=True)
+    for digest, size in ((DIGEST, 3), (OTHER, 7)):
+        (tmp_path / f"state/images/blobs/sha256/{digest[7:]}").write_bytes(b"x" * size)
+    record = {"ref": f"r/x@{DIGEST}", "digest": DIGEST, "blobs": {DIGEST: 3, OTHER: 7}, "layers": [OTHER]}
+    (tmp_path / f"state/images/refs/{DIGEST[7:]}.json").write_text(json.dumps(record), encoding="utf-8")
+    other = {**record, "ref": f"r/y@{OTHER}", "digest": OTHER, "blobs": {OTHER: 7, "sha256:" + "ef" * 32: 1}}
+    (tmp_path / f"state/images/refs/{OTHER[7:]}.json").write_text(json.dumps(other), encoding="utf-8")
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    deployment = reference_deployment()
+    image = deployment.image.model_copy(update={"ref": f"127.0.0.1:{port}/r/x@{DIGEST}"})
+    deployment = deployment.model_copy(update={"image": image, "state_dir": layout.root})
+    args = probe_args(deployment, deployment.head)
+    raw = run_program(LocalTransport("spark-head"), "probe", "print_probe", args)
+    # The second record lists a blob that is not there: that image is not held whole.
+    assert raw["image_store"] == {DIGEST: 10}
+    raw["docker"] = {"containers": [], "images": []}
+    facts = node_facts_from_probe(deployment.head, raw)
+    assert facts.image_store == {DIGEST: 10}
+    assert facts.registry is not None
+    assert facts.registry.address == f"127.0.0.1:{port}"
+    assert facts.registry.error == "Connection refused"

@@ -408,3 +408,24 @@ def test_the_image_travels_beside_the_checkpoint_each_on_its_own_lane_of_a_node(
 
     outcomes = run_group(Boards(), group, run)
     assert all(error is None for _, _, error in outcomes)
+
+
+def test_a_failed_image_fetch_stops_the_image_copies_but_no_checkpoint_step() -> None:
+    deployment = reference_deployment()
+    deployment = deployment.model_copy(update={"image": deployment.image.model_copy(update={"worker_source": "peer"})})
+    group = next(batch for batch in apply.batches(list(plan(deployment, empty_facts()).actions)) if len(batch) > 3)
+    ran: list[str] = []
+
+    def run(item: Action) -> Outcome:
+        ran.append(item.id)
+        if item.step is Step.FETCH_IMAGE:
+            return ("", 0.0, NodeCommandError("spark-head: the registry said 429", "later"))
+        return ("done", 0.0, None)
+
+    boards = Boards()
+    outcomes = dict(zip([item.id for item in group], run_group(boards, group, run), strict=True))
+    assert boards.board("spark-head").failure is None, "the head's checkpoint files still go to the workers"
+    assert outcomes["image.copy@spark-worker"][2] is not None, "the copy waits for the fetch it needs"
+    assert "image.copy@spark-worker" not in ran
+    failed = [name for name, (_, _, error) in outcomes.items() if error is not None]
+    assert sorted(failed) == ["image.copy@spark-worker", "image.fetch@spark-head"], failed
