@@ -38,6 +38,7 @@ from reconciler.fsutil import human_bytes
 from reconciler.record import replace
 from reconciler.serving import ResolvedFabric
 from reconciler.spec import Deployment, Node
+from reconciler.spec.imageref import local_name
 from reconciler.transport.base import Transport
 from reconciler.transport.sshroute import SshRoute, route_for
 
@@ -372,7 +373,7 @@ def _image(subject: _Subject) -> Check:
     ref = subject.deployment.image.ref
     if subject.probe.docker_error:
         return subject.check("image", "WARN", "not checked: Docker does not answer", "fix Docker first")
-    if ref in subject.observed.images:
+    if local_name(subject.observed.images, ref) is not None:
         return subject.check("image", "PASS", f"{ref} present")
     return subject.check(
         "image", "WARN", f"{ref} not pulled yet", f"`reconciler apply` pulls it (or: docker pull {ref})"

@@ -18,7 +18,7 @@ from reconciler.actions import (
     action,
 )
 from reconciler.components.routing import fabric_pair
-from reconciler.facts.node import Facts, NodeFacts
+from reconciler.facts.node import Facts, NodeFacts, PulledImage
 from reconciler.nodeside.statedir import StateDir
 from reconciler.serving import container_name
 from reconciler.spec import Deployment, Node
@@ -57,7 +57,7 @@ def plan_image(deployment: Deployment, facts: Facts) -> Outcome:
         and local_name(facts.nodes[deployment.head.name].images, ref) is None
     )
     outcome.extend(chain.conclude())
-    if head_missing and chain.head_store_used:
+    if head_missing and chain.head_store_used and chain.head_store_ready(outcome):
         outcome.actions.append(chain.head_pull())
     elif head_missing:
         _from_registry(outcome, deployment, deployment.head, facts.nodes[deployment.head.name], ref, "")
@@ -178,6 +178,11 @@ class _PeerChain:
         outcome.actions += self.copies + self.pulls
         return outcome
 
+    def head_store_ready(self, outcome: Outcome) -> bool:
+        """The head's store holds the image, or its fetch is planned (a blocker may stand instead)."""
+        planned = any(item.id == self.fetch_id for item in outcome.actions)
+        return planned or self.digest in self.head_facts.image_store
+
     def head_pull(self) -> Action:
         """The head lacks the image too: its Docker takes it from the store just filled, so the
         registry sends it once."""
@@ -205,14 +210,16 @@ def plan_image_prune(deployment: Deployment, facts: Facts, restarting: set[str])
     ref = deployment.image.ref
     ours = {container_name(deployment, rank): node.name for rank, node in deployment.ranked_nodes}
     for _, node, observed in facts.answering(deployment.ranked_nodes):
-        serving = [item for item in observed.pulled if item.role == "serving" and item.present]
+        serving = [item for item in observed.pulled if _serving(item, ref) and item.present]
         previous = sorted((item for item in serving if not same_image(item.ref, ref)), key=lambda item: item.at)
         kept = previous[max(0, len(previous) - deployment.image.keep_previous) :]
         replaced = node.name in restarting
         remove = [
             item.ref
             for item in previous
-            if item not in kept and all(replaced and ours.get(user) == node.name for user in item.users)
+            if item not in kept
+            and not item.refused
+            and all(replaced and ours.get(user) == node.name for user in item.users)
         ]
         keep = sorted({digest for item in [ref, *(k.ref for k in kept)] if (digest := digest_of(item))})
         extra = sorted(set(observed.image_store) - set(keep))
@@ -224,6 +231,14 @@ def plan_image_prune(deployment: Deployment, facts: Facts, restarting: set[str])
         cause = f"image.keep_previous: {deployment.image.keep_previous}; images the reconciler did not pull stay"
         actions.append(action(PruneImages(remove=remove, keep=keep), node.name, "remove", summary, cause))
     return actions
+
+
+def _serving(record: PulledImage, ref: str) -> bool:
+    """A serving image's record; one from before roles were written counts when it is of the
+    serving image's repository (the front's image never is)."""
+    if record.role is not None:
+        return record.role == "serving"
+    return registry_of(record.ref).path == registry_of(ref).path
 
 
 def _route(deployment: Deployment, fabric: tuple[str, str] | None) -> str:

@@ -20,7 +20,7 @@ from reconciler.components.rsync import rsync_streams
 from reconciler.errors import NodeCommandError
 from reconciler.nodeside.statedir import StateDir
 from reconciler.pipeline import Board, Feed
-from reconciler.spec.imageref import digest_of, registry_of
+from reconciler.spec.imageref import Registry, digest_of, registry_of
 from reconciler.transport.base import run_program
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def _insecure_registry(client: Any, host: str) -> bool:
     registries, or a loopback address, which Docker always allows): the fetch then does too."""
     import ipaddress
 
-    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    name = Registry(host, "").address[0]
     config = client.info().get("RegistryConfig") or {}
     index = (config.get("IndexConfigs") or {}).get(host) or {}
     if index.get("Secure") is False or name in ("localhost", "127.0.0.1"):
@@ -110,8 +110,12 @@ def _copy(ctx: ApplyContext, action: Action, copy: CopyImage) -> str:
     the node check the new ones against their digests before its store lists the image."""
     node, origin = action.node, copy.source_node
     record = _record(ctx, origin, copy.ref)
-    here = _run(ctx, node, "survey", {"store": _store(ctx, node)})["blobs"]
+    survey = _run(ctx, node, "survey", {"store": _store(ctx, node)})
+    here = survey["blobs"]
     missing = {_blob_path(digest): size for digest, size in record["blobs"].items() if here.get(digest) != size}
+    # A blob at its size is checked unless a record here already vouches for it: an rsync cut
+    # short may leave a file of the right size that never finished (its checksum unread).
+    vouched = {digest for held in survey["refs"].values() for digest in held["blobs"]}
     source_dir, destination_dir = _store(ctx, origin), _store(ctx, node)
     if missing:
         rsync = Copy(
@@ -126,7 +130,7 @@ def _copy(ctx: ApplyContext, action: Action, copy: CopyImage) -> str:
         feed = Feed(Board(origin), missing, released=True)
         daemon = StateDir(ctx.deployment.state_dir).image_copy_daemon
         rsync_streams(ctx, node, rsync, missing, feed, _landed, daemon_dir=daemon)
-    verify = [_digest_of_path(path) for path in missing]
+    verify = [digest for digest in record["blobs"] if digest not in vouched]
     _run(ctx, node, "adopt", {"store": destination_dir, "record": record, "verify": verify})
     kept = len(record["blobs"]) - len(missing)
     return (
@@ -155,10 +159,6 @@ def _record(ctx: ApplyContext, node: str, ref: str) -> dict[str, Any]:
 
 def _blob_path(digest: str) -> str:
     return "blobs/sha256/" + digest.removeprefix("sha256:")
-
-
-def _digest_of_path(path: str) -> str:
-    return "sha256:" + path.rsplit("/", 1)[-1]
 
 
 def _pull_from_store(ctx: ApplyContext, action: Action, pull: Pull) -> str:
@@ -198,8 +198,9 @@ def _prune(ctx: ApplyContext, action: Action, prune: PruneImages) -> str:
             client.images.remove(ref)
         except docker.errors.ImageNotFound:
             pass
-        except docker.errors.APIError as exc:  # a container made from it since the plan
+        except docker.errors.APIError as exc:  # a child image, a container made from it since the plan
             kept.append(f"{short_ref(ref)} ({exc.explanation})")
+            _mark_refused(ctx, node, ref, str(exc.explanation))
             continue
         ctx.ops(node).remove_file(ctx.state_dir(node).pulled_images + "/" + _record_name(ref))
         removed.append(short_ref(ref))
@@ -207,6 +208,17 @@ def _prune(ctx: ApplyContext, action: Action, prune: PruneImages) -> str:
     parts = [f"removed {', '.join(removed) or 'no image'}", f"store trimmed by {_size(int(freed))}"]
     parts += [f"kept {', '.join(kept)}"] if kept else []
     return "; ".join(parts)
+
+
+def _mark_refused(ctx: ApplyContext, node: str, ref: str, why: str) -> None:
+    """Keep the record with Docker's reason: the image stays ours (uninstall may still remove it),
+    and no later plan asks Docker to remove it again."""
+    record = next((item for item in ctx.facts.nodes[node].pulled if item.ref == ref), None)
+    if record is None:
+        return
+    kept = {"ref": ref, "id": record.id, "at": record.at, "role": record.role or "serving", "refused": why[:500]}
+    path = ctx.state_dir(node).pulled_images + "/" + _record_name(ref)
+    ctx.ops(node).write_file(path, json.dumps(kept) + "\n")
 
 
 def _record_name(ref: str) -> str:

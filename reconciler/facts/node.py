@@ -69,8 +69,11 @@ class PulledImage(FactsModel):
     ref: str = Field(max_length=600)
     id: str = Field(max_length=100)
     at: str = Field(default="", max_length=40)
-    role: Literal["serving", "front"] = "serving"
+    # None: a record from before roles were written (the front's image or a serving one).
+    role: Literal["serving", "front"] | None = None
     present: bool = False
+    # Why Docker refused to remove it (a child image, a container made since): not asked again.
+    refused: str = Field(default="", max_length=600)
     users: list[str] = Field(default_factory=lambda: [], max_length=1000)
 
 

@@ -395,7 +395,9 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
             refusal = redirect_refusal(req.full_url, newurl)
             _origin(newurl)
         except ValueError:  # a port out of range, a bracket left open
-            raise SystemExit(f"{_where(req.full_url)} redirected the download to an address that cannot be read") from None
+            raise SystemExit(
+                f"{_where(req.full_url)} redirected the download to an address that cannot be read"
+            ) from None
         if refusal is not None:
             raise SystemExit(refusal)
         if sum(getattr(req, "redirect_dict", {}).values()) >= REDIRECT_LIMIT:

@@ -196,11 +196,26 @@ def registry_reach(check: dict[str, Any], refs: list[str]) -> dict[str, Any] | N
     digest, address = check.get("digest"), (check["host"], int(check["port"]))
     if any(ref == check.get("ref") or (digest and ref.endswith("@" + digest)) for ref in refs):
         return None
+    if docker_goes_another_way(address[0]):
+        return None
     try:
         socket.create_connection(address, timeout=3.0).close()
     except OSError as exc:
         return {"address": f"{address[0]}:{address[1]}", "error": exc.strerror or type(exc).__name__}
     return {"address": f"{address[0]}:{address[1]}", "error": None}
+
+
+def docker_goes_another_way(host: str) -> bool:
+    """Docker pulls through a proxy, or from a mirror (Docker Hub's only): a direct connection
+    proves nothing either way."""
+    try:
+        info = docker_get("/info")
+    except (OSError, ValueError):
+        return False
+    if not isinstance(info, dict):
+        return False
+    mirrors = (info.get("RegistryConfig") or {}).get("Mirrors") if host == "registry-1.docker.io" else None
+    return bool(info.get("HttpProxy") or info.get("HttpsProxy") or mirrors)
 
 
 def list_dir(path: str) -> list[str]:

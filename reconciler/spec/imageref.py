@@ -54,11 +54,16 @@ class Registry:
 
     @property
     def address(self) -> tuple[str, int]:
-        """(host, port) to connect to: 443 unless the name says otherwise."""
-        name, colon, port = self.api_host.rpartition(":")
-        if colon and port.isdigit() and not name.endswith("]"):
-            return name, int(port)
-        return self.api_host, 443
+        """(host, port) to connect to: 443 unless the name says otherwise; an IPv6 host comes in
+        brackets ([fd00::1]:5000) and leaves without them."""
+        host = self.api_host
+        name, colon, port = host.rpartition(":")
+        bracketed = host.startswith("[")
+        if colon and port.isdigit() and (not bracketed or name.endswith("]")):
+            host, number = name, int(port)
+        else:
+            number = 443
+        return (host[1:-1] if host.startswith("[") and host.endswith("]") else host), number
 
 
 def registry_of(ref: str) -> Registry:

@@ -294,3 +294,47 @@ def test_the_probe_reports_the_store_and_our_pulls_as_a_node_has_them(tmp_path: 
     assert facts.registry is not None
     assert facts.registry.address == f"127.0.0.1:{port}"
     assert facts.registry.error == "Connection refused"
+
+
+def test_an_ipv6_registry_is_connected_to_without_its_brackets() -> None:
+    assert registry_of(f"[fd00::1]:5000/a/b@{DIGEST}").address == ("fd00::1", 5000)
+    assert registry_of(f"[fd00::1]/a/b@{DIGEST}").address == ("fd00::1", 443)
+
+
+def test_a_record_from_before_roles_counts_only_when_it_is_of_the_serving_images_repository() -> None:
+    """Records written before roles carry none: the front's HAProxy never takes a keep_previous slot."""
+    deployment = reference_deployment().model_copy(update={})
+    deployment = deployment.model_copy(update={"image": deployment.image.model_copy(update={"keep_previous": 1})})
+    facts = converged_facts(deployment)
+    name = deployment.image.ref.split("@", 1)[0]
+    old, older = f"{name}@sha256:{'2' * 64}", f"{name}@sha256:{'1' * 64}"
+    records = [
+        PulledImage(ref=older, id="sha256:" + "1" * 64, at="2026-01-01", present=True),
+        PulledImage(ref=old, id="sha256:" + "2" * 64, at="2026-02-01", present=True),
+        PulledImage(ref=f"haproxy:3.0@sha256:{'9' * 64}", id="sha256:" + "9" * 64, at="2026-03-01", present=True),
+    ]
+    facts = with_node(facts, "spark-head", pulled=records)
+    prune = next(item for item in plan(deployment, facts).actions if item.step is Step.PRUNE_IMAGES)
+    assert isinstance(prune.payload, PruneImages)
+    assert prune.payload.remove == [older]
+    assert f"sha256:{'2' * 64}" in prune.payload.keep
+
+
+def test_an_image_docker_refused_to_remove_is_not_planned_again() -> None:
+    deployment = reference_deployment()
+    deployment = deployment.model_copy(update={"image": deployment.image.model_copy(update={"keep_previous": 0})})
+    old = f"{deployment.image.ref.split('@', 1)[0]}@sha256:{'1' * 64}"
+    refused = PulledImage(ref=old, id="sha256:" + "1" * 64, at="2026-01-01", present=True, refused="has children")
+    facts = with_node(converged_facts(deployment), "spark-head", pulled=[refused])
+    assert plan(deployment, facts).actions == []
+
+
+def test_a_head_that_cannot_reach_the_registry_blocks_the_chain_and_plans_no_pull_from_an_empty_store() -> None:
+    deployment, facts = four_nodes()
+    reach = RegistryReach(address="ghcr.io:443", error="Network is unreachable")
+    facts = with_node(facts, "spark-head", registry=reach)
+    result = plan(deployment, facts)
+    assert [item.id for item in result.actions if item.component == "image" and not item.target] == []
+    blocker = next(item for item in result.blockers if item.component == "image")
+    assert blocker.node == "spark-head"
+    assert "the head pulls the image for itself and for its peers" in blocker.hint
