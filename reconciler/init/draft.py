@@ -120,7 +120,18 @@ def _node(out: Lines, request: InitRequest, item: Probed, name: str, why: str) -
     if item.role == "worker":
         out.comment(4, "copy the checkpoint from the head over the fabric (rsync over ssh.host); or: hub")
         out.key(4, "model_source", "peer")
+        _image_source(out, item)
     _fabric(out, item.facts.fabric, where)
+
+
+def _image_source(out: Lines, item: Probed) -> None:
+    """A worker that could not reach the image's registry takes the image from its peers."""
+    reach = item.facts.registry
+    if reach is None or reach.error is None:
+        return
+    out.comment(4, single_line(f"cannot reach the image's registry {reach.address} ({reach.error}):"))
+    out.comment(4, "the head sends the image over the fabric")
+    out.key(4, "image_source", "peer")
 
 
 def _who(item: Probed) -> str:

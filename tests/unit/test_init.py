@@ -211,6 +211,17 @@ def test_a_worker_reached_over_the_management_network_is_a_review_note() -> None
     assert f"192.168.1.51 is not the node's fabric address ({WORKER_IP})" in note.message
 
 
+def test_a_worker_that_cannot_reach_the_registry_takes_the_image_from_its_peers() -> None:
+    answers = pair()
+    answers["node-1"]["registry"] = {"address": "ghcr.io:443", "error": "No route to host"}
+    result, deployment = drafted(answers)
+    assert deployment.nodes[1].image_source == "peer"
+    assert deployment.nodes[0].image_source is None
+    assert "cannot reach the image's registry ghcr.io:443 (No route to host)" in result.text
+    _, reachable = drafted(pair())
+    assert reachable.nodes[1].image_source is None, "a worker that reaches it pulls itself, as before"
+
+
 def test_fabric_addresses_on_two_subnets_are_a_review_note() -> None:
     answers = {"node-0": init_answer("spark-a1b2", HEAD_IP), "node-1": init_answer("spark-c3d4", "192.168.101.11")}
     request = init.InitRequest(head=None, workers=(SshTarget(host="192.168.101.11", user="nvidia"),))
