@@ -1,9 +1,9 @@
 """Four nodes whose workers have no route to the registry or the Hub: everything a worker needs
 arrives over the fabric. A four-rank group converges from empty with the workers taking the
 checkpoint and the image from peers in a chain (the head uploads each about once); the image
-carries the pinned digest on every node; an image change moves only the layers that changed
-and prunes the image it replaces; a worker set to pull from the registry it cannot reach gets a
-blocker naming the cause and the fix.
+carries the pinned digest on every node; an image change moves only the layers that changed,
+keeps the image it replaces for a rollback and prunes the one before; a worker set to pull from
+the registry it cannot reach gets a blocker naming the cause and the fix.
 
 The session's testbed has four nodes; this module's spec names all four (`bed4`)."""
 
@@ -99,7 +99,6 @@ def test_four_offline_workers_converge_from_peers_and_an_image_change_moves_only
 
     variant = bed.testbed.push_engine_variant("four offline nodes")
     set_spec(bed, engine, variant)
-    set_spec(bed, "\nimage:\n", "\nimage:\n  keep_previous: 0\n")
     changed = bed.reconciler("apply", "--yes", timeout=900)
     text = changed.stdout + changed.stderr
     for worker, origin in chain.items():
@@ -107,17 +106,26 @@ def test_four_offline_workers_converge_from_peers_and_an_image_change_moves_only
         assert re.search(rf"copied 3 blobs \([^)]*\) of \S+ from {origin} to {worker}; 2 already there", text), text
     assert bed.plan_exit() == 0
     for node in WORKERS:
-        assert variant.split("@", 1)[1] in digests(bed, node)
-        assert pinned not in digests(bed, node), f"{node} keeps the image the variant replaced (keep_previous: 0)"
+        # image.keep_previous (default 1): the image it replaced stays for a rollback.
+        assert {variant.split("@", 1)[1], pinned} <= set(digests(bed, node))
+
+    newest = bed.testbed.push_engine_variant("four offline nodes, again")
+    set_spec(bed, variant, newest)
+    bed.reconciler("apply", "--yes", timeout=900)
+    assert bed.plan_exit() == 0
+    for node in WORKERS:
+        held = set(digests(bed, node))
+        assert {newest.split("@", 1)[1], variant.split("@", 1)[1]} <= held, "the newest and the one before"
+        assert pinned not in held, f"{node} keeps an image older than keep_previous allows"
     assert pinned in digests(bed, "spark-head"), "the head's image came from the testbed, not from us: never pruned"
-    held = bed.node("spark-head", "ls", f"{STORE}/refs").stdout.split()
-    assert held == [variant.rsplit(":", 1)[1] + ".json"], held
+    kept = sorted(bed.node("spark-head", "ls", f"{STORE}/refs").stdout.split())
+    assert kept == sorted(ref.rsplit(":", 1)[1] + ".json" for ref in (variant, newest)), kept
 
     # A worker told to pull from the registry it cannot reach, once it lacks the image.
     set_spec(bed, "  - name: spark-fourth\n", "  - name: spark-fourth\n    image_source: registry\n")
     listed = bed.node("spark-fourth", "docker", "image", "ls", "--digests", "--format", "{{.Repository}}@{{.Digest}}")
     for name in listed.stdout.split():
-        if name.endswith(variant.split("@", 1)[1]):
+        if name.endswith(newest.split("@", 1)[1]):
             bed.node("spark-fourth", "docker", "image", "rm", "--force", name)
     blocked = bed.reconciler("plan", check=False)
     assert "its registry 198.19.0.1:5000 cannot be reached from spark-fourth" in blocked.stdout, blocked.stdout
