@@ -92,6 +92,64 @@ class RateFloor:
         return slow
 
 
+def url_origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) with the default port filled in: what a credential may be sent to."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
+
+
+def url_where(url: str) -> str:
+    """The scheme and host of a URL, for a message (a CDN's signed query stays out of it)."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def refused_redirect(current: str, new: str, advice: str) -> str | None:
+    """Why a download's redirect from `current` to `new` is not followed (another scheme than
+    HTTP(S), or from https to plain http); None when it may be. `advice` ends the refusal."""
+    import urllib.parse
+
+    scheme = urllib.parse.urlsplit(new).scheme.lower()
+    if scheme not in ("http", "https"):
+        return f"{url_where(current)} redirected the download to {url_where(new)}, which is not HTTP(S)"
+    if url_origin(current)[0] == "https" and scheme == "http":
+        return (
+            f"{url_where(current)} redirected the download to plain http ({url_where(new)}); refused: the bytes "
+            f"would travel unencrypted. {advice}"
+        )
+    return None
+
+
+def partial_size(partial: str) -> int:
+    """Bytes of a download's own partial file; anything else at its name (a symbolic link, say)
+    is removed, never followed: the name is the program's own, and the file starts afresh."""
+    import stat
+
+    try:
+        status = os.lstat(partial)
+    except FileNotFoundError:
+        return 0
+    if stat.S_ISREG(status.st_mode):
+        return status.st_size
+    os.unlink(partial)
+    return 0
+
+
+def content_range_fits(header: str | None, start: int, size: int) -> bool:
+    """A 206's Content-Range holds the bytes from `start` of a file of `size` bytes: only then
+    are they appended to the partial."""
+    unit, _, rest = (header or "").strip().partition(" ")
+    span, _, total = rest.partition("/")
+    first, _, last = span.partition("-")
+    numbers = first.isascii() and first.isdigit() and last.isascii() and last.isdigit()
+    return unit == "bytes" and numbers and int(first) == start and total in ("*", str(size))
+
+
 def docker_request(method: str, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
     """HTTP status and body of one Docker API request over its unix socket (no docker SDK on nodes)."""
     import http.client

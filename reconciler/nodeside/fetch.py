@@ -12,13 +12,25 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 import urllib.parse
 import urllib.request
 from http.client import HTTPMessage
 from typing import IO, Any
 
-from reconciler.nodeside.common import CHUNK, MIN_RATE_BPS, RATE_WINDOW_S, Meter, RateFloor, progress, reply
+from reconciler.nodeside.common import (
+    CHUNK,
+    MIN_RATE_BPS,
+    RATE_WINDOW_S,
+    Meter,
+    RateFloor,
+    content_range_fits,
+    partial_size,
+    progress,
+    refused_redirect,
+    reply,
+    url_origin,
+    url_where,
+)
 
 # A worker follows at most this many redirects per request (the Hub sends one, to its CDN).
 MAX_REDIRECTS = 5
@@ -32,30 +44,9 @@ def _url(args: dict[str, Any], path: str) -> str:
     return f"{args['endpoint'].rstrip('/')}/{args['repo']}/resolve/{args['commit']}/{quoted}"
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
-    """(scheme, host, port) with the default port filled in: what a token may be sent to."""
-    parts = urllib.parse.urlsplit(url)
-    scheme = parts.scheme.lower()
-    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
-
-
-def _where(url: str) -> str:
-    """The scheme and host of a URL, for a message (a CDN's signed query stays out of it)."""
-    parts = urllib.parse.urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"
-
-
 def redirect_refusal(current: str, new: str) -> str | None:
     """Why a redirect from `current` to `new` is not followed; None when it may be."""
-    scheme = urllib.parse.urlsplit(new).scheme.lower()
-    if scheme not in ("http", "https"):
-        return f"{_where(current)} redirected the download to {_where(new)}, which is not HTTP(S)"
-    if _origin(current)[0] == "https" and scheme == "http":
-        return (
-            f"{_where(current)} redirected the download to plain http ({_where(new)}); refused: the bytes "
-            "would travel unencrypted. Check model.endpoint (a proxy may rewrite the Hub's redirects)"
-        )
-    return None
+    return refused_redirect(current, new, "Check model.endpoint (a proxy may rewrite the Hub's redirects)")
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
@@ -69,9 +60,9 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
         if refusal is not None:
             raise SystemExit(refusal)
         if sum(getattr(req, "redirect_dict", {}).values()) >= MAX_REDIRECTS:
-            raise SystemExit(f"{_where(req.full_url)} redirected the download more than {MAX_REDIRECTS} times")
+            raise SystemExit(f"{url_where(req.full_url)} redirected the download more than {MAX_REDIRECTS} times")
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and _origin(newurl) != _origin(req.full_url):
+        if new is not None and url_origin(newurl) != url_origin(req.full_url):
             new.remove_header("Authorization")
         return new
 
@@ -99,19 +90,6 @@ def _drop_stale_partials(target: str, keep: str) -> None:
             os.unlink(os.path.join(directory, entry))
 
 
-def _partial_size(partial: str) -> int:
-    """Bytes of this program's partial file; anything else at its name (a symbolic link, say) is
-    removed, never followed: the name is this program's own, and the file starts afresh."""
-    try:
-        status = os.lstat(partial)
-    except FileNotFoundError:
-        return 0
-    if stat.S_ISREG(status.st_mode):
-        return status.st_size
-    os.unlink(partial)
-    return 0
-
-
 class _TooSlowError(Exception):
     """The answer stayed under the floor rate for a whole window: cut, to be resumed."""
 
@@ -124,7 +102,7 @@ def _download(args: dict[str, Any], item: dict[str, Any], target: str, meter: Me
     window = float(args.get("rate_window_s", RATE_WINDOW_S))
     counted = failures = 0
     while True:
-        have = _partial_size(partial)
+        have = partial_size(partial)
         if have == item["size"]:  # all in (a run killed before the rename): checked, then placed
             meter.add(have - counted, name=item["path"])
             return
@@ -136,7 +114,7 @@ def _download(args: dict[str, Any], item: dict[str, Any], target: str, meter: Me
             )
             return
         except _TooSlowError:
-            counted = _partial_size(partial)
+            counted = partial_size(partial)
             failures = 0 if counted - have >= floor * window else failures + 1
             if failures > int(args.get("slow_retries", SLOW_RETRIES)):
                 raise SystemExit(
@@ -166,11 +144,7 @@ def _fetch_rest(
 
 def _check_content_range(item: dict[str, Any], header: str | None, start: int) -> None:
     """A 206 must hold the bytes from `start` of a file of the listed size, or it is not appended."""
-    unit, _, rest = (header or "").strip().partition(" ")
-    span, _, total = rest.partition("/")
-    first, _, last = span.partition("-")
-    numbers = first.isascii() and first.isdigit() and last.isascii() and last.isdigit()
-    if unit == "bytes" and numbers and int(first) == start and total in ("*", str(item["size"])):
+    if content_range_fits(header, start, item["size"]):
         return
     raise SystemExit(
         f"{item['path']}: asked from byte {start}, the Hub answered Content-Range {header!r:.80} (the file is "

@@ -45,11 +45,16 @@ from reconciler.nodeside.common import (
     RATE_WINDOW_S,
     Meter,
     RateFloor,
+    content_range_fits,
     docker_problem,
     docker_request,
     docker_socket,
+    partial_size,
     progress,
+    refused_redirect,
     reply,
+    url_origin,
+    url_where,
 )
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -350,12 +355,6 @@ def _why(exc: BaseException) -> str:
     return str(reason) or type(reason).__name__
 
 
-def _where(url: str) -> str:
-    """The scheme and host of a URL, for a message (a storage's signed query stays out of it)."""
-    parts = urllib.parse.urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"
-
-
 def _listed(digests: list[str], limit: int = 3) -> str:
     more = f" and {len(digests) - limit} more" if len(digests) > limit else ""
     return ", ".join(digests[:limit]) + more
@@ -364,24 +363,9 @@ def _listed(digests: list[str], limit: int = 3) -> str:
 # --- the registry -----------------------------------------------------------------------------------
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
-    """(scheme, host, port) with the default port filled in: what an authorization may be sent to."""
-    parts = urllib.parse.urlsplit(url)
-    scheme = parts.scheme.lower()
-    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
-
-
 def redirect_refusal(current: str, new: str) -> str | None:
     """Why a redirect from `current` to `new` is not followed; None when it may be."""
-    scheme = urllib.parse.urlsplit(new).scheme.lower()
-    if scheme not in ("http", "https"):
-        return f"{_where(current)} redirected the download to {_where(new)}, which is not HTTP(S)"
-    if _origin(current)[0] == "https" and scheme == "http":
-        return (
-            f"{_where(current)} redirected the download to plain http ({_where(new)}); refused: the image "
-            "would travel unencrypted. A proxy may rewrite the registry's redirects"
-        )
-    return None
+    return refused_redirect(current, new, "A proxy may rewrite the registry's redirects")
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
@@ -393,17 +377,17 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
     ) -> urllib.request.Request | None:
         try:
             refusal = redirect_refusal(req.full_url, newurl)
-            _origin(newurl)
+            url_origin(newurl)
         except ValueError:  # a port out of range, a bracket left open
             raise SystemExit(
-                f"{_where(req.full_url)} redirected the download to an address that cannot be read"
+                f"{url_where(req.full_url)} redirected the download to an address that cannot be read"
             ) from None
         if refusal is not None:
             raise SystemExit(refusal)
         if sum(getattr(req, "redirect_dict", {}).values()) >= REDIRECT_LIMIT:
-            raise SystemExit(f"{_where(req.full_url)} redirected the download more than {REDIRECT_LIMIT} times")
+            raise SystemExit(f"{url_where(req.full_url)} redirected the download more than {REDIRECT_LIMIT} times")
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and _origin(newurl) != _origin(req.full_url):
+        if new is not None and url_origin(newurl) != url_origin(req.full_url):
             new.remove_header("Authorization")
         return new
 
@@ -518,7 +502,7 @@ class Registry:
                 "; a registry that speaks only plain http must be listed in insecure-registries of the node's "
                 "Docker (/etc/docker/daemon.json)"
             )
-        return f"cannot reach the registry at {_where(url)}: {_why(exc)}; {hint}"
+        return f"cannot reach the registry at {url_where(url)}: {_why(exc)}; {hint}"
 
     def _authenticate(self, answer: Any) -> None:
         scheme, params = parse_challenge(answer.headers.get("WWW-Authenticate", ""))
@@ -543,10 +527,10 @@ class Registry:
             if answer.status in (401, 403):
                 raise SystemExit(self._refused_credentials(credentials))
             if answer.status >= 400:
-                raise SystemExit(f"the token service {_where(realm)} of {self.ref.host} answered {answer.status}")
+                raise SystemExit(f"the token service {url_where(realm)} of {self.ref.host} answered {answer.status}")
             token = _token_from(self.read(answer, 1024 * 1024))
         if token is None:
-            raise SystemExit(f"the token service {_where(realm)} of {self.ref.host} answered without a usable token")
+            raise SystemExit(f"the token service {url_where(realm)} of {self.ref.host} answered without a usable token")
         _SECRETS.append(token)
         return token
 
@@ -558,7 +542,7 @@ class Registry:
             return self._request(url, {"Authorization": _basic(credentials)} if credentials else {})
         except (OSError, http.client.HTTPException) as exc:
             raise SystemExit(
-                f"cannot reach the token service {_where(realm)} of {self.ref.host}: {_why(exc)}"
+                f"cannot reach the token service {url_where(realm)} of {self.ref.host}: {_why(exc)}"
             ) from None
 
     def _credentials(self) -> Credentials | None:
@@ -814,26 +798,9 @@ class _CutError(Exception):
     """The answer stopped short or stayed under the floor rate for a whole window: asked again."""
 
 
-def _partial_size(partial: str) -> int:
-    """Bytes of this program's partial file; anything else at its name (a symbolic link, say) is
-    removed, never followed: the name is this program's own, and the blob starts afresh."""
-    try:
-        status = os.lstat(partial)
-    except FileNotFoundError:
-        return 0
-    if stat.S_ISREG(status.st_mode):
-        return status.st_size
-    os.unlink(partial)
-    return 0
-
-
 def _check_content_range(blob: Blob, header: str | None, start: int) -> None:
     """A 206 must hold the bytes from `start` of a blob of the listed size, or it is not appended."""
-    unit, _, rest = (header or "").strip().partition(" ")
-    span, _, total = rest.partition("/")
-    first, _, last = span.partition("-")
-    numbers = first.isascii() and first.isdigit() and last.isascii() and last.isdigit()
-    if unit == "bytes" and numbers and int(first) == start and total in ("*", str(blob.size)):
+    if content_range_fits(header, start, blob.size):
         return
     raise SystemExit(
         f"{blob.digest}: asked from byte {start}, the registry answered Content-Range {header!r:.80} (the blob "
@@ -881,7 +848,7 @@ class _BlobFetch:
         partial = self.store.partial(blob.digest)
         counted = failures = 0
         while True:
-            have = _partial_size(partial)
+            have = partial_size(partial)
             if have == blob.size:  # all in (a run ended before the rename): checked, then placed
                 self.meter.add(have - counted, name=blob.digest)
                 return
@@ -891,7 +858,7 @@ class _BlobFetch:
                 self._fetch_rest(blob, partial, have if have < blob.size else 0, counted)
                 return
             except _CutError as cut:
-                counted = _partial_size(partial)
+                counted = partial_size(partial)
                 failures = 0 if counted - have >= self.floor * self.window else failures + 1
                 if failures > self.retries:
                     raise SystemExit(
