@@ -120,7 +120,7 @@ class Item:
     whether releasing it is safe."""
 
     node: str
-    kind: str  # revision, image, state, cache, others, node
+    kind: str  # revision, image, state, cache, store, others, node
     what: str
     bytes: int
     status: str
@@ -222,12 +222,16 @@ def _state_items(node: str, found: ops.Footprint) -> list[Item]:
     state = found["state_dir"]
     if state is None:
         return []
-    cache = found["engine_cache_bytes"]
+    cache, images = found["engine_cache_bytes"], found["image_store_bytes"]
     kept = "the reconciler's files (the API key on the head): kept"
-    return [
-        Item(node, "state", state["path"], state["bytes"] - cache, kept),
+    items = [
+        Item(node, "state", state["path"], state["bytes"] - cache - images, kept),
         Item(node, "cache", f"{state['path']}/cache", cache, "the engine's compile cache: kept (a start rebuilds it)"),
     ]
+    if images:
+        why = "the image as its registry sent it, passed on to peers: kept for the images kept (image.keep_previous)"
+        items.append(Item(node, "store", f"{state['path']}/images", images, why))
+    return items
 
 
 def ours(client: Any, pulled: list[ops.PulledImage]) -> dict[str, str]:

@@ -212,6 +212,8 @@ class Footprint(TypedDict):
 
     state_dir: TreeUsage | None
     engine_cache_bytes: int
+    # The image as its registry sent it, on nodes that pass it on (image_source: peer).
+    image_store_bytes: int
     guard_running: bool
     model_dir: str
     # "link" (to a revision dir), "dir" (from before revisions), "absent"
@@ -707,6 +709,7 @@ def footprint(args: FootprintArgs) -> Footprint:
     return {
         "state_dir": state,
         "engine_cache_bytes": _usage(layout.engine_cache)[0] if os.path.isdir(layout.engine_cache) else 0,
+        "image_store_bytes": _usage(layout.image_store)[0] if os.path.isdir(layout.image_store) else 0,
         "guard_running": _guard_running(layout),
         "model_dir": model_dir,
         "model_dir_kind": kind,

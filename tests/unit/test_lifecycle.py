@@ -35,6 +35,7 @@ def holding(*revisions: ops.RevisionUsage) -> ops.Footprint:
     return {
         "state_dir": None,
         "engine_cache_bytes": 0,
+        "image_store_bytes": 0,
         "guard_running": False,
         "model_dir": "/m/M",
         "model_dir_kind": "link",
@@ -87,6 +88,8 @@ def test_the_node_footprint_counts_a_hard_linked_file_once_and_frees_only_what_i
     state = tmp_path / "state"
     (state / "cache").mkdir(parents=True)
     (state / "cache" / "kernels").write_bytes(b"k" * 30_000)
+    (state / "images" / "blobs" / "sha256").mkdir(parents=True)
+    (state / "images" / "blobs" / "sha256" / ("ab" * 32)).write_bytes(b"i" * 40_000)
     found = ops.footprint({"state_dir": str(state), "model_dir": str(model_dir)})
     by_path = {item["path"]: item for item in found["revisions"]}
     assert found["model_dir_kind"] == "link"
@@ -96,6 +99,7 @@ def test_the_node_footprint_counts_a_hard_linked_file_once_and_frees_only_what_i
     assert 70_000 <= by_path[str(older)]["freed"] < 100_000, "the shared file stays with the served revision"
     assert by_path[str(older)]["partial_bytes"] == 20_000
     assert found["engine_cache_bytes"] >= 30_000
+    assert found["image_store_bytes"] >= 40_000
     assert found["state_dir"] is not None
     assert found["pulled"] == []
     assert not found["guard_running"]
