@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 from typing import cast
 
 import paramiko
@@ -136,6 +137,7 @@ def _login(
     client.set_missing_host_key_policy(_RejectUnknown())
     present = [path for path in endpoint.identity_files if os.path.exists(path)]
     try:
+        channel = sock if sock is not None else _direct_socket(endpoint, route.connect_timeout_s)
         client.connect(
             hostname=endpoint.hostname,
             port=endpoint.port,
@@ -147,12 +149,40 @@ def _login(
             timeout=route.connect_timeout_s,
             banner_timeout=route.connect_timeout_s,
             auth_timeout=route.connect_timeout_s,
-            sock=sock,
+            sock=channel,
         )
     except (paramiko.SSHException, OSError, EOFError) as exc:
         client.close()
         raise _login_error(route, endpoint, exc) from None
     return client
+
+
+# The control connection's segments fit a 1500-byte MTU (with IPv6 and TCP options to spare). A
+# worker is often reached at its fabric address, on a 9000-byte path; after a firmware update's
+# reboot left one port at 1500, full-size segments of a connection made before are dropped without
+# a word (no ICMP on one link) and the connection stalls, so the reconciler could not even learn
+# the MTU it must report. Its traffic is small; bulk copies use their own connections.
+CONTROL_MSS = 1360
+
+
+def _direct_socket(endpoint: Endpoint, timeout: float) -> socket.socket:
+    """A TCP connection to the endpoint, each address in turn as paramiko would try them, its
+    segments capped at CONTROL_MSS (set before connecting: it caps what both ends send)."""
+    failure: OSError = OSError(f"{endpoint.hostname} has no address")
+    for family, kind, proto, _, address in socket.getaddrinfo(
+        endpoint.hostname, endpoint.port, type=socket.SOCK_STREAM
+    ):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, CONTROL_MSS)
+            sock.settimeout(timeout)
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            failure = exc
+            continue
+        return sock
+    raise failure
 
 
 def _login_error(route: SshRoute, endpoint: Endpoint, exc: Exception) -> NodeUnreachableError:

@@ -242,3 +242,24 @@ def test_a_proxy_command_carries_the_connection(jump: Jump, client_key: str, tmp
     assert transport is not None
     assert transport.is_authenticated()
     connection.close()
+
+
+def test_the_control_connection_sends_segments_that_fit_a_1500_byte_mtu() -> None:
+    """A worker reached at its fabric address over a 9000-byte path whose port a reboot reset to
+    1500: full-size segments would be dropped without a word, and the connection would stall."""
+    import socket
+
+    from reconciler.transport import sshconnect
+    from reconciler.transport.sshroute import Endpoint
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        endpoint = Endpoint(name="worker", hostname="127.0.0.1", port=port, user="nvidia")
+        sock = sshconnect._direct_socket(endpoint, timeout=5)
+        try:
+            # Loopback's own MTU is 65536: only the cap keeps the segments this small.
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG) <= sshconnect.CONTROL_MSS
+        finally:
+            sock.close()
