@@ -40,6 +40,10 @@ def digests(bed: Bed, node: str) -> list[str]:
     return sorted({line.strip() for line in listed.splitlines() if line.startswith("sha256:")})
 
 
+def pinned_digest(ref: str) -> str:
+    return ref.split("@", 1)[1]
+
+
 def set_spec(bed: Bed, old: str, new: str) -> None:
     text = bed.spec.read_text(encoding="utf-8")
     assert old in text, f"the spec has no {old!r}"
@@ -52,7 +56,11 @@ def offline(bed4: Bed) -> Iterator[Bed]:
     (their peers still reach them over SSH and the fabric); the routes come back at the end."""
     engine = bed4.testbed.images()["engine"]
     for worker in WORKERS:
-        bed4.node(worker, "docker", "image", "rm", engine, "tb/engine:latest")
+        # By its ID, whatever names it carries: a module before may have left it tagged otherwise.
+        found = bed4.node(worker, "docker", "image", "inspect", "--format", "{{.Id}}", engine, check=False)
+        if found.returncode == 0:
+            bed4.node(worker, "docker", "image", "rm", "--force", found.stdout.strip())
+        assert pinned_digest(engine) not in digests(bed4, worker)
         network.cut_services(node_named(worker), True)
     set_spec(bed4, "\nimage:\n", "\nimage:\n  worker_source: peer\n")
     try:
